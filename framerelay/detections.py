@@ -1,0 +1,105 @@
+"""``Detections``: the one currency from detector through tracker to the wire.
+
+A struct of numpy arrays, validated at construction, in the style of
+roboflow/supervision. Boxes are ``xyxy`` in source-frame pixels.
+``tracker_id`` is ``-1`` until a tracker assigns an id (ids start at 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+UNTRACKED = -1
+
+
+def _as(name: str, value: ArrayLike, dtype: type[Any], shape: tuple[int, ...]) -> Any:
+    arr = np.ascontiguousarray(value, dtype=dtype)
+    if arr.ndim != len(shape) or any(
+        want != -1 and got != want for want, got in zip(shape, arr.shape, strict=False)
+    ):
+        want_txt = "(" + ", ".join("N" if s == -1 else str(s) for s in shape) + ")"
+        raise ValueError(f"Detections.{name} must have shape {want_txt}, got {arr.shape}")
+    return arr
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Detections:
+    """Detections of one frame.
+
+    Attributes:
+        xyxy: float32 (N, 4) boxes ``[x1, y1, x2, y2]`` in source pixels.
+        confidence: float32 (N,) scores in [0, 1].
+        class_id: int32 (N,) class indices of the model's label set.
+        tracker_id: int64 (N,) track ids, ``-1`` for untracked.
+    """
+
+    xyxy: NDArray[np.float32]
+    confidence: NDArray[np.float32]
+    class_id: NDArray[np.int32]
+    tracker_id: NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
+
+    def __post_init__(self) -> None:
+        xyxy = _as("xyxy", self.xyxy, np.float32, (-1, 4))
+        n = xyxy.shape[0]
+        tid = self.tracker_id
+        if np.asarray(tid).size == 0 and n:
+            tid = np.full(n, UNTRACKED, np.int64)
+        object.__setattr__(self, "xyxy", xyxy)
+        object.__setattr__(self, "confidence", _as("confidence", self.confidence, np.float32, (n,)))
+        object.__setattr__(self, "class_id", _as("class_id", self.class_id, np.int32, (n,)))
+        object.__setattr__(self, "tracker_id", _as("tracker_id", tid, np.int64, (n,)))
+        if n and not np.isfinite(xyxy).all():
+            raise ValueError("Detections.xyxy contains NaN or infinite coordinates")
+
+    @classmethod
+    def empty(cls) -> Detections:
+        """Zero detections."""
+        return cls(
+            xyxy=np.empty((0, 4), np.float32),
+            confidence=np.empty(0, np.float32),
+            class_id=np.empty(0, np.int32),
+        )
+
+    def __len__(self) -> int:
+        return int(self.xyxy.shape[0])
+
+    def __getitem__(self, index: NDArray[Any] | slice | Sequence[int]) -> Detections:
+        """Select rows by boolean mask, index array or slice."""
+        idx: Any = index
+        return Detections(
+            xyxy=self.xyxy[idx],
+            confidence=self.confidence[idx],
+            class_id=self.class_id[idx],
+            tracker_id=self.tracker_id[idx],
+        )
+
+    def with_tracker_id(self, tracker_id: ArrayLike) -> Detections:
+        """A copy with ``tracker_id`` replaced."""
+        return Detections(self.xyxy, self.confidence, self.class_id, np.asarray(tracker_id))
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[Detections]) -> Detections:
+        """Join several sets into one, in order."""
+        if not parts:
+            return cls.empty()
+        return cls(
+            xyxy=np.concatenate([p.xyxy for p in parts]),
+            confidence=np.concatenate([p.confidence for p in parts]),
+            class_id=np.concatenate([p.class_id for p in parts]),
+            tracker_id=np.concatenate([p.tracker_id for p in parts]),
+        )
+
+    def equals(self, other: Detections, *, atol: float = 0.0) -> bool:
+        """Value equality (arrays compared element-wise)."""
+        return (
+            len(self) == len(other)
+            and np.allclose(self.xyxy, other.xyxy, atol=atol, rtol=0)
+            and np.allclose(self.confidence, other.confidence, atol=atol, rtol=0)
+            and np.array_equal(self.class_id, other.class_id)
+            and np.array_equal(self.tracker_id, other.tracker_id)
+        )

@@ -1,0 +1,1 @@
+"""GPU worker: tunnel server, batcher, detector backends, per-stream sessions."""
