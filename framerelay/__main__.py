@@ -1,0 +1,3 @@
+from framerelay.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,18 @@
+"""Sub-commands of the ``framerelay`` CLI.
+
+Each module here exposes ``register(subparsers) -> None``, adding one
+sub-command whose parser sets ``func`` (``Callable[[argparse.Namespace], int]``).
+Heavy imports happen inside ``func``, never at module import, so ``framerelay
+--help`` stays fast and works without optional extras.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+COMMAND_MODULES: tuple[str, ...] = ("demo", "worker", "ingest", "model")
+
+
+def load(name: str) -> object:
+    """Import ``framerelay.commands.<name>``."""
+    return importlib.import_module(f"framerelay.commands.{name}")
