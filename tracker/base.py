@@ -43,17 +43,25 @@ TrackerFactory = Callable[..., Tracker]
 _T = TypeVar("_T", bound=TrackerFactory)
 _REGISTRY: dict[str, TrackerFactory] = {}
 _RESTORERS: dict[str, Callable[[bytes], Tracker]] = {}
+_LEGACY_NONE_MAGIC = b"FRTN"
+"""Header of the first ``none`` tracker snapshots (still accepted)."""
 
 
 def register_tracker(
     name: str, restore: Callable[[bytes], Tracker] | None = None
 ) -> Callable[[_T], _T]:
-    """Class decorator: make a tracker available to ``create_tracker(name)``."""
+    """Class decorator: make a tracker available to ``create_tracker(name)``.
+
+    Snapshots whose header names ``name`` are restored by ``restore`` or, when it
+    is not given, by the factory's own ``restore`` classmethod if it has one.
+    """
 
     def deco(factory: _T) -> _T:
         _REGISTRY[name] = factory
-        if restore is not None:
-            _RESTORERS[name] = restore
+        own = getattr(factory, "restore", None)
+        chosen = restore if restore is not None else own
+        if callable(chosen):
+            _RESTORERS[name] = chosen
         return factory
 
     return deco
@@ -79,6 +87,31 @@ def create_tracker(name: str = "default", **settings: Any) -> Tracker:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise ConfigError(f"unknown tracker {name!r}; available: {known}") from None
     return factory(**settings)
+
+
+def restore_tracker(data: bytes) -> Tracker:
+    """Rebuild whichever tracker wrote ``data`` (dispatching on its header).
+
+    Raises :class:`tracker.snapshot.SnapshotError` (a ``ConfigError``) for
+    garbage, truncated or corrupt data, a newer format version, or a tracker
+    this build does not know.
+    """
+    from tracker.snapshot import SnapshotError, read_header
+
+    _load_builtins()
+    if bytes(data[:4]) == _LEGACY_NONE_MAGIC:
+        name = "none"
+    else:
+        _, name = read_header(data)
+    try:
+        restore = _RESTORERS[name]
+    except KeyError:
+        known = ", ".join(sorted(_RESTORERS)) or "(none)"
+        raise SnapshotError(
+            f"snapshot holds a {name!r} tracker, which this framerelay cannot restore "
+            f"(it knows: {known}); upgrade framerelay or start the tracker afresh"
+        ) from None
+    return restore(data)
 
 
 def restorers() -> dict[str, Callable[[bytes], Tracker]]:

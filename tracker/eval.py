@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -166,7 +167,9 @@ def load_detections(
     return frames
 
 
-def select_frames(frames: Sequence[Frame], every: int = 1, class_id: int | None = PERSON) -> list[Frame]:
+def select_frames(
+    frames: Sequence[Frame], every: int = 1, class_id: int | None = PERSON
+) -> list[Frame]:
     """Keep every ``every``-th frame (first one included) and one class (None: all)."""
     if every < 1:
         raise ValueError(f"--every must be >= 1, got {every}")
@@ -215,9 +218,7 @@ def _motmetrics() -> ModuleType:
             return np.asarray(a, dtype=dtype)
 
         np.asfarray = asfarray  # type: ignore[attr-defined]
-    import motmetrics
-
-    return motmetrics
+    return importlib.import_module("motmetrics")
 
 
 def _xywh(xyxy: NDArray[np.float32]) -> NDArray[np.float64]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import struct
 
 from framerelay.detections import Detections
-from framerelay.errors import ConfigError
 from tracker.base import register_tracker
+from tracker.snapshot import SnapshotError, decode, encode
 
-_MAGIC = b"FRTN"
-_VERSION = 1
+_LEGACY_MAGIC = b"FRTN"
+_LEGACY = _LEGACY_MAGIC + struct.pack("<H", 1)
 
 
 @register_tracker("none")
@@ -25,10 +25,16 @@ class PassthroughTracker:
         return None
 
     def snapshot(self) -> bytes:
-        return _MAGIC + struct.pack("<H", _VERSION)
+        return encode(self.name, "{}", {})
 
     @classmethod
     def restore(cls, data: bytes) -> PassthroughTracker:
-        if data[:4] != _MAGIC or len(data) != 6:
-            raise ConfigError("not a 'none' tracker snapshot")
+        if bytes(data) == _LEGACY:
+            return cls()
+        snap = decode(data)
+        if snap.name != cls.name:
+            raise SnapshotError(
+                f"snapshot holds a {snap.name!r} tracker, not 'none'; "
+                "restore it with tracker.restore_tracker(data)"
+            )
         return cls()

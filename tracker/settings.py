@@ -1,0 +1,106 @@
+"""Settings models of the SORT-family trackers (one per registered tracker).
+
+Every threshold on time is in seconds, every threshold on confidence is a
+detector score in [0, 1], every IoU is in [0, 1]. The three models differ only
+in their defaults: which association stages are on.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tracker.kalman import KalmanNoise
+
+
+class SortSettings(BaseModel):
+    """Common settings; the defaults are those of the ``hybrid`` tracker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- which detections take part
+    high_threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="Detections at or above this score are 'high'."
+    )
+    low_threshold: float = Field(
+        0.1, ge=0.0, le=1.0, description="Detections below this score are ignored entirely."
+    )
+    new_track_threshold: float = Field(
+        0.6, ge=0.0, le=1.0, description="Unmatched high detections at/above this start a track."
+    )
+    class_aware: bool = Field(
+        True, description="Only match a detection to a track of the same class_id."
+    )
+    # --- association stages
+    match_iou: float = Field(
+        0.2, ge=0.0, le=1.0, description="Stage 1 (high detections, all tracks): minimum IoU."
+    )
+    use_low_stage: bool = Field(
+        True, description="Stage 2 (ByteTrack): match low detections to still-tracked tracks."
+    )
+    low_match_iou: float = Field(0.5, ge=0.0, le=1.0, description="Stage 2: minimum IoU.")
+    direction_weight: float = Field(
+        0.2, ge=0.0, le=2.0, description="OC-SORT momentum: weight of direction agreement."
+    )
+    direction_window_s: float = Field(
+        0.12, ge=0.0, le=10.0, description="Baseline (s) of a track's motion direction."
+    )
+    recovery: bool = Field(
+        True, description="Stage 3 (OC-SORT OCR): match leftover tracks by their last observed box."
+    )
+    recovery_iou: float = Field(0.2, ge=0.0, le=1.0, description="Stage 3: minimum IoU.")
+    reupdate: bool = Field(
+        True, description="OC-SORT ORU: velocity from the gap when a lost track returns."
+    )
+    tentative_match_iou: float = Field(
+        0.3, ge=0.0, le=1.0, description="Stage 4 (tentative tracks, high detections): minimum IoU."
+    )
+    # --- lifecycle (time in seconds)
+    min_hits: int = Field(2, ge=1, le=100, description="Matches before a track is confirmed.")
+    confirm_first_update: bool = Field(
+        True, description="On the very first update (or after reset) confirm new tracks at once."
+    )
+    tentative_max_gap_s: float = Field(
+        0.0, ge=0.0, le=60.0, description="A tentative track unmatched for longer is dropped."
+    )
+    max_lost_s: float = Field(
+        1.0, ge=0.0, le=3600.0, description="A confirmed track unmatched for longer is dropped."
+    )
+    # --- Kalman noise (fractions of box size; see tracker.kalman)
+    r_pos: float = Field(0.05, gt=0.0, le=10.0, description="Measurement std.")
+    q_pos: float = Field(0.25, ge=0.0, le=100.0, description="Position noise per sqrt(s).")
+    q_vel: float = Field(1.0, ge=0.0, le=100.0, description="Velocity noise per s per sqrt(s).")
+    init_pos: float = Field(0.1, gt=0.0, le=10.0, description="Initial position std.")
+    init_vel: float = Field(1.5, gt=0.0, le=100.0, description="Initial velocity std per s.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.low_threshold > self.high_threshold:
+            raise ValueError(
+                f"low_threshold ({self.low_threshold}) must not exceed "
+                f"high_threshold ({self.high_threshold})"
+            )
+        return self
+
+    def noise(self) -> KalmanNoise:
+        return KalmanNoise(self.r_pos, self.q_pos, self.q_vel, self.init_pos, self.init_vel)
+
+
+class HybridSettings(SortSettings):
+    """``hybrid`` (also ``default``): ByteTrack's two stages plus OC-SORT's
+    momentum, recovery and re-update."""
+
+
+class ByteTrackSettings(SortSettings):
+    """``bytetrack``: high then low confidence association, no OC-SORT steps."""
+
+    direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
+    recovery: bool = Field(False, description="Off for ByteTrack.")
+    reupdate: bool = Field(False, description="Off for ByteTrack.")
+
+
+class OCSortSettings(SortSettings):
+    """``ocsort``: OC-SORT (momentum, recovery, re-update) without the low stage."""
+
+    use_low_stage: bool = Field(False, description="Off for OC-SORT.")
