@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 from framerelay import __version__
 from framerelay.commands import COMMAND_MODULES, load
@@ -25,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = load(name)
-        register = cast(Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None],
-                        module.register)  # type: ignore[attr-defined]
+        if module is None:
+            continue
+        register = cast("Callable[[Any], None]", module.register)  # type: ignore[attr-defined]
         register(sub)
     return parser
 

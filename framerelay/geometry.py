@@ -32,7 +32,9 @@ class Letterbox:
     def fit(cls, src_w: int, src_h: int, dst_w: int, dst_h: int) -> Letterbox:
         """Top-left letterbox keeping the aspect ratio (YOLOX style)."""
         if min(src_w, src_h, dst_w, dst_h) <= 0:
-            raise ValueError(f"letterbox sizes must be positive: {src_w}x{src_h} -> {dst_w}x{dst_h}")
+            raise ValueError(
+                f"letterbox sizes must be positive: {src_w}x{src_h} -> {dst_w}x{dst_h}"
+            )
         scale = min(dst_w / src_w, dst_h / src_h)
         return cls(src_w, src_h, dst_w, dst_h, scale)
 

@@ -9,10 +9,14 @@ Heavy imports happen inside ``func``, never at module import, so ``framerelay
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 COMMAND_MODULES: tuple[str, ...] = ("demo", "worker", "ingest", "model")
 
 
-def load(name: str) -> object:
-    """Import ``framerelay.commands.<name>``."""
-    return importlib.import_module(f"framerelay.commands.{name}")
+def load(name: str) -> object | None:
+    """Import ``framerelay.commands.<name>`` (None if that module is absent)."""
+    full = f"framerelay.commands.{name}"
+    if importlib.util.find_spec(full) is None:
+        return None
+    return importlib.import_module(full)

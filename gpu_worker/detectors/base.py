@@ -67,6 +67,9 @@ class OnnxDetectorSettings(_Common):
         "auto", description="'auto' tries TensorRT, then CUDA, then CPU."
     )
     threads: int = Field(0, ge=0, le=256, description="CPU intra-op threads; 0 = ORT default.")
+    spin: bool = Field(
+        False, description="Let ORT threads busy-wait (faster alone, slower when sharing cores)."
+    )
     class_names: tuple[str, ...] | None = None
 
 

@@ -75,11 +75,14 @@ class OnnxDetector:
     def _open(model: bytes, settings: OnnxDetectorSettings) -> ort.InferenceSession:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = settings.threads
+        if not settings.spin:
+            # Busy-waiting threads steal the CPU that decode and encode need when
+            # they share cores with the inference (CPU workers, the demo).
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
-            return ort.InferenceSession(
-                model, opts, providers=choose_providers(settings.providers)
-            )
+            return ort.InferenceSession(model, opts, providers=choose_providers(settings.providers))
         except Exception as exc:  # onnxruntime raises several unrelated types
             raise ModelError(f"cannot load {settings.model} with onnxruntime: {exc}") from exc
 
@@ -109,7 +112,7 @@ class OnnxDetector:
         one = [self._session.run(None, {inp.name: p[None]})[0] for p in probe]
         try:
             two = batched.run(None, {inp.name: probe})[0]
-        except Exception:  # noqa: BLE001 - any runtime failure means "not batchable"
+        except Exception:
             return False
         return bool(np.allclose(np.concatenate(one), two, rtol=1e-3, atol=1e-3))
 

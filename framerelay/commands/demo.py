@@ -1,0 +1,161 @@
+"""``framerelay demo``: the whole pipeline on this machine, embedded defaults.
+
+Starts a local GPU-worker process (CPU is fine), an ingest for the sample clip
+(or ``--source``), prints a live progress line and a summary table, and can
+write every result to ``--out`` as JSON Lines. No Redis, no GPU needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from framerelay.settings import DEFAULT_CLIP, DEFAULT_MODEL
+
+HELP = "run the whole pipeline locally on a sample clip (no Redis, no GPU needed)"
+CONNECT_TIMEOUT_S = 60.0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help=HELP, description=HELP)
+    p.add_argument(
+        "--source",
+        default=str(DEFAULT_CLIP),
+        help="file or URL PyAV can open (default: the TUD-Stadtmitte sample)",
+    )
+    p.add_argument(
+        "--streams", type=int, default=1, help="run the source N times as separate streams"
+    )
+    p.add_argument(
+        "--max-frames", type=int, default=0, help="stop each stream after N decoded frames"
+    )
+    p.add_argument("--fps", type=float, default=0.0, help="sampling target by PTS; 0 = every frame")
+    p.add_argument("--out", type=Path, help="write every result as JSON Lines to this file")
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="pace the source like a live camera; drop (newest wins) when the worker is busy",
+    )
+    p.add_argument("--loop", action="store_true", help="loop the source (new epoch each pass)")
+    p.add_argument(
+        "--duration", type=float, default=0.0, help="stop after this many seconds (0 = at the end)"
+    )
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="detector model")
+    p.add_argument("--tracker", default="default", help="tracker name")
+    p.add_argument(
+        "--threads", type=int, default=0, help="worker CPU inference threads (0 = default)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from framerelay.errors import ConfigError
+    from gpu_worker.launcher import LocalWorker
+
+    if args.streams < 1:
+        raise ConfigError("--streams must be at least 1")
+    if "://" not in args.source and not Path(args.source).exists():
+        raise ConfigError(f"--source {args.source} does not exist")
+    secret = secrets.token_urlsafe(32)
+    worker_args = ["--model", str(args.model), "--threads", str(args.threads)]
+    _say(f"starting a local worker ({args.model.name}) ...")
+    with LocalWorker(secret, worker_id="demo-worker", args=worker_args) as worker:
+        _say(f"worker ready at {worker.url} on {', '.join(worker.info['providers'])}")
+        return asyncio.run(_run_ingest(args, worker.url, secret))
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _settings(args: argparse.Namespace, url: str, secret: str) -> Any:
+    from ingest.settings import IngestSettings, StreamConfig
+
+    streams = [
+        StreamConfig(
+            id=f"demo-{i + 1}",
+            url=args.source,
+            fps=args.fps,
+            realtime=args.realtime,
+            loop=args.loop,
+            max_frames=args.max_frames,
+            tracker=args.tracker,
+        )
+        for i in range(args.streams)
+    ]
+    return IngestSettings(
+        worker_url=url, token_secrets=secret, worker_id="demo-worker", streams=streams, out=args.out
+    )
+
+
+async def _run_ingest(args: argparse.Namespace, url: str, secret: str) -> int:
+    from framerelay.results import ResultRecord
+    from ingest.jsonl import JsonlWriter
+    from ingest.service import IngestService
+    from ingest.stats import Progress, summary_table
+
+    service = IngestService(_settings(args, url, secret))
+    objects: dict[str, int] = {}
+
+    def count(record: ResultRecord) -> None:
+        objects[record.stream_id] = objects.get(record.stream_id, 0) + len(record.detections)
+
+    service.bus.tap(count)
+    writer = JsonlWriter(args.out) if args.out else None
+    if writer is not None:
+        service.bus.tap(writer.write)
+    stop = asyncio.Event()
+    started = time.monotonic()
+    watcher = asyncio.create_task(_watch(service, stop, args, Progress()))
+    try:
+        await service.run(stop, until_finished=True)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        if writer is not None:
+            writer.close()
+    elapsed = time.monotonic() - started
+    streams = list(service.streams.values())
+    _say("")
+    print(summary_table(streams, elapsed, objects), flush=True)
+    if writer is not None:
+        _say(f"wrote {writer.written} results to {args.out}")
+    return _exit_code(service)
+
+
+def _exit_code(service: Any) -> int:
+    if service.client.connects == 0:
+        _say(f"error: could not connect to the worker: {service.client.last_error}")
+        return 1
+    failed = [s for s in service.streams.values() if s.error]
+    for s in failed:
+        _say(f"error: stream {s.id} failed: {s.error}")
+    return 1 if failed else 0
+
+
+async def _watch(
+    service: Any, stop: asyncio.Event, args: argparse.Namespace, progress: Any
+) -> None:
+    """Progress line every second; enforce --duration and the connect timeout."""
+    tty = sys.stderr.isatty()
+    started = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(1.0)
+        elapsed = time.monotonic() - started
+        if not args.quiet:
+            line = progress.line(list(service.streams.values()))
+            print(
+                ("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
+            )
+        if args.duration and elapsed >= args.duration:
+            stop.set()
+        if service.client.connects == 0 and elapsed > CONNECT_TIMEOUT_S:
+            stop.set()

@@ -1,0 +1,74 @@
+"""``framerelay ingest``: run the ingest service against a worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+HELP = "run the ingest service: decode streams, send them to a worker, serve results"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "ingest",
+        help=HELP,
+        description=HELP + ". Credentials come from FRAMERELAY_INGEST_TOKEN or "
+        "FRAMERELAY_TOKEN_SECRETS; every option also reads FRAMERELAY_INGEST_<NAME>.",
+    )
+    p.add_argument("--worker-url", help="ws(s)://host:port/v1/tunnel of the worker")
+    p.add_argument("--worker-id", help="worker id a locally minted token is scoped to")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a stream to read (repeatable); ids are stream-1, stream-2, ...",
+    )
+    p.add_argument("--streams-file", type=Path, help="JSON list of stream definitions")
+    p.add_argument("--fps", type=float, default=5.0, help="sampling target for --source streams")
+    p.add_argument("--realtime", action="store_true", help="pace files like live cameras")
+    p.add_argument("--loop", action="store_true", help="loop file sources")
+    p.add_argument("--tls-ca", type=Path, help="CA bundle to verify the worker")
+    p.add_argument("--tls-client-cert", type=Path, help="client certificate (mTLS)")
+    p.add_argument("--tls-client-key", type=Path, help="client key (mTLS)")
+    p.add_argument("--api-host", help="results API address (default 127.0.0.1)")
+    p.add_argument("--api-port", type=int, help="results API port (default 8080)")
+    p.add_argument("--out", type=Path, help="also append results to this JSON Lines file")
+    p.set_defaults(func=run)
+
+
+def build_settings(args: argparse.Namespace) -> Any:
+    from ingest.settings import IngestSettings, StreamConfig
+
+    keys = (
+        "worker_url",
+        "worker_id",
+        "tls_ca",
+        "tls_client_cert",
+        "tls_client_key",
+        "api_host",
+        "api_port",
+        "out",
+    )
+    over: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    streams = [
+        StreamConfig(
+            id=f"stream-{i + 1}", url=url, fps=args.fps, realtime=args.realtime, loop=args.loop
+        )
+        for i, url in enumerate(args.source)
+    ]
+    if args.streams_file is not None:
+        raw = json.loads(args.streams_file.read_text(encoding="utf-8"))
+        streams += [StreamConfig.model_validate(s) for s in raw]
+    if streams:
+        over["streams"] = streams
+    return IngestSettings(**over)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ingest.app import serve_ingest
+
+    return asyncio.run(serve_ingest(build_settings(args)))

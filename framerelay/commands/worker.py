@@ -1,0 +1,110 @@
+"""``framerelay worker``: run a GPU worker (tunnel server + detector)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "run a GPU worker: tunnel server, batched detection, tracking"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "worker",
+        help=HELP,
+        description=HELP + ". Token secrets come from "
+        "FRAMERELAY_TOKEN_SECRETS; every option also reads FRAMERELAY_WORKER_<NAME>.",
+    )
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8443; 0 = any free port)")
+    p.add_argument("--worker-id", help="id that tunnel tokens must grant (default: hostname)")
+    p.add_argument(
+        "--model", type=Path, help="detector model (.onnx, or .pt with the ultralytics extra)"
+    )
+    p.add_argument(
+        "--providers", choices=["auto", "tensorrt", "cuda", "cpu"], help="ONNX Runtime providers"
+    )
+    p.add_argument("--threads", type=int, help="CPU inference threads (0 = ONNX Runtime default)")
+    p.add_argument("--max-batch", type=int, help="largest inference batch")
+    p.add_argument("--confidence", type=float, help="detector confidence threshold")
+    p.add_argument("--tracker", help="default tracker for streams that name none")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (enables wss://)")
+    p.add_argument("--tls-key", type=Path, help="PEM private key")
+    p.add_argument(
+        "--tls-client-ca", type=Path, help="require client certificates from this CA (mTLS)"
+    )
+    p.add_argument(
+        "--announce",
+        action="store_true",
+        help="print one JSON line on stdout once ready (used by the demo and tests)",
+    )
+    p.set_defaults(func=run)
+
+
+_TOP = ("host", "port", "worker_id", "tracker", "tls_cert", "tls_key", "tls_client_ca")
+_DETECTOR = {
+    "providers": "providers",
+    "threads": "threads",
+    "max_batch": "max_batch",
+    "confidence": "confidence_threshold",
+}
+
+
+def build_settings(args: argparse.Namespace) -> Any:
+    """Environment first, then command-line options on top."""
+    from gpu_worker.detectors import OnnxDetectorSettings, settings_for_model
+    from gpu_worker.settings import WorkerSettings
+
+    top = {k: getattr(args, k) for k in _TOP if getattr(args, k) is not None}
+    settings = WorkerSettings(**top)
+    det = {
+        dst: getattr(args, src) for src, dst in _DETECTOR.items() if getattr(args, src) is not None
+    }
+    if args.model is None and not det:
+        return settings
+    current = settings.detector
+    model: Path = args.model or current.model
+    same_kind = (model.suffix == ".pt") == (current.type == "ultralytics")
+    fields = current.model_dump(exclude={"type", "model"}) if same_kind else {}
+    fields.update(det)
+    if model.suffix == ".pt":
+        onnx_only = set(OnnxDetectorSettings.model_fields) - {"model", "type"}
+        fields = {k: v for k, v in fields.items() if k not in onnx_only or k in _COMMON}
+    return settings.model_copy(update={"detector": settings_for_model(model, **fields)})
+
+
+_COMMON = ("confidence_threshold", "nms_iou", "max_detections", "max_batch")
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_serve(build_settings(args), args.announce))
+
+
+async def _serve(settings: Any, announce: bool) -> int:
+    from framerelay.lifecycle import install_signal_handlers
+    from gpu_worker.server import TUNNEL_PATH, Worker
+
+    worker = Worker(settings)
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    host, port = await worker.start()
+    scheme = "wss" if settings.tls_cert else "ws"
+    info = {
+        "event": "ready",
+        "url": f"{scheme}://{host}:{port}{TUNNEL_PATH}",
+        "worker_id": settings.worker_id,
+        "providers": list(worker.detector.providers),
+    }
+    if announce:
+        print(json.dumps(info), flush=True)
+    print(
+        f"worker {settings.worker_id} ready on {info['url']} ({', '.join(info['providers'])})",
+        file=sys.stderr,
+        flush=True,
+    )
+    await worker.serve_forever(stop)
+    return 0

@@ -1,0 +1,236 @@
+"""The tunnel's wire format: typed messages and a sans-I/O codec.
+
+One WebSocket binary message carries one protocol message::
+
+    +---------+------+----------------+-------------+-----------+
+    | version | type | header length  | header JSON |  payload  |
+    |  u8     |  u8  | u32 big-endian |  UTF-8      |  bytes    |
+    +---------+------+----------------+-------------+-----------+
+
+Headers are small JSON objects validated against a schema (unknown fields are
+refused); payloads are binary (a JPEG for frames, packed arrays for results).
+``decode`` raises only :class:`ProtocolError`, whatever the bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from framerelay.detections import Detections
+from framerelay.errors import ProtocolError
+
+VERSION = 1
+PREFIX = struct.Struct(">BBI")
+STREAM_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+CLOSE_PROTOCOL = 1002
+CLOSE_TOO_BIG = 1009
+CLOSE_POLICY = 1008
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Hard size limits; anything larger is refused before parsing."""
+
+    max_header: int = 16 * 1024
+    max_payload: int = 8 * 1024 * 1024
+    max_detections: int = 10_000
+
+    @property
+    def max_message(self) -> int:
+        """What to give ``websockets`` as ``max_size``."""
+        return PREFIX.size + self.max_header + self.max_payload
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class MsgType(IntEnum):
+    HELLO = 1
+    OPEN = 2
+    CLOSE = 3
+    FRAME = 4
+    RESULT = 5
+    ERROR = 6
+
+
+class _Header(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    TYPE: ClassVar[MsgType]
+
+
+class Hello(_Header):
+    """Worker -> ingest, first message after the upgrade."""
+
+    TYPE: ClassVar[MsgType] = MsgType.HELLO
+    worker_id: str = Field(max_length=128)
+    input_w: int = Field(gt=0, le=8192)
+    input_h: int = Field(gt=0, le=8192)
+    class_names: list[str] = Field(max_length=10_000)
+    providers: list[str] = Field(max_length=16)
+    max_inflight: int = Field(ge=1, le=1024)
+    encodings: list[str] = Field(max_length=8)
+
+
+class Open(_Header):
+    """Ingest -> worker: start (or resume) a stream's session."""
+
+    TYPE: ClassVar[MsgType] = MsgType.OPEN
+    stream_id: str = Field(pattern=STREAM_ID)
+    tracker: str = Field("default", max_length=64)
+
+
+class Close(_Header):
+    """Ingest -> worker: the stream ended; free its session."""
+
+    TYPE: ClassVar[MsgType] = MsgType.CLOSE
+    stream_id: str = Field(pattern=STREAM_ID)
+
+
+class Timing(_Header):
+    """PTS timing carried unchanged from frame to result."""
+
+    stream_id: str = Field(pattern=STREAM_ID)
+    epoch: int = Field(ge=0, lt=2**63)
+    seq: int = Field(ge=0, lt=2**63)
+    pts: int = Field(ge=-(2**62), lt=2**62)
+    time_base: tuple[int, int]
+    captured_at: float
+
+    @property
+    def pts_time(self) -> float:
+        num, den = self.time_base
+        return self.pts * num / den
+
+
+class Frame(Timing):
+    """Ingest -> worker: one encoded, letterboxed frame (payload: the image)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.FRAME
+    encoding: Literal["jpeg"] = "jpeg"
+    src_w: int = Field(gt=0, le=16384)
+    src_h: int = Field(gt=0, le=16384)
+    scale: float = Field(gt=0.0, le=64.0)
+    pad_x: int = Field(0, ge=0, le=16384)
+    pad_y: int = Field(0, ge=0, le=16384)
+
+
+class Result(Timing):
+    """Worker -> ingest: detections of one frame (payload: packed arrays)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.RESULT
+    n: int = Field(ge=0)
+    timings: dict[str, float] = Field(default_factory=dict, max_length=32)
+
+
+class Error(_Header):
+    """Either way: something went wrong with one frame or the connection."""
+
+    TYPE: ClassVar[MsgType] = MsgType.ERROR
+    code: str = Field(max_length=64)
+    message: str = Field(max_length=2000)
+    stream_id: str | None = Field(None, pattern=STREAM_ID)
+    seq: int | None = Field(None, ge=0, lt=2**63)
+
+
+Header = Hello | Open | Close | Frame | Result | Error
+_BY_TYPE: dict[int, type[_Header]] = {m.TYPE: m for m in (Hello, Open, Close, Frame, Result, Error)}
+
+
+def _check_time_base(header: _Header) -> None:
+    if isinstance(header, Timing):
+        num, den = header.time_base
+        if num <= 0 or den <= 0 or num > 2**31 or den > 2**31:
+            raise ProtocolError(f"time_base must be two positive int32s, got {header.time_base}")
+
+
+def encode(header: Header, payload: bytes = b"", limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Serialise one message. Raises ProtocolError if it breaks a limit."""
+    head = header.model_dump_json().encode()
+    if len(head) > limits.max_header:
+        raise ProtocolError(
+            f"header of {len(head)} B exceeds {limits.max_header} B", close_code=CLOSE_TOO_BIG
+        )
+    if len(payload) > limits.max_payload:
+        raise ProtocolError(
+            f"payload of {len(payload)} B exceeds {limits.max_payload} B", close_code=CLOSE_TOO_BIG
+        )
+    return PREFIX.pack(VERSION, header.TYPE, len(head)) + head + payload
+
+
+def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[Header, bytes]:
+    """Parse and validate one message into (header, payload)."""
+    if len(data) < PREFIX.size:
+        raise ProtocolError(f"message of {len(data)} B is shorter than the {PREFIX.size} B prefix")
+    version, mtype, hlen = PREFIX.unpack_from(data)
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version}; this peer speaks {VERSION}")
+    model = _BY_TYPE.get(mtype)
+    if model is None:
+        raise ProtocolError(f"unknown message type {mtype}")
+    if hlen > limits.max_header:
+        raise ProtocolError(
+            f"header of {hlen} B exceeds {limits.max_header} B", close_code=CLOSE_TOO_BIG
+        )
+    end = PREFIX.size + hlen
+    if len(data) < end:
+        raise ProtocolError(
+            f"truncated message: header says {hlen} B, {len(data) - PREFIX.size} B present"
+        )
+    if len(data) - end > limits.max_payload:
+        raise ProtocolError(
+            f"payload of {len(data) - end} B exceeds {limits.max_payload} B",
+            close_code=CLOSE_TOO_BIG,
+        )
+    header = _parse_header(model, data[PREFIX.size : end])
+    _check_time_base(header)
+    return header, data[end:]  # type: ignore[return-value]
+
+
+def _parse_header(model: type[_Header], raw: bytes) -> _Header:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(header)"
+        raise ProtocolError(f"invalid {model.__name__} header: {where}: {first['msg']}") from None
+
+
+# -- detections payload --------------------------------------------------------
+
+_ROW = 16 + 4 + 4 + 8  # xyxy f32x4, conf f32, class i32, tracker i64
+
+
+def pack_detections(det: Detections) -> bytes:
+    """Little-endian columns: xyxy, confidence, class_id, tracker_id."""
+    return b"".join(
+        (
+            det.xyxy.astype("<f4").tobytes(),
+            det.confidence.astype("<f4").tobytes(),
+            det.class_id.astype("<i4").tobytes(),
+            det.tracker_id.astype("<i8").tobytes(),
+        )
+    )
+
+
+def unpack_detections(n: int, payload: bytes, limits: Limits = DEFAULT_LIMITS) -> Detections:
+    """Inverse of :func:`pack_detections`; validates counts and values."""
+    if n > limits.max_detections:
+        raise ProtocolError(f"{n} detections exceed the limit of {limits.max_detections}")
+    if len(payload) != n * _ROW:
+        raise ProtocolError(
+            f"result payload is {len(payload)} B, expected {n * _ROW} B for {n} detections"
+        )
+    xyxy = np.frombuffer(payload, "<f4", 4 * n, 0).reshape(n, 4)
+    conf = np.frombuffer(payload, "<f4", n, 16 * n)
+    cls = np.frombuffer(payload, "<i4", n, 20 * n)
+    tid = np.frombuffer(payload, "<i8", n, 24 * n)
+    try:
+        return Detections(xyxy=xyxy, confidence=conf, class_id=cls, tracker_id=tid)
+    except ValueError as exc:
+        raise ProtocolError(f"invalid detections in result: {exc}") from None

@@ -1,0 +1,119 @@
+"""Start a ``framerelay worker`` as a local child process and wait until ready.
+
+Used by the demo, the tests, the benchmarks and the orchestrator's ``local``
+provider. Secrets travel in the child's environment, never on its command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from framerelay.errors import ConfigError
+
+
+class LocalWorker:
+    """A worker child process; ``start()`` returns once it announced readiness."""
+
+    def __init__(
+        self,
+        secret: str,
+        *,
+        worker_id: str = "local-worker",
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self._secret = secret
+        self._args = list(args)
+        self._env = env or {}
+        self.log_path = log_path or Path(
+            tempfile.mkstemp(prefix="framerelay-worker-", suffix=".log")[1]
+        )
+        self.proc: subprocess.Popen[str] | None = None
+        self.info: dict[str, Any] = {}
+        self._log: IO[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return str(self.info["url"])
+
+    def start(self, timeout_s: float = 120.0) -> LocalWorker:
+        env = {
+            **os.environ,
+            **self._env,
+            "FRAMERELAY_TOKEN_SECRETS": self._secret,
+            "FRAMERELAY_WORKER_WORKER_ID": self.worker_id,
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "framerelay",
+            "worker",
+            "--announce",
+            "--port",
+            "0",
+            *self._args,
+        ]
+        self._log = self.log_path.open("w", encoding="utf-8")
+        self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env
+        )
+        line = self._read_announce(timeout_s)
+        self.info = json.loads(line)
+        return self
+
+    def _read_announce(self, timeout_s: float) -> str:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None  # noqa: S101
+        stdout = proc.stdout
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not result or not result[0].startswith("{"):
+            self.stop()
+            tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise ConfigError(
+                f"worker did not become ready in {timeout_s:.0f} s; its log ends:\n{tail}"
+            )
+        return result[0]
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL; returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL at once (fault tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def __enter__(self) -> LocalWorker:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,42 @@
+"""Prometheus metrics of one worker (a private registry per worker instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_MS_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.frames = Counter(
+            "framerelay_worker_frames", "Frames received, by outcome", ["outcome"], registry=r
+        )
+        self.drops = Counter(
+            "framerelay_worker_drops", "Frames not processed, by reason", ["reason"], registry=r
+        )
+        self.stage_ms = Histogram(
+            "framerelay_worker_stage_ms",
+            "Per-stage latency in ms",
+            ["stage"],
+            buckets=_MS_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "framerelay_worker_batch_size",
+            "Frames per inference batch",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.connections = Gauge("framerelay_worker_connections", "Open tunnels", registry=r)
+        self.streams = Gauge("framerelay_worker_streams", "Open stream sessions", registry=r)
+        self.queue_depth = Gauge("framerelay_worker_queue_depth", "Frames waiting", registry=r)
+        self.ready = Gauge("framerelay_worker_ready", "1 after warm-up", registry=r)
+        self.auth_failures = Counter(
+            "framerelay_worker_auth_failures", "Refused connections", ["reason"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))

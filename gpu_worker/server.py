@@ -1,0 +1,183 @@
+"""The worker process: tunnel server + health/readiness/metrics on one port.
+
+``/v1/tunnel`` is the WebSocket tunnel; the token (``Authorization: Bearer``)
+is checked before the upgrade completes: 401 when missing, malformed, badly
+signed or expired, 403 when it does not grant ``worker:<worker_id>``.
+``/healthz`` answers while the process is alive, ``/readyz`` only after a
+warm-up inference succeeded, ``/metrics`` is Prometheus text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+
+import numpy as np
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from framerelay import wire
+from framerelay.auth import TokenSigner, bearer_token
+from framerelay.errors import AuthError, ConfigError
+from framerelay.geometry import Letterbox
+from framerelay.settings import split_secrets
+from gpu_worker.batcher import Batcher
+from gpu_worker.connection import TunnelConnection
+from gpu_worker.detectors import Detector, ModelInput, load_detector
+from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+TUNNEL_PATH = "/v1/tunnel"
+
+
+def server_ssl_context(settings: WorkerSettings) -> ssl.SSLContext | None:
+    """TLS (and mTLS when ``tls_client_ca`` is set) from the settings."""
+    if settings.tls_cert is None:
+        if settings.tls_client_ca is not None:
+            raise ConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key as well")
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
+        if settings.tls_client_ca is not None:
+            ctx.load_verify_locations(settings.tls_client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS files ({settings.tls_cert}): {exc}") from None
+    return ctx
+
+
+class Worker:
+    """Owns the detector, the batcher and the server; ``run()`` until stopped."""
+
+    def __init__(self, settings: WorkerSettings, detector: Detector | None = None) -> None:
+        self.settings = settings
+        self.signer = TokenSigner(split_secrets(settings.token_secrets))
+        self.metrics = WorkerMetrics()
+        self.detector = detector or load_detector(settings.detector)
+        self.batcher = Batcher(
+            self.detector,
+            self.metrics,
+            max_batch=settings.detector.max_batch,
+            capacity=settings.queue_capacity,
+            batch_wait_ms=settings.batch_wait_ms,
+        )
+        self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
+        self.ready = False
+        self.server: Server | None = None
+        self._batch_task: asyncio.Task[None] | None = None
+        self._scope = f"worker:{settings.worker_id}"
+
+    @property
+    def hello(self) -> wire.Hello:
+        w, h = self.detector.input_size
+        return wire.Hello(
+            worker_id=self.settings.worker_id,
+            input_w=w,
+            input_h=h,
+            class_names=list(self.detector.class_names),
+            providers=list(self.detector.providers),
+            max_inflight=self.settings.max_inflight,
+            encodings=["jpeg"],
+        )
+
+    def warm_up(self) -> float:
+        """Blocking: run the model a few times; returns the last run's ms."""
+        w, h = self.detector.input_size
+        item = ModelInput(np.full((h, w, 3), 114, np.uint8), Letterbox.fit(w, h, w, h))
+        elapsed = 0.0
+        for _ in range(self.settings.warmup_runs):
+            t0 = time.perf_counter()
+            self.detector.infer([item])
+            elapsed = (time.perf_counter() - t0) * 1000
+        return elapsed
+
+    def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            return conn.respond(HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
+            if self.ready:
+                return conn.respond(HTTPStatus.OK, "ready\n")
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "warming up\n")
+        if path == "/metrics":
+            resp = conn.respond(HTTPStatus.OK, "")
+            resp.body = self.metrics.render()
+            resp.headers = Headers(
+                {"Content-Type": "text/plain; version=0.0.4", "Content-Length": str(len(resp.body))}
+            )
+            return resp
+        if path != TUNNEL_PATH:
+            return conn.respond(
+                HTTPStatus.NOT_FOUND, f"unknown path; the tunnel is {TUNNEL_PATH}\n"
+            )
+        return self._authorize(conn, request)
+
+    def _authorize(self, conn: ServerConnection, request: Request) -> Response | None:
+        try:
+            token = bearer_token(request.headers.get("Authorization"))
+            self.signer.verify(token, self._scope)
+        except AuthError as exc:
+            denied = "does not grant" in str(exc)
+            self.metrics.auth_failures.labels("scope" if denied else "invalid").inc()
+            log.warning("refused tunnel from %s: %s", conn.remote_address, exc)
+            status = HTTPStatus.FORBIDDEN if denied else HTTPStatus.UNAUTHORIZED
+            return conn.respond(status, f"{exc}\n")
+        if not self.ready:
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "worker is warming up; retry\n")
+        return None
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        conn = TunnelConnection(
+            ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello
+        )
+        await conn.run()
+
+    async def start(self) -> tuple[str, int]:
+        """Warm up, then listen; returns the bound (host, port)."""
+        ms = await asyncio.to_thread(self.warm_up)
+        self.ready = True
+        self.metrics.ready.set(1)
+        log.info("warm-up done: %.1f ms per inference on %s", ms, ",".join(self.detector.providers))
+        self._batch_task = asyncio.create_task(self.batcher.run(), name="batcher")
+        self.server = await serve(
+            self._handle,
+            self.settings.host,
+            self.settings.port,
+            ssl=server_ssl_context(self.settings),
+            process_request=self._process_request,
+            compression=None,
+            max_size=wire.Limits(max_payload=self.settings.max_message_bytes).max_message,
+            max_queue=32,
+            ping_interval=20,
+            ping_timeout=20,
+        )
+        sock = next(iter(self.server.sockets))
+        host, port = sock.getsockname()[:2]
+        return str(host), int(port)
+
+    async def serve_forever(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then shut down gracefully."""
+        if self.server is None:
+            await self.start()
+        assert self.server is not None and self._batch_task is not None  # noqa: S101
+        try:
+            await stop.wait()
+        finally:
+            self.ready = False
+            self.server.close(close_connections=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.shutdown_timeout_s):
+                    await self.server.wait_closed()
+            self._batch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._batch_task
+            self.decode_pool.shutdown(wait=False, cancel_futures=True)

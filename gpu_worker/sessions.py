@@ -1,0 +1,58 @@
+"""Per-stream sessions: one tracker per stream, on a continuous clock.
+
+A session is created by the stream's OPEN and freed by its CLOSE (or when the
+tunnel closes). Its tracker is fed the frame's PTS time; when the epoch
+changes (reconnect, PTS reset) the tracker clock continues from where it was,
+advanced by the gap measured on the ingest clock (``captured_at``), so ids
+survive a short reconnect and time never runs backwards for the tracker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from framerelay.detections import Detections
+from framerelay.wire import Frame
+from tracker import Tracker, create_tracker
+
+_MIN_STEP_S = 1e-3
+
+
+@dataclass(slots=True)
+class StreamSession:
+    stream_id: str
+    tracker: Tracker
+    min_confidence: float
+    inflight: int = 0
+    frames: int = 0
+    _epoch: int | None = None
+    _offset: float = 0.0
+    _last_t: float = field(default=-1e18)
+    _last_captured: float = 0.0
+
+    def tracker_time(self, frame: Frame) -> float:
+        """Seconds on the session's continuous clock for this frame."""
+        pts_t = frame.pts_time
+        if self._epoch is None:
+            self._epoch = frame.epoch
+        elif frame.epoch != self._epoch:
+            gap = max(frame.captured_at - self._last_captured, _MIN_STEP_S)
+            self._offset = self._last_t + gap - pts_t
+            self._epoch = frame.epoch
+        t = max(pts_t + self._offset, self._last_t + _MIN_STEP_S)
+        self._last_t, self._last_captured = t, frame.captured_at
+        return t
+
+    def track(self, frame: Frame, detections: Detections) -> Detections:
+        """Run the tracker and keep what is worth sending."""
+        tracked = self.tracker.update(detections, self.tracker_time(frame))
+        self.frames += 1
+        keep = (tracked.tracker_id >= 0) | (tracked.confidence >= self.min_confidence)
+        return tracked if bool(keep.all()) else tracked[np.flatnonzero(keep)]
+
+
+def new_session(stream_id: str, tracker_name: str, min_confidence: float) -> StreamSession:
+    """Raises ConfigError for an unknown tracker name."""
+    return StreamSession(stream_id, create_tracker(tracker_name), min_confidence)
