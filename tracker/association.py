@@ -1,17 +1,20 @@
 """Similarity and assignment: the building blocks of every association stage.
 
-A stage scores every (track, detection) pair, marks which pairs are allowed
-(the gate: enough IoU, same class when matching is class-aware) and solves one
-linear assignment that maximises the total of ``score - threshold`` over the
-chosen pairs, so a pair is only taken when it scores above the threshold (the
-ByteTrack convention, via ``lap.lapjv`` with a cost limit).
+A stage takes the candidate (track, detection) pairs that pass its gate
+(enough IoU, same class when matching is class-aware, score above the stage's
+threshold) and solves one linear assignment that maximises the total of
+``score - threshold`` over the chosen pairs (the ByteTrack convention). IoU is
+computed once per update for all pairs; everything after works on the sparse
+list of pairs with any overlap, which keeps large scenes cheap. The solver is
+scipy's ``linear_sum_assignment``, which on these small problems costs far less
+per call than ``lap.lapjv``.
 """
 
 from __future__ import annotations
 
-import lap
 import numpy as np
 from numpy.typing import NDArray
+from scipy.optimize import linear_sum_assignment
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -24,53 +27,60 @@ def iou_matrix(a: NDArray[np.floating], b: NDArray[np.floating]) -> F64:
     b = np.asarray(b, np.float64)
     if a.shape[0] == 0 or b.shape[0] == 0:
         return np.zeros((a.shape[0], b.shape[0]))
-    ix1 = np.maximum(a[:, None, 0], b[None, :, 0])
-    iy1 = np.maximum(a[:, None, 1], b[None, :, 1])
-    ix2 = np.minimum(a[:, None, 2], b[None, :, 2])
-    iy2 = np.minimum(a[:, None, 3], b[None, :, 3])
-    inter = np.clip(ix2 - ix1, 0.0, None) * np.clip(iy2 - iy1, 0.0, None)
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :] - inter
-    out: F64 = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    bt = b.T
+    iw = np.minimum(a[:, 2:3], bt[2]) - np.maximum(a[:, 0:1], bt[0])
+    ih = np.minimum(a[:, 3:4], bt[3]) - np.maximum(a[:, 1:2], bt[1])
+    np.maximum(iw, 0.0, out=iw)
+    np.maximum(ih, 0.0, out=ih)
+    inter = iw * ih
+    area_a = (a[:, 2:3] - a[:, 0:1]) * (a[:, 3:4] - a[:, 1:2])
+    area_b = (bt[2] - bt[0]) * (bt[3] - bt[1])
+    union = area_a + area_b
+    union -= inter
+    np.maximum(union, 1e-12, out=union)
+    out: F64 = inter / union
     return out
 
 
-def assign(score: F64, allowed: NDArray[np.bool_], threshold: float) -> tuple[I64, I64]:
-    """Pairs ``(rows, cols)`` maximising the sum of ``score - threshold``.
+def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
+    """Choose candidate pairs ``(rows[k], cols[k])`` maximising the total ``gain``.
 
-    Only ``allowed`` pairs whose score exceeds ``threshold`` can be chosen; every
-    row and column is used at most once. Rows come out in ascending order.
+    Every candidate must have a positive gain (its score minus the stage's
+    threshold); each row and each column is used at most once. When no row
+    and no column appears twice the answer is all candidates; otherwise the
+    rows and columns involved form a small dense problem solved exactly with
+    scipy's ``linear_sum_assignment`` (a zero-cost cell means "not a
+    candidate", which is the same as leaving both unmatched). Returns the
+    chosen ``(rows, cols)``.
     """
-    n, m = score.shape
-    if n == 0 or m == 0:
+    if rows.size == 0:
         return _EMPTY, _EMPTY
-    cost = np.where(allowed, threshold - score, 1.0)
-    _, x, _ = lap.lapjv(np.ascontiguousarray(cost), extend_cost=True, cost_limit=0.0)
-    rows = np.flatnonzero(x >= 0)
-    cols = x[rows].astype(np.int64)
-    keep = allowed[rows, cols] & (score[rows, cols] > threshold)
-    return rows[keep].astype(np.int64), cols[keep]
+    if np.bincount(rows).max() == 1 and np.bincount(cols).max() == 1:
+        return rows, cols
+    urows, rinv = np.unique(rows, return_inverse=True)
+    ucols, cinv = np.unique(cols, return_inverse=True)
+    cost = np.zeros((urows.size, ucols.size))
+    cost[rinv, cinv] = -gain
+    r, c = linear_sum_assignment(cost)
+    keep = cost[r, c] < 0.0
+    return urows[r[keep]].astype(np.int64), ucols[c[keep]].astype(np.int64)
 
 
 def direction_score(
     direction: F64, anchor: F64, centers: F64, weight: NDArray[np.floating]
 ) -> F64:
-    """OC-SORT's momentum term: agreement of each track's motion direction with
-    the direction from the track's anchor observation to each detection.
+    """OC-SORT's momentum term for K candidate pairs (all arguments row-aligned).
 
-    ``direction`` (N, 2) unit vectors (zero where unknown), ``anchor`` (N, 2)
-    anchor centres, ``centers`` (M, 2) detection centres, ``weight`` (M,) per
-    detection (its confidence times the setting). Returns (N, M) values in
-    ``[-0.5, 0.5] * weight``, zero for tracks without a direction.
+    Agreement of each track's motion ``direction`` (K, 2) unit vectors, zero
+    where unknown, with the direction from the track's ``anchor`` observation
+    (K, 2) to the detection's centre (K, 2): ``(pi/2 - angle) / pi`` in
+    ``[-0.5, 0.5]``, times ``weight`` (K,), and 0 for tracks with no direction.
     """
-    delta = centers[None, :, :] - anchor[:, None, :]
-    norm = np.sqrt((delta**2).sum(axis=2))
-    norm = np.where(norm > 1e-6, norm, 1.0)
-    cos = (delta * direction[:, None, :]).sum(axis=2) / norm
-    angle = np.arccos(np.clip(cos, -1.0, 1.0))
-    known = (np.abs(direction).sum(axis=1) > 0)[:, None]
-    out: F64 = np.where(known, (np.pi / 2 - angle) / np.pi, 0.0) * weight[None, :]
+    delta = centers - anchor
+    norm = np.sqrt(delta[:, 0] ** 2 + delta[:, 1] ** 2)
+    cos = (delta[:, 0] * direction[:, 0] + delta[:, 1] * direction[:, 1]) / np.maximum(norm, 1e-6)
+    # (pi/2 - arccos(cos)) / pi == arcsin(cos) / pi; an unknown (zero) direction gives 0
+    out: F64 = np.arcsin(np.clip(cos, -1.0, 1.0)) * (1.0 / np.pi) * weight
     return out
 
 

@@ -34,6 +34,7 @@ from tracker.tracks import LOST, TENTATIVE, TRACKED, TrackTable
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
+Mask = NDArray[np.bool_]
 _NO_TIME = math.nan
 
 
@@ -56,6 +57,16 @@ class _Frame:
         return cls(xyxy, kalman.xyxy_to_z(xyxy), d.confidence, d.class_id, high, low)
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Track/detection pairs that overlap: row-aligned (K,) arrays."""
+
+    rows: I64
+    cols: I64
+    iou: F64
+    score: F64
+
+
 class SortFamilyTracker:
     """Base of the registered trackers; subclasses set ``name`` and ``settings_model``."""
 
@@ -71,6 +82,8 @@ class SortFamilyTracker:
             settings = self.settings_model(**settings.model_dump())
         self.settings = settings
         self._noise = settings.noise()
+        self._match = np.empty(0, np.int64)
+        self._free = np.empty(0, bool)
         self.reset()
 
     # ------------------------------------------------------------------ contract
@@ -149,92 +162,105 @@ class SortFamilyTracker:
             self._t = t
         return self._t
 
-    def _predicted_xyxy(self, rows: I64) -> F64:
-        z = self.tracks.mean[rows, : kalman.DIM].copy()
+    def _predicted_xyxy(self) -> F64:
+        z = self.tracks.mean[:, : kalman.DIM].copy()
         z[:, 2:] = np.maximum(z[:, 2:], 1.0)
         return kalman.z_to_xyxy(z)
 
-    def _stage(
-        self, rows: I64, cols: I64, score: F64, iou: F64, thr: float, f: _Frame
-    ) -> tuple[I64, I64]:
-        """Gate (IoU, class) and assign; returns matched (track rows, det indices)."""
-        allowed = iou >= thr
+    def _stage(self, c: _Candidates, rows: Mask, cols: Mask, thr: float) -> None:
+        """Assign free ``rows`` (track mask) to unmatched ``cols`` (detection mask)
+        among candidates ``c`` with ``iou >= thr`` and ``score > thr``."""
+        rows = rows & self._free
+        cols = cols & (self._match < 0)
+        if c.rows.size == 0 or not rows.any() or not cols.any():
+            return
+        ok = rows[c.rows] & cols[c.cols] & (c.iou >= thr) & (c.score > thr)
+        if not ok.any():
+            return
+        r, d = assign(c.rows[ok], c.cols[ok], c.score[ok] - thr)
+        self._match[d] = r
+        self._free[r] = False
+
+    def _candidates(
+        self, boxes: F64, f: _Frame, gate: float, rows: I64 | None = None
+    ) -> _Candidates:
+        """Pairs of track ``boxes`` and detections with IoU >= ``gate`` (and same class)."""
+        iou = iou_matrix(boxes, f.xyxy)
+        pr, pc = np.nonzero(iou >= gate)
+        values = iou[pr, pc]
+        pr = pr.astype(np.int64) if rows is None else rows[pr]
+        pc = pc.astype(np.int64)
         if self.settings.class_aware:
-            allowed &= self.tracks.class_id[rows][:, None] == f.cls[cols][None, :]
-        r, c = assign(score, allowed, thr)
-        return rows[r], cols[c]
+            same = self.tracks.class_id[pr] == f.cls[pc]
+            pr, pc, values = pr[same], pc[same], values[same]
+        return _Candidates(pr, pc, values, values)
 
     def _associate(self, f: _Frame) -> I64:
         """Run the stages; returns, per detection, the matched track row or -1."""
         s, tr = self.settings, self.tracks
-        match = np.full(f.xyxy.shape[0], -1, np.int64)
-        free = np.ones(len(tr), bool)
-
-        def commit(rows: I64, cols: I64) -> None:
-            match[cols] = rows
-            free[rows] = False
-
+        self._match = match = np.full(f.xyxy.shape[0], -1, np.int64)
+        self._free = np.ones(len(tr), bool)
+        if len(tr) == 0 or match.size == 0:
+            return match
+        gate = min(s.match_iou, s.low_match_iou, s.tentative_match_iou)
+        cand = self._candidates(self._predicted_xyxy(), f, gate)
         confirmed = tr.status != TENTATIVE
-        rows, cols = np.flatnonzero(confirmed), np.flatnonzero(f.high)
-        iou = iou_matrix(self._predicted_xyxy(rows), f.xyxy[cols])
-        score = iou + self._direction(rows, cols, f) if s.direction_weight > 0 else iou
-        commit(*self._stage(rows, cols, score, iou, s.match_iou, f))
+        if s.direction_weight > 0:
+            self._stage(self._with_direction(cand, f), confirmed, f.high, s.match_iou)
+        else:
+            self._stage(cand, confirmed, f.high, s.match_iou)
         if s.use_low_stage:
-            rows, cols = np.flatnonzero(free & (tr.status == TRACKED)), np.flatnonzero(f.low)
-            iou = iou_matrix(self._predicted_xyxy(rows), f.xyxy[cols])
-            commit(*self._stage(rows, cols, iou, iou, s.low_match_iou, f))
+            self._stage(cand, tr.status == TRACKED, f.low, s.low_match_iou)
         if s.recovery:
-            rows = np.flatnonzero(free & confirmed)
-            cols = np.flatnonzero(f.high & (match < 0))
-            iou = iou_matrix(tr.obs[rows], f.xyxy[cols])
-            commit(*self._stage(rows, cols, iou, iou, s.recovery_iou, f))
-        rows = np.flatnonzero(tr.status == TENTATIVE)
-        cols = np.flatnonzero(f.high & (match < 0))
-        iou = iou_matrix(self._predicted_xyxy(rows), f.xyxy[cols])
-        commit(*self._stage(rows, cols, iou, iou, s.tentative_match_iou, f))
+            rows = np.nonzero(self._free & confirmed)[0]
+            cols = f.high & (match < 0)
+            if rows.size and cols.any():
+                back = self._candidates(tr.obs[rows], f, s.recovery_iou, rows)
+                self._stage(back, confirmed, cols, s.recovery_iou)
+        self._stage(cand, ~confirmed, f.high, s.tentative_match_iou)
         return match
 
-    def _direction(self, rows: I64, cols: I64, f: _Frame) -> F64:
+    def _with_direction(self, c: _Candidates, f: _Frame) -> _Candidates:
         tr = self.tracks
-        centers = f.z[cols, :2]
-        weight = self.settings.direction_weight * f.conf[cols].astype(np.float64)
-        return direction_score(tr.direction[rows], tr.anchor[rows], centers, weight)
+        weight = self.settings.direction_weight * f.conf[c.cols].astype(np.float64)
+        extra = direction_score(tr.direction[c.rows], tr.anchor[c.rows], f.z[c.cols, :2], weight)
+        return _Candidates(c.rows, c.cols, c.iou, c.iou + extra)
 
     def _apply(self, f: _Frame, match: I64, now: float) -> I64:
         """Update matched tracks, age the rest, start new ones; ids per detection."""
         tr = self.tracks
-        dets = np.flatnonzero(match >= 0)
+        dets = np.nonzero(match >= 0)[0]
         rows = match[dets]
-        self._correct(rows, f.z[dets], now)
+        status = tr.status[rows]
+        self._correct(rows, status, f.z[dets], now)
         self._observe(rows, f, dets, now)
-        was_tentative = tr.status[rows] == TENTATIVE
-        tr.status[rows[~was_tentative]] = TRACKED
-        promote = rows[was_tentative & (tr.hits[rows] >= self.settings.min_hits)]
-        self._confirm(promote)
+        promote = (status == TENTATIVE) & (tr.hits[rows] >= self.settings.min_hits)
+        status[status == LOST] = TRACKED
+        tr.status[rows] = status
+        self._confirm(rows[promote])
         ids = np.full(f.xyxy.shape[0], -1, np.int64)
         ids[dets] = tr.track_id[rows]
         ids[ids == 0] = -1
-        self._age(np.isin(np.arange(len(tr)), rows, invert=True), now)
-        born = np.flatnonzero(
-            f.high & (match < 0) & (f.conf >= self.settings.new_track_threshold)
-        )
+        unmatched = np.ones(len(tr), bool)
+        unmatched[rows] = False
+        self._age(unmatched, now)
+        born = np.nonzero(f.high & (match < 0) & (f.conf >= self.settings.new_track_threshold))[0]
         if born.size:
             ids[born] = self._start(f, born, now)
         return ids
 
-    def _correct(self, rows: I64, z: F64, now: float) -> None:
+    def _correct(self, rows: I64, status: NDArray[np.int8], z: F64, now: float) -> None:
         """Kalman update of matched rows (with OC-SORT re-update for returning tracks)."""
         if rows.size == 0:
             return
         tr = self.tracks
         mean, cov = kalman.update(tr.mean[rows], tr.cov[rows], z, self._noise)
-        if self.settings.reupdate:
-            back = tr.status[rows] == LOST
+        back = status == LOST
+        if self.settings.reupdate and back.any():
             gap = now - tr.t_obs[rows]
             back &= gap > 0
-            if back.any():
-                last = kalman.xyxy_to_z(tr.obs[rows[back]])
-                mean[back, kalman.DIM :] = (z[back] - last) / gap[back, None]
+            last = kalman.xyxy_to_z(tr.obs[rows[back]])
+            mean[back, kalman.DIM :] = (z[back] - last) / gap[back, None]
         tr.mean[rows], tr.cov[rows] = mean, cov
 
     def _observe(self, rows: I64, f: _Frame, dets: I64, now: float) -> None:
@@ -245,13 +271,16 @@ class SortFamilyTracker:
         tr.obs[rows] = f.xyxy[dets]
         tr.class_id[rows] = f.cls[dets]
         center = f.z[dets, :2]
+        # two-slot lag: the anchor is always between one and two windows old
+        due = now - tr.t_anchor_next[rows] >= self.settings.direction_window_s
+        if due.any():
+            roll = rows[due]
+            tr.anchor[roll], tr.t_anchor[roll] = tr.anchor_next[roll], tr.t_anchor_next[roll]
+            tr.anchor_next[roll], tr.t_anchor_next[roll] = center[due], now
         delta = center - tr.anchor[rows]
-        norm = np.sqrt((delta**2).sum(axis=1))
-        due = (now - tr.t_anchor[rows] >= self.settings.direction_window_s) & (norm > 1e-6)
-        moved = rows[due]
-        tr.direction[moved] = delta[due] / norm[due, None]
-        tr.anchor[moved] = center[due]
-        tr.t_anchor[moved] = now
+        norm = np.sqrt(delta[:, 0] ** 2 + delta[:, 1] ** 2)
+        known = norm > 1e-6
+        tr.direction[rows[known]] = delta[known] / norm[known, None]
 
     def _confirm(self, rows: I64) -> None:
         tr = self.tracks
@@ -259,17 +288,16 @@ class SortFamilyTracker:
         tr.track_id[rows] = np.arange(self._next_id, self._next_id + rows.size)
         self._next_id += int(rows.size)
 
-    def _age(self, unmatched: NDArray[np.bool_], now: float) -> None:
+    def _age(self, unmatched: Mask, now: float) -> None:
         """Unmatched tracked tracks become lost; stale tentative/lost ones are dropped."""
         tr, s = self.tracks, self.settings
-        silent = now - tr.t_obs
-        newly_lost = unmatched & (tr.status == TRACKED)
-        tr.status[newly_lost] = LOST
-        tr.mean[newly_lost, kalman.DIM + 2 :] = 0.0  # stop growing/shrinking while unseen
-        drop = unmatched & (
-            ((tr.status == TENTATIVE) & (silent > s.tentative_max_gap_s))
-            | ((tr.status == LOST) & (silent > s.max_lost_s))
-        )
+        status = tr.status
+        newly_lost = unmatched & (status == TRACKED)
+        if newly_lost.any():
+            status[newly_lost] = LOST
+            tr.mean[newly_lost, kalman.DIM + 2 :] = 0.0  # stop growing/shrinking while unseen
+        limit = np.where(status == TENTATIVE, s.tentative_max_gap_s, s.max_lost_s)
+        drop = unmatched & (now - tr.t_obs > limit)
         if drop.any():
             tr.keep(~drop)
 
@@ -287,6 +315,8 @@ class SortFamilyTracker:
             obs=f.xyxy[dets].copy(),
             anchor=f.z[dets, :2].copy(),
             t_anchor=np.full(n, now),
+            anchor_next=f.z[dets, :2].copy(),
+            t_anchor_next=np.full(n, now),
             direction=np.zeros((n, 2)),
             class_id=f.cls[dets].astype(np.int32),
         )

@@ -1,9 +1,16 @@
 """A vectorised, time-aware constant-velocity Kalman filter for boxes.
 
 All tracks live in one set of arrays: ``mean`` is (N, 8) ``[cx, cy, w, h, vcx,
-vcy, vw, vh]`` (pixels and pixels per second), ``cov`` is (N, 8, 8). Every
-function works on all tracks (or a selected subset) at once; there is no
-per-track Python object.
+vcy, vw, vh]`` (pixels and pixels per second). Every function works on all
+tracks (or a selected subset) at once; there is no per-track Python object.
+
+The transition, the measurement matrix and every noise matrix act on each of
+the four components (cx, cy, w, h) and its velocity separately, so the 8x8
+covariance of the textbook filter is block-sparse: it only ever has entries
+``var(x_k)``, ``cov(x_k, v_k)`` and ``var(v_k)``. ``cov`` therefore holds just
+those, as (N, 3, 4) rows ``[PP, PV, VV]``; the update needs no matrix inverse,
+and the result is identical to the dense filter (:func:`dense` rebuilds the
+8x8 matrix; the tests check both give the same numbers).
 
 Time is continuous: :func:`predict` takes the real time step ``dt`` in seconds.
 Process noise is a random walk on position and velocity, so its variance grows
@@ -28,6 +35,8 @@ F64 = NDArray[np.float64]
 DIM = 4
 """Measured components: cx, cy, w, h."""
 STATE = 2 * DIM
+PP, PV, VV = 0, 1, 2
+"""Rows of the compact covariance: var(position), cov(position, velocity), var(velocity)."""
 _MIN_SIZE = 1.0
 """Sizes used for noise scaling are clamped to at least one pixel."""
 
@@ -54,30 +63,22 @@ class KalmanNoise:
 def xyxy_to_z(xyxy: NDArray[np.floating]) -> F64:
     """(N, 4) corner boxes to (N, 4) ``[cx, cy, w, h]``."""
     b = np.asarray(xyxy, np.float64)
-    z = np.empty_like(b)
-    z[:, 2] = b[:, 2] - b[:, 0]
-    z[:, 3] = b[:, 3] - b[:, 1]
-    z[:, 0] = b[:, 0] + 0.5 * z[:, 2]
-    z[:, 1] = b[:, 1] + 0.5 * z[:, 3]
-    return z
+    wh = b[:, 2:4] - b[:, 0:2]
+    return np.concatenate([b[:, 0:2] + 0.5 * wh, wh], axis=1)
 
 
 def z_to_xyxy(z: F64) -> F64:
     """(N, >=4) ``[cx, cy, w, h, ...]`` to (N, 4) corner boxes."""
-    out = np.empty((z.shape[0], 4), np.float64)
-    half_w = 0.5 * z[:, 2]
-    half_h = 0.5 * z[:, 3]
-    out[:, 0] = z[:, 0] - half_w
-    out[:, 1] = z[:, 1] - half_h
-    out[:, 2] = z[:, 0] + half_w
-    out[:, 3] = z[:, 1] + half_h
-    return out
+    half = 0.5 * z[:, 2:4]
+    return np.concatenate([z[:, 0:2] - half, z[:, 0:2] + half], axis=1)
+
+
+_WHWH = [2, 3, 2, 3]
 
 
 def _scale(z: F64) -> F64:
     """Per-component size scale ``[w, h, w, h]`` (N, 4), at least one pixel."""
-    wh = np.maximum(z[:, 2:4], _MIN_SIZE)
-    return np.concatenate([wh, wh], axis=1)
+    return np.maximum(z[:, _WHWH], _MIN_SIZE)
 
 
 def initiate(z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
@@ -86,54 +87,73 @@ def initiate(z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
     mean = np.zeros((n, STATE))
     mean[:, :DIM] = z
     s = _scale(z)
-    var = np.concatenate([(noise.init_pos * s) ** 2, (noise.init_vel * s) ** 2], axis=1)
-    cov = np.zeros((n, STATE, STATE))
-    idx = np.arange(STATE)
-    cov[:, idx, idx] = var
+    cov = np.zeros((n, 3, DIM))
+    cov[:, PP] = (noise.init_pos * s) ** 2
+    cov[:, VV] = (noise.init_vel * s) ** 2
     return mean, cov
 
 
 def transition(dt: float) -> F64:
-    """The (8, 8) constant-velocity transition over ``dt`` seconds."""
+    """The (8, 8) constant-velocity transition over ``dt`` seconds (for reference)."""
     f = np.eye(STATE)
     f[np.arange(DIM), np.arange(DIM) + DIM] = dt
     return f
 
 
 def predict(mean: F64, cov: F64, dt: float, noise: KalmanNoise) -> tuple[F64, F64]:
-    """Move every track ``dt`` seconds ahead (``dt <= 0`` leaves them as they are)."""
+    """Move every track ``dt`` seconds ahead (``dt <= 0`` leaves them as they are).
+
+    Per component: ``x += dt v``; ``P = F P F^T + Q`` with ``F = [[1, dt], [0, 1]]``.
+    Returns new arrays; the inputs are not modified.
+    """
     if dt <= 0.0 or mean.shape[0] == 0:
         return mean, cov
-    f = transition(dt)
-    new_mean = mean @ f.T
-    new_cov = f @ cov @ f.T
-    s = _scale(mean)
-    idx = np.arange(STATE)
-    new_cov[:, idx, idx] += np.concatenate([(noise.q_pos * s) ** 2, (noise.q_vel * s) ** 2], 1) * dt
+    new_mean = mean.copy()
+    new_mean[:, :DIM] += dt * mean[:, DIM:]
+    s2 = _scale(mean)
+    s2 *= s2
+    vv = cov[:, VV]
+    new_cov = cov.copy()
+    new_cov[:, PP] += dt * (2.0 * cov[:, PV] + dt * vv) + (noise.q_pos**2 * dt) * s2
+    new_cov[:, PV] += dt * vv
+    new_cov[:, VV] += (noise.q_vel**2 * dt) * s2
     return new_mean, new_cov
 
 
 def update(mean: F64, cov: F64, z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
-    """Correct tracks (N, 8)/(N, 8, 8) with their matched measurements ``z`` (N, 4)."""
+    """Correct tracks (N, 8)/(N, 3, 4) with their matched measurements ``z`` (N, 4).
+
+    Per component: ``S = P_pp + R``, gain ``K = [P_pp, P_pv] / S``,
+    ``x += K (z - x_pos)``, ``P = (I - K H) P``.
+    """
     if mean.shape[0] == 0:
         return mean, cov
-    r = (noise.r_pos * _scale(mean)) ** 2
-    s_mat = cov[:, :DIM, :DIM].copy()
-    idx = np.arange(DIM)
-    s_mat[:, idx, idx] += r
-    ph_t = cov[:, :, :DIM]  # P H^T, (N, 8, 4)
-    # K = P H^T S^-1, solved as S K^T = H P (S is symmetric positive definite)
-    gain = np.linalg.solve(s_mat, np.transpose(ph_t, (0, 2, 1))).transpose(0, 2, 1)
+    scale = _scale(mean)
+    s = cov[:, PP] + (noise.r_pos**2) * (scale * scale)
+    gain = cov[:, PP:VV] / s[:, None, :]  # (N, 2, 4): position and velocity gains
     innovation = z - mean[:, :DIM]
-    new_mean = mean + np.einsum("nij,nj->ni", gain, innovation)
-    new_cov = cov - gain @ cov[:, :DIM, :]
+    new_mean = mean + (gain * innovation[:, None, :]).reshape(-1, STATE)
+    new_cov = cov - gain[:, [0, 0, 1], :] * cov[:, [PP, PV, PV], :]
     return new_mean, new_cov
+
+
+def dense(cov: F64) -> F64:
+    """The full (N, 8, 8) covariance that the compact (N, 3, 4) form stands for."""
+    n = cov.shape[0]
+    out = np.zeros((n, STATE, STATE))
+    i = np.arange(DIM)
+    out[:, i, i] = cov[:, PP]
+    out[:, i, i + DIM] = cov[:, PV]
+    out[:, i + DIM, i] = cov[:, PV]
+    out[:, i + DIM, i + DIM] = cov[:, VV]
+    return out
 
 
 __all__ = [
     "DIM",
     "STATE",
     "KalmanNoise",
+    "dense",
     "initiate",
     "predict",
     "transition",

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tracker.kalman import STATE
+from tracker.kalman import DIM, STATE
 
 TENTATIVE = 0
 """Seen, not yet confirmed: has no id and is not reported."""
@@ -23,7 +23,7 @@ LOST = 2
 
 _DTYPES: dict[str, tuple[type[Any], tuple[int, ...]]] = {
     "mean": (np.float64, (STATE,)),
-    "cov": (np.float64, (STATE, STATE)),
+    "cov": (np.float64, (3, DIM)),
     "track_id": (np.int64, ()),
     "status": (np.int8, ()),
     "hits": (np.int64, ()),
@@ -31,6 +31,8 @@ _DTYPES: dict[str, tuple[type[Any], tuple[int, ...]]] = {
     "obs": (np.float64, (4,)),
     "anchor": (np.float64, (2,)),
     "t_anchor": (np.float64, ()),
+    "anchor_next": (np.float64, (2,)),
+    "t_anchor_next": (np.float64, ()),
     "direction": (np.float64, (2,)),
     "class_id": (np.int32, ()),
 }
@@ -42,14 +44,17 @@ class TrackTable:
 
     Attributes:
         mean: (N, 8) Kalman state ``[cx, cy, w, h, vcx, vcy, vw, vh]``.
-        cov: (N, 8, 8) Kalman covariance.
+        cov: (N, 3, 4) compact Kalman covariance (see :mod:`tracker.kalman`).
         track_id: (N,) public id, 0 while tentative.
         status: (N,) :data:`TENTATIVE`, :data:`TRACKED` or :data:`LOST`.
         hits: (N,) number of matched detections so far.
         t_obs: (N,) time (s) of the last matched detection.
         obs: (N, 4) last matched detection box (xyxy).
-        anchor: (N, 2) centre of the observation the direction is measured from.
+        anchor: (N, 2) centre of the observation the direction is measured from,
+            between one and two ``direction_window_s`` old.
         t_anchor: (N,) time of that observation.
+        anchor_next: (N, 2) the observation that becomes the anchor next.
+        t_anchor_next: (N,) its time.
         direction: (N, 2) unit vector of recent motion, zero while unknown.
         class_id: (N,) class of the last matched detection.
     """
@@ -63,6 +68,8 @@ class TrackTable:
     obs: NDArray[np.float64]
     anchor: NDArray[np.float64]
     t_anchor: NDArray[np.float64]
+    anchor_next: NDArray[np.float64]
+    t_anchor_next: NDArray[np.float64]
     direction: NDArray[np.float64]
     class_id: NDArray[np.int32]
 
