@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from framerelay.detections import Detections
+from framerelay.errors import ConfigError
 from tracker import kalman
 from tracker.association import assign, direction_score, iou_matrix
 from tracker.settings import SortSettings
@@ -74,13 +75,16 @@ class SortFamilyTracker:
     settings_model: ClassVar[type[SortSettings]] = SortSettings
 
     def __init__(self, settings: SortSettings | None = None, **overrides: Any) -> None:
-        if settings is None:
-            settings = self.settings_model(**overrides)
-        elif overrides:
-            settings = self.settings_model(**{**settings.model_dump(), **overrides})
-        if type(settings) is not self.settings_model:
-            settings = self.settings_model(**settings.model_dump())
-        self.settings = settings
+        base = settings.model_dump() if settings is not None else {}
+        try:
+            self.settings = self.settings_model(**{**base, **overrides})
+        except ValidationError as exc:
+            fields = ", ".join(sorted(self.settings_model.model_fields))
+            raise ConfigError(
+                f"invalid settings for tracker {self.name!r}: {exc}\n"
+                f"valid settings are: {fields}"
+            ) from exc
+        settings = self.settings
         self._noise = settings.noise()
         self._match = np.empty(0, np.int64)
         self._free = np.empty(0, bool)
@@ -158,6 +162,9 @@ class SortFamilyTracker:
         dt = t - self._t
         if dt > 0.0:
             tr = self.tracks
+            expired = t - tr.t_obs > self.settings.max_lost_s  # e.g. after a stall
+            if expired.any():
+                tr.keep(~expired)
             tr.mean, tr.cov = kalman.predict(tr.mean, tr.cov, dt, self._noise)
             self._t = t
         return self._t
@@ -174,7 +181,11 @@ class SortFamilyTracker:
         cols = cols & (self._match < 0)
         if c.rows.size == 0 or not rows.any() or not cols.any():
             return
-        ok = rows[c.rows] & cols[c.cols] & (c.iou >= thr) & (c.score > thr)
+        ok = rows[c.rows]
+        ok &= cols[c.cols]
+        ok &= c.iou >= thr
+        if c.score is not c.iou:
+            ok &= c.score > thr
         if not ok.any():
             return
         r, d = assign(c.rows[ok], c.cols[ok], c.score[ok] - thr)

@@ -26,6 +26,7 @@ filter behaves the same for near and far objects. The measurement is the box
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -93,30 +94,39 @@ def initiate(z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
     return mean, cov
 
 
+@lru_cache(maxsize=8)
 def transition(dt: float) -> F64:
-    """The (8, 8) constant-velocity transition over ``dt`` seconds (for reference)."""
+    """The (8, 8) constant-velocity transition over ``dt`` seconds (read-only, cached:
+    streams mostly repeat the same few time steps)."""
     f = np.eye(STATE)
     f[np.arange(DIM), np.arange(DIM) + DIM] = dt
+    f.setflags(write=False)
     return f
+
+
+@lru_cache(maxsize=8)
+def _cov_transition(dt: float) -> F64:
+    """How ``[PP, PV, VV]`` of each component move under ``F = [[1, dt], [0, 1]]``."""
+    m = np.array([[1.0, 2.0 * dt, dt * dt], [0.0, 1.0, dt], [0.0, 0.0, 1.0]])
+    m.setflags(write=False)
+    return m
 
 
 def predict(mean: F64, cov: F64, dt: float, noise: KalmanNoise) -> tuple[F64, F64]:
     """Move every track ``dt`` seconds ahead (``dt <= 0`` leaves them as they are).
 
-    Per component: ``x += dt v``; ``P = F P F^T + Q`` with ``F = [[1, dt], [0, 1]]``.
+    Per component: ``x += dt v``; ``P = F P F^T + Q`` with ``F = [[1, dt], [0, 1]]``,
+    i.e. ``PP += 2 dt PV + dt^2 VV + Q_pos``, ``PV += dt VV``, ``VV += Q_vel``.
     Returns new arrays; the inputs are not modified.
     """
     if dt <= 0.0 or mean.shape[0] == 0:
         return mean, cov
-    new_mean = mean.copy()
-    new_mean[:, :DIM] += dt * mean[:, DIM:]
+    new_mean = mean @ transition(dt).T
     s2 = _scale(mean)
     s2 *= s2
-    vv = cov[:, VV]
-    new_cov = cov.copy()
-    new_cov[:, PP] += dt * (2.0 * cov[:, PV] + dt * vv) + (noise.q_pos**2 * dt) * s2
-    new_cov[:, PV] += dt * vv
-    new_cov[:, VV] += (noise.q_vel**2 * dt) * s2
+    new_cov = _cov_transition(dt) @ cov
+    q = np.array([[noise.q_pos**2 * dt], [0.0], [noise.q_vel**2 * dt]])
+    new_cov += q * s2[:, None, :]
     return new_mean, new_cov
 
 
