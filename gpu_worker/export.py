@@ -13,11 +13,12 @@ Only this module and the detector backends import onnxruntime/Ultralytics; the
 
 from __future__ import annotations
 
+import importlib
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -114,6 +115,77 @@ def export_onnx(model: Path, out: Path | None = None, options: ExportOptions | N
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(produced, dest)
     return dest
+
+
+def build_untrained_model(
+    out: Path,
+    *,
+    arch: str = "yolov8n.yaml",
+    imgsz: int = 640,
+    class_names: Sequence[str] | None = None,
+    seed: int | None = None,
+) -> Path:
+    """Build an untrained Ultralytics detector offline from an architecture YAML; save it.
+
+    For smoke tests, exports and speed checks where no weights can be
+    downloaded: formats, shapes and speed are real, accuracy is nil. A fresh
+    network scores every anchor near 0 whatever the image; with ``seed`` its
+    outputs are made to depend on the image with scores spread over (0, 1), so
+    thresholds, NMS and caps have work to do.
+    """
+    from gpu_worker.detectors.ultralytics_backend import import_ultralytics
+
+    yolo_cls = import_ultralytics().YOLO
+    tasks = importlib.import_module("ultralytics.nn.tasks")
+    torch = importlib.import_module("torch")
+    try:
+        with torch.random.fork_rng(devices=[]):  # seed the weights, not the caller's RNG
+            if seed is not None:
+                torch.manual_seed(seed)
+            yolo: Any = yolo_cls(arch, task="detect")
+            if class_names is not None and len(class_names) != len(yolo.names):
+                cfg = tasks.yaml_model_load(arch)
+                cfg["nc"] = len(class_names)
+                args = yolo.model.args
+                yolo.model = tasks.DetectionModel(cfg, nc=len(class_names), verbose=False)
+                yolo.model.args, yolo.model.task = args, "detect"
+    except Exception as exc:  # unknown YAML, bad architecture, ...
+        raise ModelError(f"cannot build {arch!r} with Ultralytics: {exc!r}") from exc
+    if class_names is not None:
+        yolo.model.names = dict(enumerate(class_names))
+    yolo.model.args["imgsz"] = imgsz
+    # A loaded checkpoint takes its args from "train_args", as a trained one would.
+    yolo.ckpt = {**(yolo.ckpt or {}), "train_args": {"imgsz": imgsz, "task": "detect"}}
+    if seed is not None:
+        _spread_outputs(yolo.model, seed, imgsz)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    yolo.save(str(out))
+    return out
+
+
+def _spread_outputs(model: Any, seed: int, imgsz: int) -> None:
+    """Make an untrained model's outputs depend on the input, with scores spread over (0, 1).
+
+    Batch-norm statistics are calibrated on seeded noise (without it the
+    activations of a fresh network fade to a constant) and the class-score
+    biases are raised from the "rare object" prior to -2.
+    """
+    torch = importlib.import_module("torch")
+    gen = torch.Generator().manual_seed(seed)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    momenta = [bn.momentum for bn in norms]
+    with torch.no_grad():
+        for bn in norms:
+            bn.momentum = 1.0
+        model.train()
+        model(torch.rand((4, 3, imgsz, imgsz), generator=gen))
+        model.eval()
+        for bn, momentum in zip(norms, momenta, strict=True):
+            bn.momentum = momentum
+        head = model.model[-1]
+        for branch in (getattr(head, "cv3", None), getattr(head, "one2one_cv3", None)):
+            for seq in branch or ():
+                seq[-1].bias.fill_(-2.0)
 
 
 @contextmanager
