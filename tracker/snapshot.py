@@ -61,7 +61,7 @@ def encode(name: str, settings_json: str, arrays: dict[str, NDArray[Any]]) -> by
         struct.pack("<H", len(arrays)),
     ]
     for key, value in arrays.items():
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value)
         dtype = arr.dtype.newbyteorder("<").str if arr.dtype.byteorder == ">" else arr.dtype.str
         if dtype not in _ALLOWED_DTYPES:
             raise ValueError(f"snapshot array {key!r} has unsupported dtype {arr.dtype}")

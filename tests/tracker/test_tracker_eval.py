@@ -1,0 +1,117 @@
+"""The evaluation tool: frame selection, ground truth, scoring and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from framerelay.detections import Detections
+from tracker import eval as ev
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "samples/models/yolox_nano_416.onnx"
+CAMPUS = ROOT / "samples/mot15/TUD-Campus"
+CACHE = ROOT / ".cache/detections"
+
+
+def _frames(n: int) -> list[ev.Frame]:
+    out = []
+    for k in range(n):
+        d = Detections(
+            np.array([[0, 0, 10, 10], [20, 20, 30, 30]], np.float32),
+            np.array([0.9, 0.8], np.float32),
+            np.array([0, 2], np.int32),
+        )
+        out.append(ev.Frame(k + 1, k / 25, d))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("every", "class_id", "indices", "rows"),
+    [
+        (1, 0, [1, 2, 3, 4, 5, 6, 7], 1),
+        (3, 0, [1, 4, 7], 1),
+        (5, None, [1, 6], 2),
+        (2, 2, [1, 3, 5, 7], 1),
+    ],
+)
+def test_select_frames(every: int, class_id: int | None, indices: list[int], rows: int) -> None:
+    kept = ev.select_frames(_frames(7), every, class_id)
+    assert [f.index for f in kept] == indices
+    assert all(len(f.detections) == rows for f in kept)
+    assert kept[1].t == pytest.approx((indices[1] - 1) / 25)  # real time, not a frame count
+
+
+def test_select_frames_rejects_bad_every() -> None:
+    with pytest.raises(ValueError, match="every"):
+        ev.select_frames(_frames(3), 0)
+
+
+def _gt(tmp_path: Path) -> Path:
+    path = tmp_path / "gt.txt"
+    path.write_text(
+        "1,1,0,0,10,10,1,-1,-1,-1\n"
+        "1,2,50,50,10,10,1,-1,-1,-1\n"
+        "2,1,1,0,10,10,1,-1,-1,-1\n"
+        "2,2,51,50,10,10,1,-1,-1,-1\n"
+        "2,3,90,90,10,10,0,-1,-1,-1\n"  # conf 0: ignored
+    )
+    return path
+
+
+def test_load_gt(tmp_path: Path) -> None:
+    gt = ev.load_gt(_gt(tmp_path))
+    assert sorted(gt) == [1, 2]
+    ids, boxes = gt[2]
+    assert ids.tolist() == [1, 2]
+    np.testing.assert_allclose(boxes[0], [1, 0, 11, 10])
+
+
+@pytest.mark.parametrize(
+    ("ids2", "mota", "switches"),
+    [([7, 8], 1.0, 0), ([8, 7], 0.5, 2)],
+)
+def test_score(tmp_path: Path, ids2: list[int], mota: float, switches: int) -> None:
+    gt = ev.load_gt(_gt(tmp_path))
+    outs = [
+        ev.FrameOutput(1, np.array([7, 8]), gt[1][1]),
+        ev.FrameOutput(2, np.array(ids2), gt[2][1]),
+    ]
+    m = ev.score(outs, gt)
+    assert m["mota"] == pytest.approx(mota)
+    assert m["num_switches"] == switches
+    assert m["precision"] == pytest.approx(1.0) and m["recall"] == pytest.approx(1.0)
+
+
+def test_cli_on_a_real_sequence(capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs the real detector once (then the cache) and the default tracker."""
+    argv = [
+        "--model", str(MODEL),
+        "--video", str(CAMPUS / "TUD-Campus.mp4"),
+        "--gt", str(CAMPUS / "gt/gt.txt"),
+        "--cache-dir", str(CACHE),
+        "--json",
+    ]  # fmt: skip
+    assert ev.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tracker"] == "default" and result["frames"] == 71
+    # regression floor, below the measured 0.64 / 0.76 (README) and above
+    # roboflow's best on the same detections (0.62 / 0.72)
+    assert result["mota"] >= 0.6 and result["idf1"] >= 0.7
+    assert result["us_per_update"] > 0
+    assert ev.main([*argv, "--every", "5", "--tracker", "bytetrack"]) == 0
+    assert json.loads(capsys.readouterr().out)["frames"] == 15
+
+
+def test_cli_reports_missing_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.mp4")
+    assert ev.main(["--model", str(MODEL), "--video", missing, "--gt", missing]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_cache_key_depends_on_threshold(tmp_path: Path) -> None:
+    video = CAMPUS / "TUD-Campus.mp4"
+    assert ev.cache_path(video, MODEL, 0.1, tmp_path) != ev.cache_path(video, MODEL, 0.2, tmp_path)
