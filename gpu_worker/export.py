@@ -326,10 +326,17 @@ def _tensor_infos(values: Any) -> tuple[TensorInfo, ...]:
     infos = []
     for value in values:
         ttype = value.type.tensor_type
-        shape = tuple(d.dim_param or d.dim_value for d in ttype.shape.dim)
+        shape = tuple(_dim(d) for d in ttype.shape.dim)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type).name
         infos.append(TensorInfo(value.name, shape, dtype))
     return tuple(infos)
+
+
+def _dim(dim: Any) -> int | str:
+    """An axis: its size, its symbolic name, or '?' where the graph says neither."""
+    if dim.HasField("dim_value"):
+        return int(dim.dim_value)
+    return str(dim.dim_param) if dim.HasField("dim_param") else "?"
 
 
 def _describe_onnx(path: Path, provider: str) -> ModelReport:

@@ -64,16 +64,25 @@ def configure_offline(config_dir: Path | None = None) -> None:
 
 
 def import_ultralytics() -> ModuleType:
-    """Import ``ultralytics`` offline, or raise :class:`ModelError` saying what to install."""
-    if "ultralytics" not in sys.modules:  # its settings are read once, at import
+    """Import ``ultralytics`` offline, or raise :class:`ModelError` saying what to install.
+
+    Ultralytics sets ``OMP_NUM_THREADS=1`` at import where it is unset (a
+    training default); that is undone so child processes don't inherit it.
+    """
+    first = "ultralytics" not in sys.modules
+    omp_before = os.environ.get("OMP_NUM_THREADS")
+    if first:  # its settings are read once, at import
         configure_offline()
     try:
-        return importlib.import_module("ultralytics")
+        module = importlib.import_module("ultralytics")
     except ImportError as exc:
         msg = f"the Ultralytics backend is not installed ({exc}); {INSTALL_HINT}"
         raise ModelError(msg) from exc
     except Exception as exc:  # e.g. torchvision built for another torch
         raise ModelError(f"Ultralytics failed to import: {exc!r}; {INSTALL_HINT}") from exc
+    if first and omp_before is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    return module
 
 
 def load_yolo(path: Path, task: str | None = None) -> Any:

@@ -113,8 +113,13 @@ IMPORT_GUARD = NetworkGuard()
 def ultralytics() -> ModuleType:
     with pytest.MonkeyPatch.context() as mp:
         IMPORT_GUARD.install(mp)
-        pytest.importorskip("torch", reason=SKIP_REASON)
-        return pytest.importorskip("ultralytics", reason=SKIP_REASON)
+        omp = os.environ.get("OMP_NUM_THREADS")
+        try:
+            pytest.importorskip("torch", reason=SKIP_REASON)
+            return pytest.importorskip("ultralytics", reason=SKIP_REASON)
+        finally:
+            if omp is None:  # Ultralytics sets 1 at import; keep it from later tests
+                os.environ.pop("OMP_NUM_THREADS", None)
 
 
 @pytest.fixture(autouse=True)
@@ -206,22 +211,25 @@ socket.getaddrinfo = guard
 from gpu_worker.detectors.ultralytics_backend import import_ultralytics
 import_ultralytics()
 from ultralytics import utils
-print(json.dumps({"online": utils.ONLINE, "autoinstall": utils.AUTOINSTALL, "dns": attempts}))
+import os
+print(json.dumps({"online": utils.ONLINE, "autoinstall": utils.AUTOINSTALL, "dns": attempts,
+                  "omp": os.environ.get("OMP_NUM_THREADS")}))
 """
 
 
-@pytest.mark.slow
 def test_backend_import_defaults_to_offline_in_a_clean_environment(
     ultralytics: ModuleType, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("YOLO_")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("YOLO_") and k != "OMP_NUM_THREADS"
+    }
     env["YOLO_CONFIG_DIR"] = str(tmp_path)  # keep the child's settings.json out of $HOME
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert probe == {"online": False, "autoinstall": False, "dns": []}
+    assert probe == {"online": False, "autoinstall": False, "dns": [], "omp": None}
 
 
 # --- loading -------------------------------------------------------------------
