@@ -55,6 +55,17 @@ def server_ssl_context(settings: WorkerSettings) -> ssl.SSLContext | None:
     return ctx
 
 
+_GPU_PROVIDERS = ("CUDA", "Tensorrt", "ROCM", "torch:cuda")
+
+
+def batch_limit(settings: WorkerSettings, detector: Detector) -> int:
+    """Frames per batch: explicit, or auto (1 on CPU, the detector's max on GPU)."""
+    if settings.max_batch:
+        return settings.max_batch
+    on_gpu = any(p.startswith(_GPU_PROVIDERS) for p in detector.providers)
+    return settings.detector.max_batch if on_gpu else 1
+
+
 class Worker:
     """Owns the detector, the batcher and the server; ``run()`` until stopped."""
 
@@ -66,7 +77,7 @@ class Worker:
         self.batcher = Batcher(
             self.detector,
             self.metrics,
-            max_batch=settings.detector.max_batch,
+            max_batch=batch_limit(settings, self.detector),
             capacity=settings.queue_capacity,
             batch_wait_ms=settings.batch_wait_ms,
         )

@@ -36,6 +36,13 @@ class WorkerSettings(BaseSettings):
         default_factory=lambda: OnnxDetectorSettings(model=DEFAULT_MODEL)
     )
     tracker: str = Field("default", description="Tracker used when OPEN names none.")
+    max_batch: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="Frames per inference batch; 0 = auto: 1 on CPU (batching only adds "
+        "latency there), the detector's max_batch on GPU.",
+    )
     batch_wait_ms: float = Field(0.0, ge=0, le=100, description="Extra wait to fill a batch.")
     queue_capacity: int = Field(64, ge=1, le=4096, description="Frames waiting for inference.")
     max_inflight: int = Field(4, ge=1, le=64, description="Credit cap per stream.")

@@ -18,6 +18,7 @@ from ingest.tunnel_client import TunnelClient, client_ssl_context
 log = logging.getLogger(__name__)
 TOKEN_TTL_S = 3600.0
 FINISH_POLL_S = 0.1
+DRAIN_TIMEOUT_S = 3.0
 
 
 def token_provider(settings: IngestSettings) -> TokenSigner | str:
@@ -81,7 +82,8 @@ class IngestService:
         for cfg in self._pending:
             self.add_stream(cfg)
         self._pending = []
-        client = asyncio.create_task(self.client.run(stop), name="tunnel-client")
+        client_stop = asyncio.Event()
+        client = asyncio.create_task(self.client.run(client_stop), name="tunnel-client")
         try:
             while not stop.is_set():
                 if client.done():
@@ -99,6 +101,8 @@ class IngestService:
             stop.set()
             for stream in self.streams.values():
                 stream.stop()
+            await self.client.drain(DRAIN_TIMEOUT_S)
+            client_stop.set()
             await client
             for stream in self.streams.values():
                 await asyncio.to_thread(stream.join, 5.0)

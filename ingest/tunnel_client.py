@@ -164,6 +164,11 @@ class TunnelClient:
         if self._failed is not None and not self._failed.done():
             self._failed.set_exception(task.exception())  # type: ignore[arg-type]
 
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) for stopped streams to get their last results."""
+        if self._senders:
+            await asyncio.wait(set(self._senders), timeout=timeout_s)
+
     def _on_disconnect(self) -> None:
         self._ws = None
         self.connected.clear()
@@ -240,8 +245,9 @@ class TunnelClient:
         if stream is None:
             return
         det = wire.unpack_detections(header.n, payload)
-        queued_s = header.timings.get("queue_ms", 0.0) / 1000
-        rtt = stream.window.completed(header.seq, time.monotonic(), queued_s)
+        worker_ms = header.timings.get("worker_ms")
+        worker_s = worker_ms / 1000 if worker_ms is not None else None
+        rtt = stream.window.completed(header.seq, time.monotonic(), worker_s)
         if not stream.lossless:
             stream.window.resize(stream.sampling_fps)
         stream.credit.set()

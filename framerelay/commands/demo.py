@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--threads", type=int, default=0, help="worker CPU inference threads (0 = default)"
     )
+    p.add_argument("--max-batch", type=int, default=0, help="worker batch limit (0 = default)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--source {args.source} does not exist")
     secret = secrets.token_urlsafe(32)
     worker_args = ["--model", str(args.model), "--threads", str(args.threads)]
+    if args.max_batch:
+        worker_args += ["--max-batch", str(args.max_batch)]
     _say(f"starting a local worker ({args.model.name}) ...")
     with LocalWorker(secret, worker_id="demo-worker", args=worker_args) as worker:
         _say(f"worker ready at {worker.url} on {', '.join(worker.info['providers'])}")

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--providers", choices=["auto", "tensorrt", "cuda", "cpu"], help="ONNX Runtime providers"
     )
     p.add_argument("--threads", type=int, help="CPU inference threads (0 = ONNX Runtime default)")
-    p.add_argument("--max-batch", type=int, help="largest inference batch")
+    p.add_argument("--max-batch", type=int, help="frames per inference batch (0 = auto)")
     p.add_argument("--confidence", type=float, help="detector confidence threshold")
     p.add_argument("--tracker", help="default tracker for streams that name none")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (enables wss://)")
@@ -45,11 +45,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-_TOP = ("host", "port", "worker_id", "tracker", "tls_cert", "tls_key", "tls_client_ca")
+_TOP = ("host", "port", "worker_id", "tracker", "tls_cert", "tls_key", "tls_client_ca", "max_batch")
 _DETECTOR = {
     "providers": "providers",
     "threads": "threads",
-    "max_batch": "max_batch",
     "confidence": "confidence_threshold",
 }
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The project's test command (README, `make test`, and CI's .ci/run).
+# Installs what the tests need, starts the services they use, then runs
+# lint, type checks and the whole test suite. Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/services.sh
+scripts/bootstrap.sh dev
+export PATH="$PWD/.venv/bin:$PATH"
+
+echo "== ruff" >&2
+ruff check .
+echo "== mypy --strict" >&2
+mypy
+echo "== pytest" >&2
+if [ "${CI:-}" = "true" ]; then
+  export FRAMERELAY_TIMEOUT_FACTOR=${FRAMERELAY_TIMEOUT_FACTOR:-2}
+fi
+exec python -m pytest "$@"
