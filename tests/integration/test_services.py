@@ -1,0 +1,91 @@
+"""`framerelay worker` and `framerelay ingest` as separate processes: the ingest
+serves results on its WebSocket API and stream state over REST."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from framerelay.auth import TokenSigner
+from gpu_worker.launcher import LocalWorker
+from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ingest(local_worker: LocalWorker, secret: str) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "FRAMERELAY_TOKEN_SECRETS": secret}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "framerelay", "ingest", "--worker-url", local_worker.url,
+         "--worker-id", "test-worker", "--source", str(CLIP), "--fps", "5", "--realtime", "--loop",
+         "--api-port", str(port)],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30 * TIMEOUT_FACTOR
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    yield base
+    proc.terminate()
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out[-2000:]
+    assert secret not in out
+
+
+def test_streams_api_reports_state_and_counters(ingest: str) -> None:
+    deadline = time.monotonic() + 20 * TIMEOUT_FACTOR
+    while time.monotonic() < deadline:
+        (stream,) = httpx.get(f"{ingest}/v1/streams").json()
+        if stream["results"] > 0:
+            break
+        time.sleep(0.2)
+    assert stream["id"] == "stream-1"
+    assert stream["state"] == "RUNNING"
+    assert stream["results"] > 0 and stream["decode_error"] == 0
+
+
+def test_results_websocket_needs_a_stream_token(ingest: str, secret: str) -> None:
+    url = ingest.replace("http://", "ws://") + "/v1/results?stream=stream-1"
+
+    async def main() -> dict[str, object]:
+        with pytest.raises(InvalidStatus):
+            async with connect(url, proxy=None):
+                pass
+        other = TokenSigner([secret]).mint("app", ["stream:other"], 60)
+        with pytest.raises(InvalidStatus):
+            async with connect(
+                url, proxy=None, additional_headers={"Authorization": f"Bearer {other}"}
+            ):
+                pass
+        good = TokenSigner([secret]).mint("app", ["stream:stream-1"], 60)
+        async with connect(
+            url, proxy=None, additional_headers={"Authorization": f"Bearer {good}"}
+        ) as ws:
+            return dict(json.loads(await asyncio.wait_for(ws.recv(), 20 * TIMEOUT_FACTOR)))
+
+    record = asyncio.run(main())
+    assert record["stream_id"] == "stream-1"
+    assert {"epoch", "pts", "time_base", "pts_time", "captured_at", "detections"} <= set(record)
