@@ -42,6 +42,15 @@ def iou_matrix(a: NDArray[np.floating], b: NDArray[np.floating]) -> F64:
     return out
 
 
+def height_iou(a: F64, b: F64) -> F64:
+    """Overlap of the vertical extents of row-aligned boxes ``a`` and ``b`` (K, 4):
+    intersection over union of ``[y1, y2]`` (Hybrid-SORT's height modulation)."""
+    inter = np.minimum(a[:, 3], b[:, 3]) - np.maximum(a[:, 1], b[:, 1])
+    union = np.maximum(a[:, 3], b[:, 3]) - np.minimum(a[:, 1], b[:, 1])
+    out: F64 = np.maximum(inter, 0.0) / np.maximum(union, 1e-12)
+    return out
+
+
 def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
     """Choose candidate pairs ``(rows[k], cols[k])`` maximising the total ``gain``.
 
@@ -84,4 +93,4 @@ def direction_score(
     return out
 
 
-__all__ = ["assign", "direction_score", "iou_matrix"]
+__all__ = ["assign", "direction_score", "height_iou", "iou_matrix"]

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from framerelay.detections import Detections
 from framerelay.errors import ConfigError
 from tracker import kalman
-from tracker.association import assign, direction_score, iou_matrix
+from tracker.association import assign, direction_score, height_iou, iou_matrix
 from tracker.settings import SortSettings
 from tracker.snapshot import SnapshotError, decode, encode
 from tracker.tracks import LOST, TENTATIVE, TRACKED, TrackTable
@@ -214,12 +214,10 @@ class SortFamilyTracker:
         if len(tr) == 0 or match.size == 0:
             return match
         gate = min(s.match_iou, s.low_match_iou, s.tentative_match_iou)
-        cand = self._candidates(self._predicted_xyxy(), f, gate)
+        predicted = self._predicted_xyxy()
+        cand = self._candidates(predicted, f, gate)
         confirmed = tr.status != TENTATIVE
-        if s.direction_weight > 0:
-            self._stage(self._with_direction(cand, f), confirmed, f.high, s.match_iou)
-        else:
-            self._stage(cand, confirmed, f.high, s.match_iou)
+        self._stage(self._first_stage(cand, predicted, f), confirmed, f.high, s.match_iou)
         if s.use_low_stage:
             self._stage(cand, tr.status == TRACKED, f.low, s.low_match_iou)
         if s.recovery:
@@ -231,11 +229,21 @@ class SortFamilyTracker:
         self._stage(cand, ~confirmed, f.high, s.tentative_match_iou)
         return match
 
-    def _with_direction(self, c: _Candidates, f: _Frame) -> _Candidates:
-        tr = self.tracks
-        weight = self.settings.direction_weight * f.conf[c.cols].astype(np.float64)
-        extra = direction_score(tr.direction[c.rows], tr.anchor[c.rows], f.z[c.cols, :2], weight)
-        return _Candidates(c.rows, c.cols, c.iou, c.iou + extra)
+    def _first_stage(self, c: _Candidates, predicted: F64, f: _Frame) -> _Candidates:
+        """Stage 1 scores: IoU, or height-modulated IoU (which then also gates),
+        plus the OC-SORT direction term."""
+        s, tr = self.settings, self.tracks
+        if not (s.height_iou or s.direction_weight > 0) or c.rows.size == 0:
+            return c
+        iou = c.iou
+        if s.height_iou:
+            iou = iou * height_iou(predicted[c.rows], f.xyxy[c.cols])
+        score = iou
+        if s.direction_weight > 0:
+            weight = s.direction_weight * f.conf[c.cols].astype(np.float64)
+            centers = f.z[c.cols, :2]
+            score = iou + direction_score(tr.direction[c.rows], tr.anchor[c.rows], centers, weight)
+        return _Candidates(c.rows, c.cols, iou, score)
 
     def _apply(self, f: _Frame, match: I64, now: float) -> I64:
         """Update matched tracks, age the rest, start new ones; ids per detection."""
@@ -271,7 +279,10 @@ class SortFamilyTracker:
             gap = now - tr.t_obs[rows]
             back &= gap > 0
             last = kalman.xyxy_to_z(tr.obs[rows[back]])
-            mean[back, kalman.DIM :] = (z[back] - last) / gap[back, None]
+            # centre velocity from the whole gap; size velocities restart at zero
+            # (over short gaps a size change is mostly detector noise)
+            mean[back, kalman.DIM : kalman.DIM + 2] = (z[back, :2] - last[:, :2]) / gap[back, None]
+            mean[back, kalman.DIM + 2 :] = 0.0
         tr.mean[rows], tr.cov[rows] = mean, cov
 
     def _observe(self, rows: I64, f: _Frame, dets: I64, now: float) -> None:

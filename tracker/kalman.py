@@ -52,6 +52,8 @@ class KalmanNoise:
         q_vel: velocity random-walk std per second per sqrt(second).
         init_pos: initial position std (fraction of size).
         init_vel: initial velocity std per second (fraction of size).
+        outlier_sigma: innovations beyond this many standard deviations are
+            down-weighted (robust update); 0 turns that off.
     """
 
     r_pos: float = 0.05
@@ -59,6 +61,7 @@ class KalmanNoise:
     q_vel: float = 1.0
     init_pos: float = 0.1
     init_vel: float = 1.5
+    outlier_sigma: float = 0.0
 
 
 def xyxy_to_z(xyxy: NDArray[np.floating]) -> F64:
@@ -140,8 +143,13 @@ def update(mean: F64, cov: F64, z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
         return mean, cov
     scale = _scale(mean)
     s = cov[:, PP] + (noise.r_pos**2) * (scale * scale)
-    gain = cov[:, PP:VV] / s[:, None, :]  # (N, 2, 4): position and velocity gains
     innovation = z - mean[:, :DIM]
+    if noise.outlier_sigma > 0.0:
+        # Huber-style: a component more than ``outlier_sigma`` standard deviations
+        # off gets its measurement noise inflated, so one merged or clipped box
+        # cannot throw the velocity off
+        s = s * np.maximum(1.0, np.abs(innovation) / (noise.outlier_sigma * np.sqrt(s)))
+    gain = cov[:, PP:VV] / s[:, None, :]  # (N, 2, 4): position and velocity gains
     new_mean = mean + (gain * innovation[:, None, :]).reshape(-1, STATE)
     new_cov = cov - gain[:, [0, 0, 1], :] * cov[:, [PP, PV, PV], :]
     return new_mean, new_cov

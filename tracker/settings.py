@@ -36,6 +36,9 @@ class SortSettings(BaseModel):
     match_iou: float = Field(
         0.2, ge=0.0, le=1.0, description="Stage 1 (high detections, all tracks): minimum IoU."
     )
+    height_iou: bool = Field(
+        True, description="Stage 1 uses IoU x vertical-extent IoU (Hybrid-SORT's HMIoU)."
+    )
     use_low_stage: bool = Field(
         True, description="Stage 2 (ByteTrack): match low detections to still-tracked tracks."
     )
@@ -73,6 +76,9 @@ class SortSettings(BaseModel):
     q_vel: float = Field(1.0, ge=0.0, le=100.0, description="Velocity noise per s per sqrt(s).")
     init_pos: float = Field(0.1, gt=0.0, le=10.0, description="Initial position std.")
     init_vel: float = Field(1.5, gt=0.0, le=100.0, description="Initial velocity std per s.")
+    outlier_sigma: float = Field(
+        2.0, ge=0.0, le=100.0, description="Robust update beyond this many sigmas (0: off)."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -84,7 +90,9 @@ class SortSettings(BaseModel):
         return self
 
     def noise(self) -> KalmanNoise:
-        return KalmanNoise(self.r_pos, self.q_pos, self.q_vel, self.init_pos, self.init_vel)
+        return KalmanNoise(
+            self.r_pos, self.q_pos, self.q_vel, self.init_pos, self.init_vel, self.outlier_sigma
+        )
 
 
 class HybridSettings(SortSettings):
@@ -93,7 +101,11 @@ class HybridSettings(SortSettings):
 
 
 class ByteTrackSettings(SortSettings):
-    """``bytetrack``: high then low confidence association, no OC-SORT steps."""
+    """``bytetrack``: high then low confidence association, no OC-SORT steps
+    (plain IoU, plain Kalman update, as in the paper)."""
+
+    height_iou: bool = Field(False, description="Off for ByteTrack.")
+    outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for ByteTrack.")
 
     direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
     recovery: bool = Field(False, description="Off for ByteTrack.")
@@ -101,6 +113,13 @@ class ByteTrackSettings(SortSettings):
 
 
 class OCSortSettings(SortSettings):
-    """``ocsort``: OC-SORT (momentum, recovery, re-update) without the low stage."""
+    """``ocsort``: OC-SORT (momentum, recovery, re-update) without the low stage
+    (plain IoU, plain Kalman update, as in the paper)."""
 
+    height_iou: bool = Field(False, description="Off for OC-SORT.")
+    outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for OC-SORT.")
+
+    height_iou: bool = Field(
+        True, description="Stage 1 uses IoU x vertical-extent IoU (Hybrid-SORT's HMIoU)."
+    )
     use_low_stage: bool = Field(False, description="Off for OC-SORT.")

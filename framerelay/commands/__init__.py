@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-COMMAND_MODULES: tuple[str, ...] = ("demo", "worker", "ingest", "model")
+COMMAND_MODULES: tuple[str, ...] = (
+    "demo", "worker", "ingest", "model", "record", "clip",
+    "orchestrator", "pods", "streams", "fleet",
+)  # fmt: skip
 
 
 def load(name: str) -> object | None:
