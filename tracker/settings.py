@@ -106,7 +106,6 @@ class ByteTrackSettings(SortSettings):
 
     height_iou: bool = Field(False, description="Off for ByteTrack.")
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for ByteTrack.")
-
     direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
     recovery: bool = Field(False, description="Off for ByteTrack.")
     reupdate: bool = Field(False, description="Off for ByteTrack.")
@@ -118,8 +117,4 @@ class OCSortSettings(SortSettings):
 
     height_iou: bool = Field(False, description="Off for OC-SORT.")
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for OC-SORT.")
-
-    height_iou: bool = Field(
-        True, description="Stage 1 uses IoU x vertical-extent IoU (Hybrid-SORT's HMIoU)."
-    )
     use_low_stage: bool = Field(False, description="Off for OC-SORT.")
