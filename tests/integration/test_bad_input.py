@@ -7,6 +7,7 @@ import asyncio
 import struct
 import time
 
+import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -95,6 +96,9 @@ async def _scenario(secret: str) -> dict[str, object]:
         out["text"] = await _closed_with(ws)
         out["per_frame"] = await _per_frame_errors(url, secret)
         out["good"] = dict(service.streams["good"].counters)
+        base = url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+        async with httpx.AsyncClient() as http:
+            out["metrics"] = (await http.get(f"{base}/metrics")).text
         out["connects"] = service.client.connects
         stop.set()
         await task
@@ -144,3 +148,16 @@ def test_good_stream_never_noticed(outcome: dict[str, object]) -> None:
     assert outcome["connects"] == 1
     assert good["disconnected"] == 0 and good["worker_error"] == 0  # type: ignore[index]
     assert good["results"] >= 5 + 3 * len(BAD_MESSAGES)  # type: ignore[index,operator]
+
+
+def test_worker_metrics_count_stages_and_drops(outcome: dict[str, object]) -> None:
+    metrics = str(outcome["metrics"])
+    for needle in (
+        'framerelay_worker_stage_ms_bucket{le="50.0",stage="infer"}',
+        'framerelay_worker_stage_ms_count{stage="decode"}',
+        'framerelay_worker_frames_total{outcome="ok"}',
+        'framerelay_worker_frames_total{outcome="protocol_error"}',
+        'framerelay_worker_drops_total{reason="bad_image"} 1.0',
+        "framerelay_worker_ready 1.0",
+    ):
+        assert needle in metrics, needle
