@@ -68,6 +68,12 @@ class _Candidates:
     score: F64
 
 
+def _expand(xyxy: F64, ratio: float) -> F64:
+    """Boxes grown by ``ratio`` of their size on every side (C-BIoU's buffer)."""
+    pad = ratio * (xyxy[:, 2:4] - xyxy[:, 0:2])
+    return np.concatenate([xyxy[:, 0:2] - pad, xyxy[:, 2:4] + pad], axis=1)
+
+
 class SortFamilyTracker:
     """Base of the registered trackers; subclasses set ``name`` and ``settings_model``."""
 
@@ -224,7 +230,10 @@ class SortFamilyTracker:
             rows = np.nonzero(self._free & confirmed)[0]
             cols = f.high & (match < 0)
             if rows.size and cols.any():
-                back = self._candidates(tr.obs[rows], f, s.recovery_iou, rows)
+                boxes = tr.obs[rows]
+                if s.recovery_buffer > 0:
+                    boxes = _expand(boxes, s.recovery_buffer)
+                back = self._candidates(boxes, f, s.recovery_iou, rows)
                 self._stage(back, confirmed, cols, s.recovery_iou)
         self._stage(cand, ~confirmed, f.high, s.tentative_match_iou)
         return match
@@ -259,7 +268,7 @@ class SortFamilyTracker:
         self._confirm(rows[promote])
         ids = np.full(f.xyxy.shape[0], -1, np.int64)
         ids[dets] = tr.track_id[rows]
-        ids[ids == 0] = -1
+        ids[(ids == 0) | (f.conf < self.settings.report_threshold)] = -1
         unmatched = np.ones(len(tr), bool)
         unmatched[rows] = False
         self._age(unmatched, now)

@@ -29,6 +29,13 @@ class SortSettings(BaseModel):
     new_track_threshold: float = Field(
         0.6, ge=0.0, le=1.0, description="Unmatched high detections at/above this start a track."
     )
+    report_threshold: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Detections below this score may keep a track alive but are "
+        "returned with tracker_id -1 (their boxes are often partial).",
+    )
     class_aware: bool = Field(
         True, description="Only match a detection to a track of the same class_id."
     )
@@ -53,6 +60,9 @@ class SortSettings(BaseModel):
         True, description="Stage 3 (OC-SORT OCR): match leftover tracks by their last observed box."
     )
     recovery_iou: float = Field(0.2, ge=0.0, le=1.0, description="Stage 3: minimum IoU.")
+    recovery_buffer: float = Field(
+        0.0, ge=0.0, le=2.0, description="Stage 3: grow last boxes by this x size (C-BIoU)."
+    )
     reupdate: bool = Field(
         True, description="OC-SORT ORU: velocity from the gap when a lost track returns."
     )
@@ -106,6 +116,7 @@ class ByteTrackSettings(SortSettings):
 
     height_iou: bool = Field(False, description="Off for ByteTrack.")
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for ByteTrack.")
+    report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="ByteTrack reports all.")
     direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
     recovery: bool = Field(False, description="Off for ByteTrack.")
     reupdate: bool = Field(False, description="Off for ByteTrack.")
@@ -117,4 +128,5 @@ class OCSortSettings(SortSettings):
 
     height_iou: bool = Field(False, description="Off for OC-SORT.")
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for OC-SORT.")
+    report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="OC-SORT reports all.")
     use_low_stage: bool = Field(False, description="Off for OC-SORT.")

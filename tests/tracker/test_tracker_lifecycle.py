@@ -10,6 +10,7 @@ import pytest
 from framerelay.detections import Detections
 from framerelay.errors import ConfigError
 from tracker import Tracker, available_trackers, create_tracker
+from tracker.tracks import LOST, TRACKED
 
 NAMES = ["default", "hybrid", "bytetrack", "ocsort"]
 
@@ -109,14 +110,25 @@ def test_dropped_frames_vfr_and_sampling_keep_ids(name: str, pattern: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("name", "kept"), [("bytetrack", True), ("hybrid", True), ("ocsort", False)]
+    ("name", "options", "out_id", "status"),
+    [
+        ("bytetrack", {}, 1, TRACKED),  # stage 2 matches it and reports it
+        ("hybrid", {}, -1, TRACKED),  # matched (track stays alive), not reported
+        ("hybrid", {"report_threshold": 0.2}, 1, TRACKED),
+        ("hybrid", {"use_low_stage": False}, -1, LOST),
+        ("ocsort", {}, -1, LOST),  # OC-SORT has no low stage
+    ],
 )
-def test_low_confidence_detection_continues_a_track(name: str, kept: bool) -> None:
-    trk = create_tracker(name)
+def test_low_confidence_detection_continues_a_track(
+    name: str, options: dict[str, object], out_id: int, status: int
+) -> None:
+    trk = create_tracker(name, **options)
     for k in range(5):
         trk.update(dets([box(100 + 2 * k)], 0.9), k * 0.04)
     out = trk.update(dets([box(110)], 0.3), 5 * 0.04)
-    assert bool(out.tracker_id[0] == 1) is kept
+    assert out.tracker_id.tolist() == [out_id]
+    assert trk.tracks.status.tolist() == [status]  # type: ignore[attr-defined]
+    assert trk.update(dets([box(112)], 0.9), 6 * 0.04).tracker_id.tolist() == [1]
 
 
 @pytest.mark.parametrize("name", NAMES)
