@@ -195,7 +195,9 @@ def test_ultralytics_is_imported_offline(ultralytics: ModuleType) -> None:
     assert utils.ONLINE is False
     assert utils.AUTOINSTALL is False
     assert IMPORT_GUARD.attempts == []
-    assert Path(utils.USER_CONFIG_DIR).is_relative_to(_CONFIG_DIR)
+    # The first test module to load set it (setdefault): a temporary folder, not $HOME.
+    assert Path(utils.USER_CONFIG_DIR).is_relative_to(os.environ["YOLO_CONFIG_DIR"])
+    assert Path(os.environ["YOLO_CONFIG_DIR"]).is_relative_to(tempfile.gettempdir())
 
 
 _PROBE = """
