@@ -57,6 +57,7 @@ class MsgType(IntEnum):
     FRAME = 4
     RESULT = 5
     ERROR = 6
+    SNAPSHOT = 7
 
 
 class _Header(BaseModel):
@@ -77,12 +78,38 @@ class Hello(_Header):
     encodings: list[str] = Field(max_length=8)
 
 
+class SessionClock(BaseModel):
+    """Where a stream session's tracker clock stands (see gpu_worker.sessions)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    epoch: int | None = Field(None, ge=0, lt=2**63)
+    offset: float = 0.0
+    last_t: float = -1e18
+    last_captured: float = 0.0
+
+
 class Open(_Header):
-    """Ingest -> worker: start (or resume) a stream's session."""
+    """Ingest -> worker: start (or resume) a stream's session.
+
+    With ``clock`` set, the payload is a tracker snapshot taken by a worker
+    (this one or another): the session resumes from it, so track ids continue.
+    """
 
     TYPE: ClassVar[MsgType] = MsgType.OPEN
     stream_id: str = Field(pattern=STREAM_ID)
     tracker: str = Field("default", max_length=64)
+    clock: SessionClock | None = None
+
+
+class Snapshot(_Header):
+    """Worker -> ingest: the state of a stream's session after frame ``seq``
+    (payload: the tracker snapshot). The ingest keeps the latest one and sends
+    it back in OPEN when the stream moves to another worker."""
+
+    TYPE: ClassVar[MsgType] = MsgType.SNAPSHOT
+    stream_id: str = Field(pattern=STREAM_ID)
+    seq: int = Field(ge=0, lt=2**63)
+    clock: SessionClock
 
 
 class Close(_Header):
@@ -138,8 +165,10 @@ class Error(_Header):
     seq: int | None = Field(None, ge=0, lt=2**63)
 
 
-Header = Hello | Open | Close | Frame | Result | Error
-_BY_TYPE: dict[int, type[_Header]] = {m.TYPE: m for m in (Hello, Open, Close, Frame, Result, Error)}
+Header = Hello | Open | Close | Frame | Result | Error | Snapshot
+_BY_TYPE: dict[int, type[_Header]] = {
+    m.TYPE: m for m in (Hello, Open, Close, Frame, Result, Error, Snapshot)
+}
 
 
 def _check_time_base(header: _Header) -> None:

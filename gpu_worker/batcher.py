@@ -35,7 +35,7 @@ class WorkItem:
     frame: wire.Frame
     image: NDArray[np.uint8]
     session: StreamSession
-    reply: Callable[[bytes, StreamSession], None]
+    reply: Callable[[list[bytes], StreamSession], None]
     received_at: float
     decoded_at: float
 
@@ -95,8 +95,8 @@ class Batcher:
         self.metrics.queue_depth.set(self._queue.qsize())
         return batch
 
-    def process(self, batch: list[WorkItem]) -> list[bytes]:
-        """Blocking: detect, track, encode results (runs in the inference thread)."""
+    def process(self, batch: list[WorkItem]) -> list[list[bytes]]:
+        """Blocking: detect, track, encode results and due snapshots (inference thread)."""
         started = time.monotonic()
         size = self.detector.input_size
         inputs = [ModelInput(it.image, _letterbox(it.frame, size)) for it in batch]
@@ -104,7 +104,7 @@ class Batcher:
         infer_ms = (time.monotonic() - started) * 1000
         self.metrics.batch_size.observe(len(batch))
         self.metrics.stage_ms.labels("infer").observe(infer_ms)
-        out = []
+        out: list[list[bytes]] = []
         for item, det in zip(batch, detections, strict=True):
             t0 = time.monotonic()
             tracked = item.session.track(item.frame, det)
@@ -119,12 +119,21 @@ class Batcher:
                 "worker_ms": (time.monotonic() - item.received_at) * 1000,
             }
             self.metrics.stage_ms.labels("queue").observe(timings["queue_ms"])
-            out.append(_encode_result(item.frame, tracked, timings))
+            messages = [_encode_result(item.frame, tracked, timings)]
+            if item.session.snapshot_due():
+                messages.append(_encode_snapshot(item))
+            out.append(messages)
         return out
 
 
 def _letterbox(f: wire.Frame, size: tuple[int, int]) -> Letterbox:
     return Letterbox(f.src_w, f.src_h, size[0], size[1], f.scale, f.pad_x, f.pad_y)
+
+
+def _encode_snapshot(item: WorkItem) -> bytes:
+    session = item.session
+    header = wire.Snapshot(stream_id=session.stream_id, seq=item.frame.seq, clock=session.clock)
+    return wire.encode(header, session.tracker.snapshot())
 
 
 def _encode_result(f: wire.Frame, det: Detections, timings: dict[str, float]) -> bytes:

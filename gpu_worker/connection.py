@@ -24,7 +24,7 @@ from framerelay.errors import ConfigError, ProtocolError
 from gpu_worker.batcher import Batcher, WorkItem
 from gpu_worker.images import decode_jpeg_bgr
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.sessions import StreamSession, new_session
+from gpu_worker.sessions import StreamSession, new_session, resumed_session
 from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -100,32 +100,40 @@ class TunnelConnection:
         if isinstance(header, wire.Frame):
             await self._on_frame(header, payload)
         elif isinstance(header, wire.Open):
-            self._on_open(header)
+            self._on_open(header, payload)
         elif isinstance(header, wire.Close):
             if self.sessions.pop(header.stream_id, None) is not None:
                 self.metrics.streams.dec()
         else:
             raise ProtocolError(f"{type(header).__name__} is not accepted from an ingest")
 
-    def _on_open(self, msg: wire.Open) -> None:
-        if (
-            msg.stream_id not in self.sessions
-            and len(self.sessions) >= self.settings.max_streams_per_connection
-        ):
+    def _on_open(self, msg: wire.Open, snapshot: bytes) -> None:
+        limit = self.settings.max_streams_per_connection
+        if msg.stream_id not in self.sessions and len(self.sessions) >= limit:
             self._reply_error(
-                "too_many_streams",
-                f"limit is {self.settings.max_streams_per_connection} streams per tunnel",
-                msg.stream_id,
+                "too_many_streams", f"limit is {limit} streams per tunnel", msg.stream_id
             )
             return
         try:
-            session = new_session(msg.stream_id, msg.tracker, self.settings.result_min_confidence)
+            session = self._session_for(msg, snapshot)
         except ConfigError as exc:
             self._reply_error("bad_tracker", str(exc), msg.stream_id)
             return
         if self.sessions.get(msg.stream_id) is None:
             self.metrics.streams.inc()
         self.sessions[msg.stream_id] = session
+
+    def _session_for(self, msg: wire.Open, snapshot: bytes) -> StreamSession:
+        """A fresh session, or one resumed from the snapshot the OPEN carries."""
+        args = (self.settings.result_min_confidence, self.settings.snapshot_interval_s)
+        if msg.clock is not None and snapshot:
+            try:
+                session = resumed_session(msg.stream_id, snapshot, msg.clock, *args)
+                self.metrics.resumed.inc()
+                return session
+            except ConfigError as exc:  # a bad snapshot must not cost the stream
+                self._reply_error("bad_snapshot", f"starting a new session: {exc}", msg.stream_id)
+        return new_session(msg.stream_id, msg.tracker, *args)
 
     async def _on_frame(self, frame: wire.Frame, payload: bytes) -> None:
         received = time.monotonic()
@@ -159,10 +167,11 @@ class TunnelConnection:
             return
         session.inflight += 1
 
-    def _reply_result(self, payload: bytes, session: StreamSession) -> None:
+    def _reply_result(self, messages: list[bytes], session: StreamSession) -> None:
         session.inflight = max(0, session.inflight - 1)
         self.metrics.frames.labels("ok").inc()
-        self._enqueue(payload)
+        for data in messages:
+            self._enqueue(data)
 
     def _reply_error(
         self, code: str, message: str, stream_id: str | None = None, seq: int | None = None

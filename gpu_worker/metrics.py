@@ -33,6 +33,9 @@ class WorkerMetrics:
         self.connections = Gauge("framerelay_worker_connections", "Open tunnels", registry=r)
         self.streams = Gauge("framerelay_worker_streams", "Open stream sessions", registry=r)
         self.queue_depth = Gauge("framerelay_worker_queue_depth", "Frames waiting", registry=r)
+        self.resumed = Counter(
+            "framerelay_worker_sessions_resumed", "Sessions resumed from a snapshot", registry=r
+        )
         self.ready = Gauge("framerelay_worker_ready", "1 after warm-up", registry=r)
         self.auth_failures = Counter(
             "framerelay_worker_auth_failures", "Refused connections", ["reason"], registry=r

@@ -5,6 +5,10 @@ tunnel closes). Its tracker is fed the frame's PTS time; when the epoch
 changes (reconnect, PTS reset) the tracker clock continues from where it was,
 advanced by the gap measured on the ingest clock (``captured_at``), so ids
 survive a short reconnect and time never runs backwards for the tracker.
+
+Every ``snapshot_interval_s`` (of stream time) the session emits a snapshot
+(tracker state + clock) that the ingest keeps; an OPEN carrying it resumes the
+session on any worker, so track ids continue when a stream is re-homed.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from framerelay.detections import Detections
-from framerelay.wire import Frame
-from tracker import Tracker, create_tracker
+from framerelay.wire import Frame, SessionClock
+from tracker import Tracker, create_tracker, restore_tracker
 
 _MIN_STEP_S = 1e-3
 
@@ -25,12 +29,27 @@ class StreamSession:
     stream_id: str
     tracker: Tracker
     min_confidence: float
+    snapshot_interval_s: float = 0.0
     inflight: int = 0
     frames: int = 0
     _epoch: int | None = None
     _offset: float = 0.0
     _last_t: float = field(default=-1e18)
     _last_captured: float = 0.0
+    _next_snapshot_t: float | None = None
+
+    @property
+    def clock(self) -> SessionClock:
+        return SessionClock(
+            epoch=self._epoch,
+            offset=self._offset,
+            last_t=self._last_t,
+            last_captured=self._last_captured,
+        )
+
+    def resume(self, clock: SessionClock) -> None:
+        self._epoch, self._offset = clock.epoch, clock.offset
+        self._last_t, self._last_captured = clock.last_t, clock.last_captured
 
     def tracker_time(self, frame: Frame) -> float:
         """Seconds on the session's continuous clock for this frame."""
@@ -52,7 +71,36 @@ class StreamSession:
         keep = (tracked.tracker_id >= 0) | (tracked.confidence >= self.min_confidence)
         return tracked if bool(keep.all()) else tracked[np.flatnonzero(keep)]
 
+    def snapshot_due(self) -> bool:
+        """True (and re-armed) when a snapshot should follow the last frame."""
+        if self.snapshot_interval_s <= 0:
+            return False
+        if self._next_snapshot_t is None or self._last_t >= self._next_snapshot_t:
+            self._next_snapshot_t = self._last_t + self.snapshot_interval_s
+            return True
+        return False
 
-def new_session(stream_id: str, tracker_name: str, min_confidence: float) -> StreamSession:
+
+def new_session(
+    stream_id: str,
+    tracker_name: str,
+    min_confidence: float,
+    snapshot_interval_s: float = 0.0,
+) -> StreamSession:
     """Raises ConfigError for an unknown tracker name."""
-    return StreamSession(stream_id, create_tracker(tracker_name), min_confidence)
+    return StreamSession(
+        stream_id, create_tracker(tracker_name), min_confidence, snapshot_interval_s
+    )
+
+
+def resumed_session(
+    stream_id: str,
+    blob: bytes,
+    clock: SessionClock,
+    min_confidence: float,
+    snapshot_interval_s: float = 0.0,
+) -> StreamSession:
+    """A session continuing from a snapshot. Raises ConfigError for a bad one."""
+    session = StreamSession(stream_id, restore_tracker(blob), min_confidence, snapshot_interval_s)
+    session.resume(clock)
+    return session

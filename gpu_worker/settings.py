@@ -50,6 +50,12 @@ class WorkerSettings(BaseSettings):
     result_min_confidence: float = Field(
         0.25, ge=0, le=1, description="Untracked detections below this are not sent."
     )
+    snapshot_interval_s: float = Field(
+        1.0,
+        ge=0,
+        le=3600,
+        description="Send each stream's tracker snapshot this often (stream time); 0 = never.",
+    )
     decode_threads: int = Field(2, ge=1, le=64)
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
     tls_cert: Path | None = Field(None, description="PEM certificate chain; enables wss://.")

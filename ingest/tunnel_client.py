@@ -61,6 +61,8 @@ class TunnelClient:
         self.frame_timeout_s = frame_timeout_s
         self.reconnect_max_s = reconnect_max_s
         self.streams: dict[str, IngestStream] = {}
+        self.snapshots: dict[str, tuple[wire.SessionClock, bytes]] = {}
+        """Latest session snapshot per stream; sent back in OPEN on (re)connect."""
         self.hello: wire.Hello | None = None
         self.connected = asyncio.Event()
         self.connects = 0
@@ -69,9 +71,14 @@ class TunnelClient:
         self._senders: set[asyncio.Task[None]] = set()
         self._failed: asyncio.Future[None] | None = None
 
-    def add(self, stream: IngestStream) -> None:
-        """Add a stream; it starts flowing as soon as a worker is connected."""
+    def add(
+        self, stream: IngestStream, snapshot: tuple[wire.SessionClock, bytes] | None = None
+    ) -> None:
+        """Add a stream (optionally resuming a session snapshot taken elsewhere);
+        it starts flowing as soon as a worker is connected."""
         self.streams[stream.id] = stream
+        if snapshot is not None:
+            self.snapshots[stream.id] = snapshot
         if self.hello is not None:
             stream.start(self.hello.input_w, self.hello.input_h)
         if self._ws is not None and self.hello is not None:
@@ -178,7 +185,7 @@ class TunnelClient:
             stream.credit.set()
 
     async def _stream_task(self, ws: ClientConnection, stream: IngestStream) -> None:
-        await ws.send(wire.encode(wire.Open(stream_id=stream.id, tracker=stream.config.tracker)))
+        await ws.send(self._open_message(stream))
         while True:
             await self._wait_credit(stream)
             try:
@@ -202,6 +209,14 @@ class TunnelClient:
             stream.counters["sent"] += 1
         await self._drain(stream)
         await ws.send(wire.encode(wire.Close(stream_id=stream.id)))
+
+    def _open_message(self, stream: IngestStream) -> bytes:
+        snap = self.snapshots.get(stream.id)
+        if snap is None:
+            return wire.encode(wire.Open(stream_id=stream.id, tracker=stream.config.tracker))
+        clock, blob = snap
+        header = wire.Open(stream_id=stream.id, tracker=stream.config.tracker, clock=clock)
+        return wire.encode(header, blob)
 
     async def _wait_credit(self, stream: IngestStream) -> None:
         while not stream.window.can_send():
@@ -237,6 +252,9 @@ class TunnelClient:
                 self._on_result_msg(header, payload)
             elif isinstance(header, wire.Error):
                 self._on_error_msg(header)
+            elif isinstance(header, wire.Snapshot):
+                if header.stream_id in self.streams:
+                    self.snapshots[header.stream_id] = (header.clock, payload)
             else:
                 raise ProtocolError(f"unexpected {type(header).__name__} from the worker")
 

@@ -166,3 +166,15 @@ def test_structured_garbage_raises_only_protocol_error(
             wire.unpack_detections(h.n, p)
     except ProtocolError:
         pass
+
+
+def test_snapshot_and_resuming_open_round_trip() -> None:
+    clock = wire.SessionClock(epoch=3, offset=1.5, last_t=12.25, last_captured=1_700_000_000.5)
+    snap = wire.Snapshot(stream_id="cam-1", seq=41, clock=clock)
+    header, payload = wire.decode(wire.encode(snap, b"FRTK..."))
+    assert header == snap and payload == b"FRTK..."
+    resume = wire.Open(stream_id="cam-1", tracker="default", clock=clock)
+    header, payload = wire.decode(wire.encode(resume, b"blob"))
+    assert isinstance(header, wire.Open) and header.clock == clock and payload == b"blob"
+    plain, _ = wire.decode(wire.encode(wire.Open(stream_id="cam-1")))
+    assert isinstance(plain, wire.Open) and plain.clock is None

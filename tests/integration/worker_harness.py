@@ -16,9 +16,11 @@ from tests.conftest import MODEL
 
 
 @contextlib.asynccontextmanager
-async def running_worker(secret: str, **overrides: Any) -> AsyncIterator[tuple[Worker, str]]:
+async def running_worker(
+    secret: str, worker_id: str = "gpu-a", **overrides: Any
+) -> AsyncIterator[tuple[Worker, str]]:
     settings = WorkerSettings(
-        host="127.0.0.1", port=0, worker_id="gpu-a", token_secrets=secret,
+        host="127.0.0.1", port=0, worker_id=worker_id, token_secrets=secret,
         detector=OnnxDetectorSettings(model=MODEL, threads=1), warmup_runs=1, **overrides,
     )  # fmt: skip
     worker = Worker(settings)
