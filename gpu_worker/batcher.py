@@ -24,6 +24,7 @@ from framerelay import wire
 from framerelay.detections import Detections
 from framerelay.geometry import Letterbox
 from gpu_worker.detectors import Detector, ModelInput
+from gpu_worker.faults import FaultInjector
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.sessions import StreamSession
 
@@ -56,6 +57,7 @@ class Batcher:
         self.batch_wait_s = batch_wait_ms / 1000
         self._queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=capacity)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
+        self._faults = FaultInjector.from_env()  # test-only hook (gpu_worker/faults.py)
 
     def submit(self, item: WorkItem) -> bool:
         """Queue a frame; False when the queue is full (the caller replies 'capacity')."""
@@ -97,6 +99,7 @@ class Batcher:
 
     def process(self, batch: list[WorkItem]) -> list[list[bytes]]:
         """Blocking: detect, track, encode results and due snapshots (inference thread)."""
+        self._faults.before_batch()  # no-op unless FRAMERELAY_WORKER_FAULT is set (tests)
         started = time.monotonic()
         size = self.detector.input_size
         inputs = [ModelInput(it.image, _letterbox(it.frame, size)) for it in batch]

@@ -4,13 +4,15 @@
 is checked before the upgrade completes: 401 when missing, malformed, badly
 signed or expired, 403 when it does not grant ``worker:<worker_id>``.
 ``/healthz`` answers while the process is alive, ``/readyz`` only after a
-warm-up inference succeeded, ``/metrics`` is Prometheus text.
+warm-up inference succeeded, ``/metrics`` is Prometheus text, ``/info`` is JSON
+(worker id, providers, input size, capacity measured by the warm-up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import ssl
 import time
@@ -83,6 +85,7 @@ class Worker:
         )
         self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
         self.ready = False
+        self.warmup_ms = 0.0
         self.server: Server | None = None
         self._batch_task: asyncio.Task[None] | None = None
         self._scope = f"worker:{settings.worker_id}"
@@ -119,6 +122,8 @@ class Worker:
             if self.ready:
                 return conn.respond(HTTPStatus.OK, "ready\n")
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "warming up\n")
+        if path == "/info":
+            return self._info(conn)
         if path == "/metrics":
             resp = conn.respond(HTTPStatus.OK, "")
             resp.body = self.metrics.render()
@@ -131,6 +136,25 @@ class Worker:
                 HTTPStatus.NOT_FOUND, f"unknown path; the tunnel is {TUNNEL_PATH}\n"
             )
         return self._authorize(conn, request)
+
+    def _info(self, conn: ServerConnection) -> Response:
+        """JSON for the orchestrator: identity and capacity from the warm-up benchmark."""
+        w, h = self.detector.input_size
+        info = {
+            "worker_id": self.settings.worker_id,
+            "providers": list(self.detector.providers),
+            "input_w": w,
+            "input_h": h,
+            "ready": self.ready,
+            "ms_per_inference": round(self.warmup_ms, 3),
+            "capacity_fps": round(1000.0 / self.warmup_ms, 2) if self.warmup_ms > 0 else 0.0,
+        }
+        resp = conn.respond(HTTPStatus.OK, "")
+        resp.body = json.dumps(info).encode()
+        resp.headers = Headers(
+            {"Content-Type": "application/json", "Content-Length": str(len(resp.body))}
+        )
+        return resp
 
     def _authorize(self, conn: ServerConnection, request: Request) -> Response | None:
         try:
@@ -155,6 +179,7 @@ class Worker:
     async def start(self) -> tuple[str, int]:
         """Warm up, then listen; returns the bound (host, port)."""
         ms = await asyncio.to_thread(self.warm_up)
+        self.warmup_ms = ms
         self.ready = True
         self.metrics.ready.set(1)
         log.info("warm-up done: %.1f ms per inference on %s", ms, ",".join(self.detector.providers))
