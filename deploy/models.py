@@ -1,0 +1,129 @@
+"""The orchestrator's values: stream specs, pod intents, pod records.
+
+A *pod* here is one GPU worker rented from a provider (a RunPod pod, a
+Kubernetes Deployment of one replica, or a local process). Its name is derived
+from intent - ``<fleet>-<tier>-<slot>-<generation>`` - so a restarted
+orchestrator finds the pods it created (or was creating) by name and never
+creates a second one for the same intent.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from framerelay.errors import ConfigError
+from framerelay.wire import STREAM_ID
+
+Priority = Literal["critical", "standard", "batch"]
+PRIORITY_ORDER: dict[str, int] = {"critical": 0, "standard": 1, "batch": 2}
+NAME_PART = r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?"
+_POD_NAME = re.compile(r"^(?P<fleet>[a-z0-9]+)-(?P<tier>.+)-(?P<slot>\d+)-g(?P<gen>\d+)$")
+
+
+class StreamSpec(BaseModel):
+    """A stream the operator declared: where it comes from and what it needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=STREAM_ID)
+    url: str = Field(min_length=1, description="Anything the ingest's PyAV opens.")
+    priority: Priority = "standard"
+    fps: float = Field(5.0, gt=0, le=240, description="Frames per second to analyse.")
+    model: str = Field("yolox_nano", max_length=64, description="Model name (demand weight).")
+    tracker: str = Field("default", max_length=64)
+    realtime: bool = True
+    loop: bool = False
+
+
+class PodStatus(enum.StrEnum):
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"
+    TERMINATED = "TERMINATED"
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """What to create. ``secret_env`` values never print (SecretStr)."""
+
+    name: str
+    tier: str
+    gpu_types: tuple[str, ...]
+    spot: bool
+    image: str = ""
+    cloud_types: tuple[str, ...] = ("SECURE",)
+    data_centers: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, SecretStr] = field(default_factory=dict)
+    port: int = 8443
+    gpu_count: int = 1
+    container_disk_gb: int = 20
+    network_volume_id: str | None = None
+
+
+@dataclass(slots=True)
+class PodInfo:
+    """What a provider says about one pod."""
+
+    id: str
+    name: str
+    status: PodStatus
+    cost_per_hr: float = 0.0
+    gpu_type: str = ""
+    spot: bool = False
+    cloud_type: str = ""
+    tunnel_url: str | None = None
+    http_url: str | None = None
+
+
+class PodRecord(BaseModel):
+    """The orchestrator's record of one pod (kept in Redis)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    tier: str
+    slot: int = Field(ge=0)
+    gen: int = Field(ge=0)
+    spot: bool
+    state: Literal["creating", "running", "draining", "gone"] = "creating"
+    provider_id: str | None = None
+    created_at: float = 0.0
+    cost_per_hr: float = 0.0
+    ondemand_per_hr: float = 0.0
+    gpu_type: str = ""
+    tunnel_url: str | None = None
+    http_url: str | None = None
+    ready: bool = False
+    ready_since: float | None = None
+    capacity_fps: float = 0.0
+    fails: int = 0
+    last_ok: float | None = None
+    last_canary: float | None = None
+    last_error: str | None = Field(None, max_length=500)
+
+
+def pod_name(fleet: str, tier: str, slot: int, gen: int) -> str:
+    return f"{fleet}-{tier}-{slot}-g{gen}"
+
+
+def parse_pod_name(fleet: str, name: str) -> tuple[str, int, int] | None:
+    """(tier, slot, gen) of a name this fleet made, else None."""
+    m = _POD_NAME.match(name)
+    if m is None or m["fleet"] != fleet:
+        return None
+    return m["tier"], int(m["slot"]), int(m["gen"])
+
+
+def check_name_part(kind: str, value: str) -> str:
+    if not re.fullmatch(NAME_PART, value):
+        raise ConfigError(
+            f"{kind} {value!r} must be 1-32 lowercase letters, digits or '-' "
+            "(it becomes part of pod and Kubernetes object names)"
+        )
+    return value

@@ -1,0 +1,123 @@
+"""Stream placement: bin-pack streams onto ready workers, by policy.
+
+* ``critical`` streams only go to on-demand workers, never to spot.
+* ``standard`` and ``batch`` streams go where capacity is cheapest per unit
+  (spot, when it is cheaper), falling back to on-demand when spot is full or
+  gone.
+* A stream stays where it is while its worker is ready, allowed and not over
+  capacity (no churn); a non-critical stream on on-demand moves to spot once
+  spot has room (it is cheaper).
+* Among allowed workers of equal price, best fit: the fullest one the stream
+  still fits (fewer, fuller workers).
+
+Pure functions; the orchestrator applies the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from deploy.models import PRIORITY_ORDER, StreamSpec
+
+_EPS = 1e-9
+
+
+@dataclass(slots=True)
+class Slot:
+    """A worker as placement sees it."""
+
+    name: str
+    tier: str
+    spot: bool
+    capacity: float
+    cost_per_hr: float
+    used: float = 0.0
+
+    @property
+    def unit_cost(self) -> float:
+        return self.cost_per_hr / self.capacity if self.capacity > 0 else math.inf
+
+    def fits(self, demand: float) -> bool:
+        return self.used + demand <= self.capacity + _EPS
+
+
+@dataclass(slots=True)
+class Placement:
+    assign: dict[str, str] = field(default_factory=dict)
+    unplaced: list[str] = field(default_factory=list)
+
+    def moves(self, before: Mapping[str, str]) -> dict[str, tuple[str | None, str | None]]:
+        """stream -> (old worker, new worker) for every change."""
+        ids = set(before) | set(self.assign)
+        out = {s: (before.get(s), self.assign.get(s)) for s in ids}
+        return {s: v for s, v in out.items() if v[0] != v[1]}
+
+
+def allowed(stream: StreamSpec, slot: Slot) -> bool:
+    return not (stream.priority == "critical" and slot.spot)
+
+
+def demand(stream: StreamSpec, model_costs: Mapping[str, float]) -> float:
+    return stream.fps * model_costs.get(stream.model, 1.0)
+
+
+def _order(streams: Iterable[StreamSpec], costs: Mapping[str, float]) -> list[StreamSpec]:
+    return sorted(streams, key=lambda s: (PRIORITY_ORDER[s.priority], -demand(s, costs), s.id))
+
+
+def _best(stream: StreamSpec, need: float, slots: list[Slot]) -> Slot | None:
+    fitting = [s for s in slots if allowed(stream, s) and s.fits(need)]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda s: (s.unit_cost, s.capacity - s.used - need, s.name))
+
+
+def _keep(stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot]) -> bool:
+    if slot is None or not allowed(stream, slot) or not slot.fits(need):
+        return False
+    cheaper = [
+        s
+        for s in slots
+        if s.unit_cost < slot.unit_cost - _EPS and s.fits(need) and allowed(stream, s)
+    ]
+    return not cheaper
+
+
+def place(
+    streams: Iterable[StreamSpec],
+    slots: list[Slot],
+    current: Mapping[str, str],
+    model_costs: Mapping[str, float],
+) -> Placement:
+    """Assign every stream to a slot (or leave it unplaced when nothing fits)."""
+    by_name = {s.name: s for s in slots}
+    ordered = _order(streams, model_costs)
+    result = Placement()
+    pending: list[StreamSpec] = []
+    for stream in ordered:  # pass 1: keep what may stay
+        need = demand(stream, model_costs)
+        slot = by_name.get(current.get(stream.id, ""))
+        if _keep(stream, slot, need, slots):
+            assert slot is not None  # noqa: S101 - _keep checked it
+            slot.used += need
+            result.assign[stream.id] = slot.name
+        else:
+            pending.append(stream)
+    for stream in pending:  # pass 2: first-fit decreasing, cheapest then best fit
+        need = demand(stream, model_costs)
+        best = _best(stream, need, slots)
+        if best is None:
+            result.unplaced.append(stream.id)
+            continue
+        best.used += need
+        result.assign[stream.id] = best.name
+    return result
+
+
+def workers_needed(total_demand: float, per_worker: float, utilization: float) -> int:
+    """Workers to carry ``total_demand`` at ``utilization`` of ``per_worker`` each."""
+    if total_demand <= 0:
+        return 0
+    return math.ceil(total_demand / (per_worker * utilization) - _EPS)

@@ -1,0 +1,127 @@
+"""The ``local`` provider: GPU workers as ``framerelay worker`` child processes.
+
+Used by the demo, the tests and the fault suite. A pod is one
+:class:`gpu_worker.launcher.LocalWorker`; it is PROVISIONING while the process
+warms up, RUNNING once it announced its URL, EXITED when the process died
+(``kill -9`` in the fault tests). Pod ids are the pod names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from deploy.models import PodInfo, PodSpec, PodStatus
+from deploy.providers.base import GpuPrice, ProviderError
+from deploy.settings import LocalSettings
+from framerelay.errors import ConfigError
+from gpu_worker.launcher import LocalWorker
+
+log = logging.getLogger(__name__)
+LOCAL_GPU = "local-cpu"
+
+
+class _Pod:
+    def __init__(self, spec: PodSpec, worker: LocalWorker) -> None:
+        self.spec = spec
+        self.worker = worker
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self.terminated = False
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(
+        self,
+        settings: LocalSettings,
+        *,
+        env_hook: Callable[[PodSpec], dict[str, str]] | None = None,
+    ) -> None:
+        """``env_hook`` (tests only) adds environment to chosen pods, e.g. a fault."""
+        self.settings = settings
+        self._env_hook = env_hook
+        self.pods: dict[str, _Pod] = {}
+
+    async def create(self, spec: PodSpec) -> PodInfo:
+        if spec.name in self.pods and not self.pods[spec.name].terminated:
+            raise ProviderError(f"local pod {spec.name!r} already exists")
+        secret = spec.secret_env.get("FRAMERELAY_TOKEN_SECRETS")
+        if secret is None:
+            raise ConfigError("a local pod needs FRAMERELAY_TOKEN_SECRETS in its secret env")
+        env = {**spec.env, **(self._env_hook(spec) if self._env_hook else {})}
+        args = ["--model", str(self.settings.model), "--threads", str(self.settings.threads)]
+        worker = LocalWorker(secret.get_secret_value(), worker_id=spec.name, args=args, env=env)
+        pod = _Pod(spec, worker)
+        self.pods[spec.name] = pod
+        threading.Thread(target=self._start, args=(pod,), daemon=True).start()
+        return self._info(pod)
+
+    def _start(self, pod: _Pod) -> None:
+        try:
+            pod.worker.start(self.settings.ready_timeout_s)
+            pod.ready.set()
+        except ConfigError as exc:
+            pod.failed = str(exc)[:300]
+            log.warning("local pod %s failed to start: %s", pod.spec.name, pod.failed)
+
+    def _price(self, spec: PodSpec) -> float:
+        return self.settings.spot_price_per_hr if spec.spot else self.settings.price_per_hr
+
+    def _info(self, pod: _Pod) -> PodInfo:
+        proc = pod.worker.proc
+        if pod.terminated:
+            status = PodStatus.TERMINATED
+        elif pod.failed or (proc is not None and proc.poll() is not None):
+            status = PodStatus.EXITED
+        elif pod.ready.is_set():
+            status = PodStatus.RUNNING
+        else:
+            status = PodStatus.PROVISIONING
+        info = PodInfo(
+            id=pod.spec.name,
+            name=pod.spec.name,
+            status=status,
+            cost_per_hr=self._price(pod.spec),
+            gpu_type=LOCAL_GPU,
+            spot=pod.spec.spot,
+            cloud_type="LOCAL",
+        )
+        if status is PodStatus.RUNNING:
+            info.tunnel_url = pod.worker.url
+            info.http_url = pod.worker.url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+        return info
+
+    async def get(self, pod_id: str) -> PodInfo | None:
+        pod = self.pods.get(pod_id)
+        return None if pod is None or pod.terminated else self._info(pod)
+
+    async def list(self) -> list[PodInfo]:
+        return [self._info(p) for p in self.pods.values() if not p.terminated]
+
+    async def stop(self, pod_id: str) -> None:
+        await self.terminate(pod_id)
+
+    async def terminate(self, pod_id: str) -> None:
+        pod = self.pods.get(pod_id)
+        if pod is None or pod.terminated:
+            return
+        pod.terminated = True
+        await asyncio.to_thread(pod.worker.stop, 5.0)
+
+    async def prices(self) -> dict[str, GpuPrice]:
+        od, spot = self.settings.price_per_hr, self.settings.spot_price_per_hr
+        return {LOCAL_GPU: GpuPrice(LOCAL_GPU, od, od, spot, spot)}
+
+    def kill(self, pod_id: str) -> None:
+        """SIGKILL a pod's process (fault tests): it shows as EXITED."""
+        self.pods[pod_id].worker.kill()
+
+    async def aclose(self) -> None:
+        for name in list(self.pods):
+            with contextlib.suppress(OSError):
+                await self.terminate(name)

@@ -1,0 +1,276 @@
+"""The ``runpod`` provider: RunPod REST API v1 (``https://rest.runpod.io/v1``).
+
+Calls: ``POST /pods``, ``GET /pods``, ``GET /pods/{id}``,
+``POST /pods/{id}/stop``, ``POST /pods/{id}/start``, ``DELETE /pods/{id}``.
+The API key travels only in the ``Authorization: Bearer`` header: never in a
+URL, a log line, an exception or a metric.
+
+Creating walks the tier's options in order - GPU type, then cloud type, then
+data centre - and moves to the next option on "no capacity" (RunPod answers
+that a create cannot be placed). 429 and 5xx are retried with exponential
+backoff and jitter (``Retry-After`` honoured); other 4xx are configuration
+errors and stop at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from deploy.models import PodInfo, PodSpec, PodStatus
+from deploy.providers.base import GpuPrice, NoCapacityError, ProviderError
+from deploy.settings import RunPodSettings
+from framerelay.errors import ConfigError
+
+log = logging.getLogger(__name__)
+_NO_CAPACITY = ("no longer any instances available", "no instances available", "no capacity")
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_MAX_RETRY_AFTER_S = 30.0
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _message(resp: httpx.Response) -> str:
+    """The server's error text (truncated); never request headers."""
+    try:
+        body = resp.json()
+        text = (
+            str(body.get("error") or body.get("message") or body)
+            if isinstance(body, dict)
+            else str(body)
+        )
+    except ValueError:
+        text = resp.text
+    return text.strip()[:300]
+
+
+def _float(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+
+
+class RunPodProvider:
+    name = "runpod"
+
+    def __init__(
+        self, settings: RunPodSettings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        if settings.api_key is None or not settings.api_key.get_secret_value():
+            raise ConfigError(
+                "the runpod provider needs an API key: set FRAMERELAY_ORCH_RUNPOD__API_KEY"
+            )
+        self.settings = settings
+        self._client = httpx.AsyncClient(
+            base_url=settings.base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {settings.api_key.get_secret_value()}"},
+            timeout=settings.timeout_s,
+            transport=transport,
+        )
+        self._prices: dict[str, GpuPrice] = {}
+        self.retries = 0
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        delay = self.settings.backoff_s
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                return await self._once(method, path, body)
+            except _Retryable as exc:
+                if attempt == self.settings.max_retries:
+                    raise ProviderError(
+                        f"RunPod {method} {path} failed after {attempt + 1} attempts: {exc}"
+                    ) from None
+                wait = exc.retry_after if exc.retry_after is not None else delay
+                wait = min(wait, _MAX_RETRY_AFTER_S) * random.uniform(0.8, 1.2)  # noqa: S311
+                log.warning("RunPod %s %s: %s; retry in %.2f s", method, path, exc, wait)
+                self.retries += 1
+                await asyncio.sleep(wait)
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+        try:
+            resp = await self._client.request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise _Retryable(f"{type(exc).__name__}") from None
+        if resp.status_code in _RETRY_STATUS and not _is_no_capacity(resp):
+            after = resp.headers.get("Retry-After")
+            raise _Retryable(
+                f"HTTP {resp.status_code}: {_message(resp)}",
+                _float(after) if after is not None else None,
+            )
+        return resp
+
+    def _options(self, spec: PodSpec) -> Iterator[tuple[str, str, str | None]]:
+        centres: tuple[str | None, ...] = spec.data_centers or (None,)
+        for gpu in spec.gpu_types:
+            for cloud in spec.cloud_types:
+                for dc in centres:
+                    yield gpu, cloud, dc
+
+    def _body(self, spec: PodSpec, gpu: str, cloud: str, dc: str | None) -> dict[str, Any]:
+        env = {**spec.env, **{k: v.get_secret_value() for k, v in spec.secret_env.items()}}
+        body: dict[str, Any] = {
+            "name": spec.name,
+            "imageName": spec.image or self.settings.image,
+            "gpuTypeIds": [gpu],
+            "gpuCount": spec.gpu_count,
+            "cloudType": cloud,
+            "interruptible": spec.spot,
+            "ports": [f"{spec.port}/tcp"],
+            "env": env,
+            "containerDiskInGb": spec.container_disk_gb or self.settings.container_disk_gb,
+        }
+        volume = spec.network_volume_id or self.settings.network_volume_id
+        if volume:
+            body["networkVolumeId"] = volume
+        if dc is not None:
+            body["dataCenterIds"] = [dc]
+        return body
+
+    async def create(self, spec: PodSpec) -> PodInfo:
+        tried: list[str] = []
+        for gpu, cloud, dc in self._options(spec):
+            resp = await self._request("POST", "/pods", self._body(spec, gpu, cloud, dc))
+            where = f"{gpu}/{cloud}" + (f"/{dc}" if dc else "")
+            if resp.status_code in (200, 201):
+                info = self._pod(resp.json(), spec.port)
+                log.info(
+                    "created pod %s (%s) on %s at $%.3f/h",
+                    spec.name,
+                    info.id,
+                    where,
+                    info.cost_per_hr,
+                )
+                return info
+            if _is_no_capacity(resp):
+                tried.append(where)
+                log.info("no capacity for %s on %s; trying the next option", spec.name, where)
+                continue
+            raise ProviderError(
+                f"RunPod refused to create {spec.name} on {where}: HTTP {resp.status_code}: "
+                f"{_message(resp)}"
+            )
+        raise NoCapacityError(
+            f"no capacity for {spec.name} anywhere allowed (tried {', '.join(tried)})"
+        )
+
+    async def get(self, pod_id: str) -> PodInfo | None:
+        resp = await self._request("GET", f"/pods/{pod_id}")
+        if resp.status_code == 404:
+            return None
+        self._check(resp, f"get pod {pod_id}")
+        return self._pod(resp.json(), None)
+
+    async def list(self) -> list[PodInfo]:
+        resp = await self._request("GET", "/pods")
+        self._check(resp, "list pods")
+        body = resp.json()
+        items = body if isinstance(body, list) else body.get("pods", [])
+        return [self._pod(p, None) for p in items if isinstance(p, dict)]
+
+    async def stop(self, pod_id: str) -> None:
+        resp = await self._request("POST", f"/pods/{pod_id}/stop")
+        if resp.status_code != 404:
+            self._check(resp, f"stop pod {pod_id}")
+
+    async def start(self, pod_id: str) -> None:
+        resp = await self._request("POST", f"/pods/{pod_id}/start")
+        self._check(resp, f"start pod {pod_id}")
+
+    async def terminate(self, pod_id: str) -> None:
+        resp = await self._request("DELETE", f"/pods/{pod_id}")
+        if resp.status_code != 404:
+            self._check(resp, f"terminate pod {pod_id}")
+
+    async def prices(self) -> dict[str, GpuPrice]:
+        """GPU prices seen in pod responses (RunPod's ``gpu`` object)."""
+        return dict(self._prices)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _check(self, resp: httpx.Response, what: str) -> None:
+        if resp.status_code >= 400:
+            raise ProviderError(
+                f"RunPod could not {what}: HTTP {resp.status_code}: {_message(resp)}"
+            )
+
+    def _pod(self, raw: dict[str, Any], port: int | None) -> PodInfo:
+        gpu = raw.get("gpu") if isinstance(raw.get("gpu"), dict) else None
+        machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
+        gpu_type = str((gpu or {}).get("id") or (machine or {}).get("gpuTypeId") or "")
+        if gpu is not None and gpu_type:
+            self._prices[gpu_type] = GpuPrice(
+                gpu_type,
+                _float(gpu.get("securePrice")),
+                _float(gpu.get("communityPrice")),
+                _float(gpu.get("secureSpotPrice")),
+                _float(gpu.get("communitySpotPrice")),
+            )
+        cost = _float(raw.get("adjustedCostPerHr")) or _float(raw.get("costPerHr"))
+        info = PodInfo(
+            id=str(raw.get("id", "")),
+            name=str(raw.get("name") or ""),
+            status=_status(raw),
+            cost_per_hr=cost,
+            gpu_type=gpu_type,
+            spot=bool(raw.get("interruptible", False)),
+            cloud_type=str(raw.get("cloudType") or ""),
+        )
+        self._endpoint(info, raw, port or _port_of(raw))
+        return info
+
+    def _endpoint(self, info: PodInfo, raw: dict[str, Any], port: int | None) -> None:
+        ip = raw.get("publicIp")
+        mappings = raw.get("portMappings") or {}
+        if not ip or port is None or not isinstance(mappings, dict):
+            return
+        public = mappings.get(str(port))
+        if public is None:
+            return
+        scheme = "wss" if self.settings.tls else "ws"
+        info.tunnel_url = f"{scheme}://{ip}:{int(public)}/v1/tunnel"
+        info.http_url = f"{'https' if self.settings.tls else 'http'}://{ip}:{int(public)}"
+
+
+def _status(raw: dict[str, Any]) -> PodStatus:
+    desired = str(raw.get("desiredStatus") or "")
+    if desired == "RUNNING":
+        return (
+            PodStatus.RUNNING
+            if raw.get("publicIp") and raw.get("portMappings")
+            else PodStatus.PROVISIONING
+        )
+    if desired in ("EXITED", "STOPPED"):
+        return PodStatus.EXITED
+    if desired == "TERMINATED":
+        return PodStatus.TERMINATED
+    return PodStatus.PROVISIONING
+
+
+def _port_of(raw: dict[str, Any]) -> int | None:
+    for p in raw.get("ports") or []:
+        port, _, proto = str(p).partition("/")
+        if proto == "tcp" and port.isdigit():
+            return int(port)
+    return None
+
+
+def _is_no_capacity(resp: httpx.Response) -> bool:
+    if resp.status_code < 400:
+        return False
+    text = _message(resp).lower()
+    return any(marker in text for marker in _NO_CAPACITY)

@@ -1,0 +1,177 @@
+"""Orchestrator settings (env prefix ``FRAMERELAY_ORCH_``, nested with ``__``).
+
+Tiers and their schedules are usually given as JSON, e.g.
+``FRAMERELAY_ORCH_TIERS='[{"name": "ondemand", "spot": false, ...}]'``.
+Secrets (the RunPod API key, the worker token secrets) are ``SecretStr``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from deploy.models import check_name_part
+from framerelay.settings import DEFAULT_MODEL
+
+CloudType = Literal["SECURE", "COMMUNITY"]
+
+
+class Window(BaseModel):
+    """A time window in which a tier keeps at least ``min_warm`` workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    days: tuple[int, ...] = Field((0, 1, 2, 3, 4), description="Weekdays, 0 = Monday.")
+    start: dt.time = Field(dt.time(7, 0), description="Local start time (HH:MM).")
+    end: dt.time = Field(dt.time(19, 0), description="Local end time; before start = overnight.")
+    min_warm: int = Field(1, ge=0, le=1000)
+
+    @field_validator("days")
+    @classmethod
+    def _days(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(d < 0 or d > 6 for d in v):
+            raise ValueError("days are weekday numbers 0 (Monday) .. 6 (Sunday)")
+        return v
+
+
+class TierConfig(BaseModel):
+    """A pool of like GPU workers: what to rent, how many, when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Lowercase id, part of pod names.")
+    spot: bool = Field(False, description="Interruptible (spot) capacity; never takes critical.")
+    gpu_types: tuple[str, ...] = Field(
+        ("NVIDIA RTX A4000",), min_length=1, description="In order of preference."
+    )
+    cloud_types: tuple[CloudType, ...] = Field(("SECURE",), min_length=1)
+    data_centers: tuple[str, ...] = Field((), description="Allowed data centres, in order.")
+    min_warm: int = Field(0, ge=0, le=1000, description="Warm workers outside any window.")
+    max_workers: int = Field(4, ge=0, le=1000)
+    windows: tuple[Window, ...] = ()
+    lead_s: float = Field(900.0, ge=0, description="Scale up this long before a window opens.")
+    batch_only: bool = Field(False, description="Only batch streams; zero outside windows.")
+    capacity_fps: float = Field(
+        0.0, ge=0, description="Capacity hint per worker before one is measured (0 = default)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name_part("tier name", v)
+
+
+def default_tiers() -> list[TierConfig]:
+    return [
+        TierConfig(name="ondemand", spot=False, min_warm=1, max_workers=4),
+        TierConfig(name="spot", spot=True, cloud_types=("COMMUNITY", "SECURE"), max_workers=8),
+    ]
+
+
+class RunPodSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
+    base_url: str = "https://rest.runpod.io/v1"
+    image: str = Field("ghcr.io/framerelay/worker:latest", description="Worker image.")
+    container_disk_gb: int = Field(20, ge=1, le=2000)
+    network_volume_id: str | None = None
+    timeout_s: float = Field(30.0, gt=0)
+    max_retries: int = Field(4, ge=0, le=20, description="Retries of 429/5xx per request.")
+    backoff_s: float = Field(0.5, gt=0, description="First retry delay; doubles, with jitter.")
+    tls: bool = Field(False, description="Workers serve wss:// (TLS) on their port.")
+
+
+class LocalSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path = DEFAULT_MODEL
+    threads: int = Field(1, ge=0, le=256)
+    ready_timeout_s: float = Field(120.0, gt=0)
+    price_per_hr: float = Field(0.0, ge=0, description="Nominal $/h of a local on-demand worker.")
+    spot_price_per_hr: float = Field(0.0, ge=0, description="Nominal $/h of a local spot worker.")
+
+
+class KubernetesSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = "framerelay"
+    image: str = "ghcr.io/framerelay/worker:latest"
+    secret_name: str = Field("framerelay-tokens", description="Secret holding TOKEN_SECRETS.")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    kubectl: str = "kubectl"
+
+
+class OrchestratorSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FRAMERELAY_ORCH_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8090, ge=0, le=65535)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field("framerelay:orch:", description="Prefix of every Redis key.")
+    provider: Literal["local", "runpod", "kubernetes"] = "local"
+    fleet: str = Field("fr", description="Fleet name: prefix of every pod name.")
+    tiers: list[TierConfig] = Field(default_factory=default_tiers)
+    timezone: str = Field("UTC", description="Time zone of the tiers' windows (IANA name).")
+    token_secrets: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("token_secrets", "FRAMERELAY_TOKEN_SECRETS"),
+        description="Worker token secrets: given to pods, used to mint canary tokens.",
+    )
+    ingest_url: str | None = Field(None, description="Ingest API to push assignments to.")
+    tick_s: float = Field(2.0, gt=0, description="Reconcile period.")
+    lease_ttl_s: float = Field(15.0, gt=0, description="Leader lease; one active orchestrator.")
+    canary_interval_s: float = Field(30.0, gt=0, description="Canary period per ready worker.")
+    canary_timeout_s: float = Field(10.0, gt=0, description="Deadline of one canary.")
+    canary_min_persons: int = Field(3, ge=1, description="Persons the canary frame must yield.")
+    heartbeat_timeout_s: float = Field(2.0, gt=0, description="Deadline of one /healthz.")
+    unhealthy_after: int = Field(2, ge=1, description="Consecutive failures before replacing.")
+    startup_grace_s: float = Field(900.0, gt=0, description="Time a new pod has to get ready.")
+    drain_timeout_s: float = Field(120.0, ge=0, description="Most a draining pod is kept.")
+    max_replacements: int = Field(3, ge=0, description="Restart budget per tier and window.")
+    replacement_window_s: float = Field(600.0, gt=0)
+    target_utilization: float = Field(0.8, gt=0, le=1, description="Fill workers to this share.")
+    default_capacity_fps: float = Field(20.0, gt=0, description="Per worker, before measured.")
+    model_costs: dict[str, float] = Field(
+        default_factory=lambda: {"yolox_nano": 1.0},
+        description="Demand weight of each model relative to the reference model.",
+    )
+    runpod: RunPodSettings = Field(default_factory=RunPodSettings)
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet(cls, v: str) -> str:
+        if not v.isalnum() or not v.islower():
+            raise ValueError("fleet must be lowercase letters and digits (it prefixes pod names)")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {v!r}; use an IANA name such as Europe/Paris"
+            ) from None
+        return v
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, v: list[TierConfig]) -> list[TierConfig]:
+        names = [t.name for t in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        return v
+
+    def tier(self, name: str) -> TierConfig | None:
+        return next((t for t in self.tiers if t.name == name), None)

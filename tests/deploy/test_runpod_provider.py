@@ -1,0 +1,169 @@
+"""The RunPod provider against the contract server (real HTTP on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pytest
+from pydantic import SecretStr
+
+from deploy.models import PodSpec, PodStatus
+from deploy.providers.base import NoCapacityError, ProviderError
+from deploy.providers.runpod import RunPodProvider
+from deploy.settings import RunPodSettings
+from tests.deploy.runpod_contract import ContractState, running_contract_server
+
+KEY = "rpa_" + "K3yN0tF0rL0gs" * 3
+
+
+@pytest.fixture
+def contract() -> Iterator[tuple[ContractState, str]]:
+    state = ContractState(KEY)
+    with running_contract_server(state) as url:
+        yield state, url
+
+
+def provider(url: str, **over: object) -> RunPodProvider:
+    settings = RunPodSettings(
+        api_key=SecretStr(KEY), base_url=url, backoff_s=0.02, image="img:1", **over
+    )
+    return RunPodProvider(settings)
+
+
+def spec(name: str = "fr-spot-0-g0", spot: bool = True) -> PodSpec:
+    return PodSpec(
+        name=name, tier="spot", spot=spot, gpu_types=("NVIDIA RTX A4000", "NVIDIA RTX A5000"),
+        cloud_types=("COMMUNITY", "SECURE"), env={"FRAMERELAY_WORKER_WORKER_ID": name},
+        secret_env={"FRAMERELAY_TOKEN_SECRETS": SecretStr("s" * 32)},
+    )  # fmt: skip
+
+
+def test_create_reads_cost_status_and_endpoint(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+
+    async def main() -> None:
+        p = provider(url)
+        info = await p.create(spec())
+        assert info.name == "fr-spot-0-g0" and info.spot
+        assert info.gpu_type == "NVIDIA RTX A4000"
+        assert info.cost_per_hr == pytest.approx(0.10)  # community spot
+        assert info.status is PodStatus.RUNNING and info.tunnel_url is not None
+        assert info.tunnel_url.endswith("/v1/tunnel")
+        (listed,) = await p.list()
+        assert listed.id == info.id
+        prices = await p.prices()
+        assert prices["NVIDIA RTX A4000"].ondemand == pytest.approx(0.32)
+        await p.stop(info.id)
+        got = await p.get(info.id)
+        assert got is not None and got.status is PodStatus.EXITED
+        await p.terminate(info.id)
+        assert await p.get(info.id) is None
+        await p.terminate(info.id)  # already gone: fine
+        await p.aclose()
+
+    asyncio.run(main())
+    pod_posts = [r for r in state.requests if r == ("POST", "/v1/pods")]
+    assert len(pod_posts) == 1 and not state.key_in_url
+
+
+def test_no_capacity_moves_to_the_next_gpu_type(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+    state.faults.no_capacity = {("NVIDIA RTX A4000", "*")}
+
+    async def main() -> str:
+        p = provider(url)
+        try:
+            return (await p.create(spec())).gpu_type
+        finally:
+            await p.aclose()
+
+    assert asyncio.run(main()) == "NVIDIA RTX A5000"
+    assert len(state.pods) == 1
+    assert [r for r in state.requests if r[0] == "POST"] == [("POST", "/v1/pods")] * 3
+
+
+def test_no_capacity_anywhere_is_a_clear_error(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+    state.faults.no_capacity = {("NVIDIA RTX A4000", "*"), ("NVIDIA RTX A5000", "*")}
+
+    async def main() -> None:
+        p = provider(url)
+        try:
+            await p.create(spec())
+        finally:
+            await p.aclose()
+
+    with pytest.raises(NoCapacityError, match="tried NVIDIA RTX A4000/COMMUNITY"):
+        asyncio.run(main())
+    assert not state.pods
+
+
+def test_500s_and_429s_are_retried_with_backoff(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+    state.faults.fail_next = 2
+    state.faults.rate_limit_next = 1
+
+    async def main() -> int:
+        p = provider(url)
+        try:
+            await p.create(spec())
+            return p.retries
+        finally:
+            await p.aclose()
+
+    assert asyncio.run(main()) == 3
+    assert len(state.pods) == 1
+
+
+def test_persistent_500s_give_up_without_leaking_the_key(
+    contract: tuple[ContractState, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    state, url = contract
+    state.faults.fail_next = 100
+    caplog.set_level(logging.DEBUG)
+
+    async def main() -> None:
+        p = provider(url, max_retries=2)
+        try:
+            await p.list()
+        finally:
+            await p.aclose()
+
+    with pytest.raises(ProviderError, match="after 3 attempts") as info:
+        asyncio.run(main())
+    assert KEY not in str(info.value) and KEY not in repr(info.value)
+    assert KEY not in caplog.text
+    assert KEY not in repr(RunPodSettings(api_key=SecretStr(KEY)))
+
+
+def test_bad_key_and_bad_request_are_not_retried(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+
+    async def main() -> None:
+        p = RunPodProvider(RunPodSettings(api_key=SecretStr("wrong"), base_url=url))
+        try:
+            await p.list()
+        finally:
+            await p.aclose()
+
+    with pytest.raises(ProviderError, match="HTTP 401"):
+        asyncio.run(main())
+    assert len(state.requests) == 1
+
+
+def test_slow_provisioning_shows_as_provisioning(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+    state.faults.provision_s = 3600
+
+    async def main() -> PodStatus:
+        p = provider(url)
+        try:
+            info = await p.create(spec())
+            assert info.tunnel_url is None
+            return info.status
+        finally:
+            await p.aclose()
+
+    assert asyncio.run(main()) is PodStatus.PROVISIONING
