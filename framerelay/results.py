@@ -4,6 +4,15 @@ A result carries exactly the frame's timing fields back: ``stream_id``,
 ``epoch``, ``seq``, ``pts``, ``time_base`` (so ``pts_time``), and
 ``captured_at`` on the ingest clock. Align results with video by
 ``(stream_id, epoch, pts)``, never by wall-clock time.
+
+``id`` is the result's durable id, ``"<ms>-<n>"`` (a Redis Stream entry id):
+the ingest's result bus assigns it, increasing per stream, and the same id
+names the result on the WebSocket API, in Redis and in recording sidecars.
+
+Version policy: ``v`` is the schema version. Within a version changes are
+additive only (new optional fields); removing or retyping a field bumps it.
+The JSON Schema and AsyncAPI documents in ``docs/schemas`` are generated from
+these models (``python -m framerelay.schemas --write``).
 """
 
 from __future__ import annotations
@@ -35,7 +44,12 @@ class ResultRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    v: int = SCHEMA_VERSION
+    v: int = Field(SCHEMA_VERSION, description="Schema version")
+    id: str | None = Field(
+        None,
+        pattern=r"^[0-9]+-[0-9]+$",
+        description="Durable id '<ms>-<n>', increasing per stream (None before publishing)",
+    )
     stream_id: str
     epoch: int
     seq: int

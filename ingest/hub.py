@@ -1,76 +1,357 @@
 """Result hub: the WebSocket API that fans results out to subscribers.
 
-``WS /v1/results?stream=ID`` sends live results as JSON text messages. When
-token secrets are configured, the client must send ``Authorization: Bearer``
-with a token granting ``stream:<id>`` for every stream it asks for. Each
-subscriber has a bounded queue (oldest dropped, counted in ``dropped``) and a
-send timeout, so a slow client never delays the others.
+``WS /v1/results?stream=ID[&class=NAME][&min_confidence=F][&resume=ID@DURABLE_ID]``
+(the query form of :class:`framerelay.schemas.Subscription`). When token
+secrets are configured the client sends ``Authorization: Bearer <token>``
+granting ``stream:<id>`` for every stream it asks for (``stream:*`` for all).
+Refusals happen before the handshake completes, so no result is ever sent on
+them: HTTP 400 (bad subscription), 401 (missing, malformed, badly signed or
+expired token), 403 (stream not granted), 503 (too many subscribers), each with
+an :class:`~framerelay.schemas.ErrorMessage` body.
+
+After the handshake the hub sends ``subscribed``, any replayed results (resume),
+then live ``result`` messages. Each subscriber has a bounded queue: when full
+the oldest result is dropped, and every result message carries the
+subscriber's ``dropped`` total (plus a ``notice`` at most once a second while
+drops grow). A send that blocks for ``send_timeout_s`` closes the connection
+with 4408; a token expiring mid-session closes it with 4401. One sender task
+per subscriber: a slow or dead subscriber only ever waits on itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect, status
+import uvicorn
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import ValidationError
 
-from framerelay.auth import TokenSigner, bearer_token
-from framerelay.errors import AuthError
+from framerelay.auth import Claims, TokenSigner, bearer_token
+from framerelay.errors import AuthError, FramerelayError
+from framerelay.results import ResultRecord
+from framerelay.schemas import (
+    HTTP_STATUS,
+    CloseCode,
+    ErrorCode,
+    ErrorMessage,
+    NoticeMessage,
+    SubscribedMessage,
+    Subscription,
+)
 from framerelay.settings import split_secrets
-from ingest.bus import Subscription
-from ingest.service import IngestService
+from ingest.bus import DetectionFilter, IdKey, Published, ResultBus, parse_id
+from ingest.bus import Subscription as _Queue
+from ingest.settings import IngestSettings, ResultsSettings
 
-SUBSCRIBER_QUEUE = 256
-SEND_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
+NOTICE_EVERY_S = 1.0
+CLOSE_WAIT_S = 1.0
+TOKEN_LEEWAY_S = 5.0  # as TokenSigner's: a token accepted at the handshake is not cut at once
+_DELAY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 50, 100, 250, 1000, 5000)
 
-
-def results_router(service: IngestService) -> APIRouter:
-    secrets = service.settings.token_secrets
-    signer = TokenSigner(split_secrets(secrets)) if secrets is not None else None
-    router = APIRouter()
-
-    @router.websocket("/v1/results")
-    async def results(ws: WebSocket, stream: list[str] = Query(default=[])) -> None:  # noqa: B008
-        wanted = stream or list(service.streams)
-        if signer is not None:
-            try:
-                token = bearer_token(ws.headers.get("authorization"))
-                for sid in wanted:
-                    signer.verify(token, f"stream:{sid}")
-            except AuthError as exc:
-                await ws.close(code=status.WS_1008_POLICY_VIOLATION, reason=str(exc)[:120])
-                return
-        await ws.accept()
-        await _pump(ws, service, frozenset(wanted) if stream else None)
-
-    return router
+DurableRange = Callable[[str, IdKey, int], Awaitable[list[ResultRecord]]]
+"""``(stream_id, after, count) -> records`` newer than ``after`` (Redis XRANGE)."""
 
 
-async def _pump(ws: WebSocket, service: IngestService, streams: frozenset[str] | None) -> None:
-    """Send results until the client leaves; a reader notices it leaving at once."""
-    sub = service.bus.subscribe(maxsize=SUBSCRIBER_QUEUE, streams=streams)
-    sender = asyncio.create_task(_send(ws, sub))
-    reader = asyncio.create_task(_drain_client(ws))
+class Refused(FramerelayError):
+    """A subscription the hub turns down before the handshake completes."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: ErrorCode = code
+
+
+class HubMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.subscribers = Gauge(
+            "framerelay_hub_subscribers", "Open WebSocket subscribers", registry=r
+        )
+        self.sent = Counter("framerelay_hub_results_sent", "Result messages sent", registry=r)
+        self.dropped = Counter(
+            "framerelay_hub_results_dropped",
+            "Results dropped for a subscriber whose queue was full",
+            registry=r,
+        )
+        self.refused = Counter(
+            "framerelay_hub_refused", "Refused subscriptions, by reason", ["code"], registry=r
+        )
+        self.closed = Counter(
+            "framerelay_hub_disconnects", "Subscriber disconnects, by reason", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self.delay_ms = Histogram(
+            "framerelay_hub_delivery_delay_ms",
+            "From the ingest receiving a result to the hub finishing its send",
+            buckets=_DELAY_BUCKETS,
+            registry=r,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HubConfig:
+    queue_size: int = 256
+    send_timeout_s: float = 5.0
+    max_subscribers: int = 1000
+    resume_max: int = 2000
+
+
+@dataclass(slots=True)
+class _Session:
+    """One subscriber's delivery state."""
+
+    subscription: Subscription
+    filt: DetectionFilter
+    expires_at: float | None
+    last_sent: dict[str, IdKey] = field(default_factory=dict)
+    reported_drops: int = 0
+    last_notice: float = 0.0
+
+
+def parse_query(ws: WebSocket) -> Subscription:
+    """The query string as a :class:`Subscription` (:class:`Refused` if invalid)."""
+    q = ws.query_params
+    classes = [c.strip() for raw in q.getlist("class") for c in raw.split(",") if c.strip()]
+    resume: dict[str, str] = {}
     try:
-        await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (sender, reader):
-            task.cancel()
-        await asyncio.gather(sender, reader, return_exceptions=True)
-        sub.close()
-        with contextlib.suppress(RuntimeError):
-            await ws.close()
+        for item in q.getlist("resume"):
+            sid, sep, rid = item.rpartition("@")
+            if not sep:
+                raise ValueError(f"resume must be <stream>@<id>, got {item[:80]!r}")
+            resume[sid] = rid
+        return Subscription(
+            streams=list(dict.fromkeys(q.getlist("stream"))),
+            classes=classes or None,
+            min_confidence=float(q.get("min_confidence", "0")),
+            resume=resume,
+        )
+    except (ValidationError, ValueError) as exc:
+        raise Refused("bad_request", f"invalid subscription: {_short(exc)}") from None
 
 
-async def _send(ws: WebSocket, sub: Subscription) -> None:
-    with contextlib.suppress(WebSocketDisconnect, TimeoutError, RuntimeError):
-        while True:
-            record = await sub.get()
-            text = record.model_dump_json()
-            if sub.dropped:
-                text = text[:-1] + f',"dropped":{sub.dropped}}}'
-            async with asyncio.timeout(SEND_TIMEOUT_S):
-                await ws.send_text(text)
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+    return str(exc)[:200]
+
+
+class ResultHub:
+    """Authorizes subscribers and pumps results to them."""
+
+    def __init__(
+        self,
+        bus: ResultBus,
+        *,
+        signer: TokenSigner | None,
+        config: HubConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        durable: DurableRange | None = None,
+    ) -> None:
+        self.bus = bus
+        self.signer = signer
+        self.config = config or HubConfig()
+        self.metrics = HubMetrics(registry or CollectorRegistry())
+        self.durable = durable
+        self.active = 0
+
+    def authorize(self, sub: Subscription, authorization: str | None) -> Claims | None:
+        """Check the token against every stream asked for; :class:`Refused` if not."""
+        if self.active >= self.config.max_subscribers:
+            raise Refused("capacity", f"the hub serves at most {self.config.max_subscribers} "
+                          "subscribers; try again later")  # fmt: skip
+        if self.signer is None:
+            return None
+        scopes = [f"stream:{s}" for s in sub.streams] or ["stream:*"]
+        try:
+            claims = self.signer.verify(bearer_token(authorization), scopes[0])
+        except AuthError as exc:
+            text = str(exc)
+            if "does not grant" in text:
+                raise Refused("forbidden", text) from None
+            raise Refused("token_expired" if "expired" in text else "unauthorized", text) from None
+        for scope in scopes[1:]:
+            if not claims.allows(scope):
+                raise Refused("forbidden", f"token does not grant {scope!r}")
+        return claims
+
+    async def handle(self, ws: WebSocket) -> None:
+        """The whole life of one subscriber connection."""
+        try:
+            sub = parse_query(ws)
+            claims = self.authorize(sub, ws.headers.get("authorization"))
+        except Refused as exc:
+            self.metrics.refused.labels(exc.code).inc()
+            status = HTTP_STATUS[exc.code]
+            body = ErrorMessage(code=exc.code, message=str(exc), http_status=status)
+            try:
+                await ws.send_denial_response(JSONResponse(body.model_dump(), status_code=status))
+            except RuntimeError:  # a server without the denial-response extension: plain 403
+                await ws.close(code=1008, reason=exc.code)
+            return
+        session = _Session(
+            subscription=sub,
+            filt=DetectionFilter(
+                frozenset(sub.classes) if sub.classes is not None else None, sub.min_confidence
+            ),
+            expires_at=float(claims.exp) if claims is not None else None,
+        )
+        await ws.accept()
+        self.active += 1
+        self.metrics.subscribers.inc()
+        try:
+            reason = await self._serve(ws, session)
+        finally:
+            self.active -= 1
+            self.metrics.subscribers.dec()
+        self.metrics.closed.labels(reason).inc()
+
+    async def _serve(self, ws: WebSocket, session: _Session) -> str:
+        sub = session.subscription
+        queue = self.bus.subscribe(
+            maxsize=self.config.queue_size,
+            streams=frozenset(sub.streams) if sub.streams else None,
+        )
+        sender = asyncio.create_task(self._send_all(ws, session, queue))
+        reader = asyncio.create_task(_drain_client(ws))
+        try:
+            await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            queue.close()
+            for task in (sender, reader):
+                task.cancel()
+            await asyncio.gather(sender, reader, return_exceptions=True)
+            self.metrics.dropped.inc(queue.dropped)
+        if sender.done() and not sender.cancelled() and sender.exception() is None:
+            return sender.result()
+        return "client_closed"
+
+    async def _send_all(self, ws: WebSocket, session: _Session, queue: _Queue) -> str:
+        """Send until something ends the session; return why."""
+        try:
+            replay = await self._replay(session)
+            await self._send(ws, self._subscribed(session, replay))
+            for stream_id, held in replay.items():
+                await self._gap_notice(ws, session, stream_id)
+                for old in held:
+                    await self._send_result(ws, session, old, queue.dropped)
+            while True:
+                item = await self._next(queue, session)
+                if item is None:
+                    await self._close(ws, "token_expired", CloseCode.TOKEN_EXPIRED,
+                                      "token expired; reconnect with a fresh one")  # fmt: skip
+                    return "token_expired"
+                await self._send_result(ws, session, item, queue.dropped)
+                await self._maybe_notice(ws, session, queue.dropped)
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await self._close(ws, "too_slow", CloseCode.TOO_SLOW,
+                                  f"a send blocked for {self.config.send_timeout_s} s")  # fmt: skip
+            return "too_slow"
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            return "client_closed"
+
+    async def _next(self, queue: _Queue, session: _Session) -> Published | None:
+        """The next queued result, or None once the token has expired."""
+        if session.expires_at is None:
+            return await queue.get()
+        left = session.expires_at + TOKEN_LEEWAY_S - time.time()
+        if left <= 0:
+            return None
+        try:
+            async with asyncio.timeout(left):
+                return await queue.get()
+        except TimeoutError:
+            return None
+
+    async def _send(self, ws: WebSocket, text: str) -> None:
+        async with asyncio.timeout(self.config.send_timeout_s):
+            await ws.send_text(text)
+
+    async def _send_result(
+        self, ws: WebSocket, session: _Session, item: Published, dropped: int
+    ) -> None:
+        last = session.last_sent.get(item.stream_id)
+        if last is not None and item.key <= last:
+            return  # already sent during the replay
+        await self._send(ws, item.message(session.filt, dropped))
+        session.last_sent[item.stream_id] = item.key
+        self.metrics.sent.inc()
+        self.metrics.delay_ms.observe(max(0.0, (time.time() - item.record.received_at) * 1000))
+
+    async def _maybe_notice(self, ws: WebSocket, session: _Session, dropped: int) -> None:
+        now = time.monotonic()
+        if dropped > session.reported_drops and now - session.last_notice >= NOTICE_EVERY_S:
+            new = dropped - session.reported_drops
+            session.reported_drops, session.last_notice = dropped, now
+            note = NoticeMessage(
+                code="dropped",
+                message=f"{new} result(s) dropped: this subscriber reads slower than results "
+                f"arrive (queue of {self.config.queue_size})",
+                dropped=dropped,
+            )
+            await self._send(ws, note.model_dump_json())
+
+    async def _gap_notice(self, ws: WebSocket, session: _Session, stream_id: str) -> None:
+        """Told when nothing newer than the resume point could be found to replay."""
+        after = parse_id(session.subscription.resume[stream_id])
+        oldest = self.bus.oldest(stream_id)
+        if oldest is not None and oldest > after and self.durable is None:
+            note = NoticeMessage(
+                code="gap", stream_id=stream_id,
+                message=f"results between {session.subscription.resume[stream_id]} and "
+                f"{oldest[0]}-{oldest[1]} are no longer held; enable Redis for longer resumes",
+            )  # fmt: skip
+            await self._send(ws, note.model_dump_json())
+
+    def _subscribed(self, session: _Session, replay: dict[str, list[Published]]) -> str:
+        return SubscribedMessage(
+            subscription=session.subscription,
+            queue_size=self.config.queue_size,
+            send_timeout_s=self.config.send_timeout_s,
+            expires_at=session.expires_at,
+            replay={k: len(v) for k, v in replay.items()},
+            durable=self.durable is not None,
+        ).model_dump_json()
+
+    async def _replay(self, session: _Session) -> dict[str, list[Published]]:
+        """Results after each resume point: Redis (older) + the bus history (newest)."""
+        out: dict[str, list[Published]] = {}
+        for stream_id, raw in session.subscription.resume.items():
+            after = parse_id(raw)
+            held = self.bus.history(stream_id, after)
+            items: dict[IdKey, Published] = {p.key: p for p in held}
+            oldest = held[0].key if held else None
+            if self.durable is not None and (oldest is None or oldest > after):
+                for record in await self._durable(stream_id, after):
+                    key = parse_id(record.id or "0-0")
+                    items.setdefault(key, Published(record, key))
+            out[stream_id] = [items[k] for k in sorted(items)][: self.config.resume_max]
+        return out
+
+    async def _durable(self, stream_id: str, after: IdKey) -> list[ResultRecord]:
+        assert self.durable is not None  # noqa: S101 - checked by the caller
+        try:
+            async with asyncio.timeout(self.config.send_timeout_s):
+                return await self.durable(stream_id, after, self.config.resume_max)
+        except (TimeoutError, OSError, FramerelayError) as exc:
+            log.warning("resume of %s from Redis failed: %s", stream_id, exc)
+            return []
+
+    async def _close(self, ws: WebSocket, code: ErrorCode, close: CloseCode, text: str) -> None:
+        """Say why (bounded: a peer that does not read gets no say) and close."""
+        msg = ErrorMessage(code=code, message=text, close_code=int(close)).model_dump_json()
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await ws.send_text(msg)
+            await ws.close(code=int(close), reason=code)
 
 
 async def _drain_client(ws: WebSocket) -> None:
@@ -80,3 +361,71 @@ async def _drain_client(ws: WebSocket) -> None:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
+
+
+def results_router(hub: ResultHub) -> APIRouter:
+    router = APIRouter()
+
+    @router.websocket("/v1/results")
+    async def results(ws: WebSocket) -> None:
+        await hub.handle(ws)
+
+    return router
+
+
+def build_hub(
+    bus: ResultBus,
+    settings: IngestSettings,
+    registry: CollectorRegistry,
+    durable: DurableRange | None = None,
+) -> ResultHub:
+    """The hub as the ingest's settings describe it."""
+    secrets = settings.token_secrets
+    r = settings.results
+    return ResultHub(
+        bus,
+        signer=TokenSigner(split_secrets(secrets)) if secrets is not None else None,
+        config=HubConfig(r.queue_size, r.send_timeout_s, r.max_subscribers, r.resume_max),
+        registry=registry,
+        durable=durable,
+    )
+
+
+def api_server(app: Any, settings: IngestSettings) -> tuple[uvicorn.Server, socket.socket]:
+    """A uvicorn server for the ingest API and its listening socket (see :func:`listen_socket`)."""
+    results = settings.results
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        ws_ping_interval=results.ping_interval_s or None,
+        ws_ping_timeout=results.ping_timeout_s,
+        ws_max_size=65_536,
+        ws_per_message_deflate=False,
+    )
+    return uvicorn.Server(config), listen_socket(settings.api_host, settings.api_port, results)
+
+
+def listen_socket(host: str, port: int, results: ResultsSettings) -> socket.socket:
+    """The API's listening socket, with the per-subscriber kernel limits set.
+
+    Accepted sockets inherit them: a bounded send buffer (so a subscriber that
+    stops reading blocks its sender soon, and the send timeout fires) and
+    ``TCP_USER_TIMEOUT`` (the kernel drops a connection whose data has gone
+    unacknowledged that long, which also frees sockets of peers that stopped
+    reading but never close).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if results.send_buffer_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, results.send_buffer_bytes)
+    if results.tcp_user_timeout_s and hasattr(socket, "TCP_USER_TIMEOUT"):
+        ms = int(results.tcp_user_timeout_s * 1000)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

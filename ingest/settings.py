@@ -2,30 +2,45 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from framerelay.wire import STREAM_ID
+
+OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
 
 
 class StreamConfig(BaseModel):
     """One camera or file and how to read it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     id: str = Field(pattern=STREAM_ID, description="Unique stream id (letters, digits, ._:-).")
     url: str = Field(
-        min_length=1, description="Anything PyAV opens: file path, rtsp://, https://..."
+        min_length=1,
+        max_length=4096,
+        description="Anything PyAV opens: file path, rtsp://, rtmp://, http(s)://, HLS .m3u8. "
+        "Credentials may be given as user:password@ (never logged).",
     )
     fps: float = Field(
         5.0, ge=0, le=240, description="Sampling target by PTS; 0 keeps every frame."
     )
     realtime: bool = Field(
         False,
-        description="Live behaviour: pace files at their frame rate and drop (newest wins) "
-        "instead of waiting when the worker is busy. Set for cameras.",
+        description="Live behaviour for files: pace at the frame rate and drop (newest wins) "
+        "instead of waiting when the worker is busy. Live sources always behave so.",
     )
     loop: bool = Field(False, description="Start a file over at its end (new epoch each pass).")
     max_frames: int = Field(
@@ -33,15 +48,144 @@ class StreamConfig(BaseModel):
     )
     jpeg_quality: int = Field(90, ge=1, le=100)
     tracker: str = Field("default", max_length=64)
-    open_timeout_s: float = Field(10.0, gt=0)
-    read_timeout_s: float = Field(10.0, gt=0)
+    open_timeout_s: float = Field(10.0, gt=0, le=300, description="Give up opening after this.")
+    read_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="No packet for this long: the source stalled; reconnect."
+    )
+    live: bool | None = Field(
+        None,
+        description="End of stream is a disconnect (reconnect) rather than the end. "
+        "Default: true for rtsp/rtmp/udp/tcp/srt URLs, false for files and http(s)/HLS.",
+    )
+    rtsp_transport: Literal["tcp", "udp"] = Field("tcp", description="RTP over TCP or UDP.")
+    username: str | None = Field(
+        None, max_length=256, description="Source user name (instead of putting it in the URL)."
+    )
+    password: SecretStr | None = Field(
+        None, description="Source password; never logged or returned by the API."
+    )
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Extra FFmpeg options for av.open (they override the per-protocol defaults).",
+    )
+    reconnect_initial_s: float = Field(
+        0.5, gt=0, le=60, description="First reconnect delay (doubles per failed attempt)."
+    )
+    reconnect_max_s: float = Field(10.0, gt=0, le=600, description="Reconnect delay cap.")
+    healthy_after_s: float = Field(
+        30.0, ge=0, description="Running this long resets the backoff to its first delay."
+    )
+    max_retries: int | None = Field(
+        None, ge=0, description="Failed attempts in a row before FAILED; null retries forever."
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not OPTION_KEY.fullmatch(key) or len(val) > 1024:
+                raise ValueError(
+                    f"bad FFmpeg option {key!r}: names are [a-z0-9_]{{1,64}}, values at most "
+                    "1024 characters"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> StreamConfig:
+        if self.password is not None and self.username is None:
+            raise ValueError("password given without username")
+        if self.username is not None and url_has_userinfo(self.url):
+            raise ValueError(
+                "credentials given twice: put user:password@ in the URL or set "
+                "username/password, not both"
+            )
+        return self
+
+    def public(self) -> dict[str, Any]:
+        """This definition for API answers: URL credentials and password masked."""
+        data = self.model_dump(mode="json")
+        data["url"] = redact_url(self.url)
+        data["password"] = "***" if self.password is not None else None
+        return data
+
+    def stored(self) -> dict[str, Any]:
+        """This definition for the stream store, secrets included (keep the store private)."""
+        data = self.model_dump(mode="json")
+        if self.password is not None:
+            data["password"] = self.password.get_secret_value()
+        return data
+
+
+def url_has_userinfo(url: str) -> bool:
+    _, sep, rest = url.partition("://")
+    return bool(sep) and "@" in rest.split("/", 1)[0]
+
+
+def redact_url(url: str) -> str:
+    """The URL with any ``user:password@`` replaced by ``***@``, for logs and answers."""
+    if not url_has_userinfo(url):
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
+class ResultsSettings(BaseModel):
+    """Results delivery: the WebSocket hub's limits and the Redis streams.
+
+    Env: ``FRAMERELAY_INGEST_RESULTS__<NAME>``; Redis itself is ``FRAMERELAY_REDIS_URL``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue_size: int = Field(
+        256, ge=1, le=100_000, description="Results queued per subscriber; beyond, drop oldest."
+    )
+    send_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="A send blocked this long disconnects the subscriber."
+    )
+    max_subscribers: int = Field(1000, ge=1, le=100_000, description="Open subscribers at most.")
+    ping_interval_s: float = Field(
+        10.0, ge=0, le=3600, description="WebSocket keepalive ping interval (0: none)."
+    )
+    ping_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="No pong in this long: the subscriber is dropped."
+    )
+    send_buffer_bytes: int = Field(
+        262_144, ge=0, description="Kernel send buffer per subscriber socket (0: OS default)."
+    )
+    tcp_user_timeout_s: float = Field(
+        30.0, ge=0, description="Unacknowledged data this old: the kernel drops the socket."
+    )
+    history: int = Field(
+        1024, ge=0, le=1_000_000, description="Results per stream kept in memory for resume."
+    )
+    resume_max: int = Field(2000, ge=0, le=100_000, description="Results replayed per resume.")
+    redis_prefix: str = Field(
+        "framerelay", pattern=r"^[A-Za-z0-9._:-]{1,64}$", description="Redis key prefix."
+    )
+    redis_maxlen: int = Field(
+        100_000, ge=1, description="Approximate entries kept per durable stream (MAXLEN ~)."
+    )
+    redis_retention_s: float = Field(
+        86_400.0, gt=0, description="Durable entries older than this are trimmed (MINID ~)."
+    )
+    redis_buffer: int = Field(
+        10_000, ge=1, description="Results waiting for Redis at most; beyond, drop oldest."
+    )
+    redis_batch: int = Field(256, ge=1, le=10_000, description="Results per pipeline.")
+    redis_live: bool = Field(True, description="Also PUBLISH each result on the live channel.")
+    redis_timeout_s: float = Field(2.0, gt=0, le=60, description="Per Redis round trip.")
 
 
 class IngestSettings(BaseSettings):
     """Where the worker is, how to authenticate, and what to serve."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FRAMERELAY_INGEST_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="FRAMERELAY_INGEST_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        hide_input_in_errors=True,
     )
 
     worker_url: str = Field(
@@ -64,3 +208,23 @@ class IngestSettings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
     out: Path | None = Field(None, description="Also append results to this JSON Lines file.")
+    results: ResultsSettings = Field(
+        default_factory=ResultsSettings, description="Results delivery (hub and Redis)."
+    )
+    redis_url: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices(
+            "redis_url", "FRAMERELAY_REDIS_URL", "FRAMERELAY_INGEST_REDIS_URL"
+        ),
+        description="redis://... : keep stream definitions (and results) in Redis.",
+    )
+    store_path: Path = Field(
+        Path("framerelay-streams.json"),
+        description="Without Redis: the JSON file that keeps streams added over the API.",
+    )
+    store_key: str = Field(
+        "framerelay:ingest:streams",
+        min_length=1,
+        max_length=200,
+        description="Redis hash holding this ingest's stream definitions.",
+    )
