@@ -14,9 +14,10 @@
    mode, and the better of the two counts as their result.
 2. Speed: 20 and 100 synthetic detections per frame over 1,000 frames (25 fps),
    ours (``default``) against their ByteTrack, each timed ``--repeats`` times
-   interleaved; the fastest repeat counts (the usual timeit practice on a
-   shared, noisy machine). Only ``update`` calls are timed, never input
-   conversion.
+   interleaved; the fastest repeat counts (the usual timeit practice). The
+   clock is the process's CPU time (``time.process_time``), so time spent
+   descheduled on a shared machine does not count for either side. Only
+   ``update`` calls are timed, never input conversion.
 
 Prints a table and writes ``bench/results/tracker.json``. Needs the bench-only
 packages ``trackers`` and ``supervision`` (and their imports: opencv-python-
@@ -171,10 +172,10 @@ def synthetic(n_objects: int, frames: int, seed: int = 0, fps: float = 25.0) -> 
 
 def _time_ours(dets: Sequence[Detections], fps: float) -> float:
     trk = create_tracker("default")
-    start = time.perf_counter()
+    start = time.process_time()
     for k, d in enumerate(dets):
         trk.update(d, k / fps)
-    return (time.perf_counter() - start) / len(dets)
+    return (time.process_time() - start) / len(dets)
 
 
 def _time_theirs(dets: Sequence[Detections], fps: float) -> float:
@@ -184,10 +185,10 @@ def _time_theirs(dets: Sequence[Detections], fps: float) -> float:
         sv.Detections(xyxy=d.xyxy, confidence=d.confidence, class_id=d.class_id) for d in dets
     ]
     trk = _theirs("ByteTrackTracker")
-    start = time.perf_counter()
+    start = time.process_time()
     for k, d in enumerate(inputs):
         trk.update(d, timestamp=k / fps)
-    return (time.perf_counter() - start) / len(inputs)
+    return (time.process_time() - start) / len(inputs)
 
 
 def speed(repeats: int, frames: int = 1000, fps: float = 25.0) -> list[dict[str, Any]]:

@@ -19,6 +19,9 @@ from scipy.optimize import linear_sum_assignment
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 _EMPTY = np.empty(0, np.int64)
+_DENSE_CELLS = 1600
+"""Up to this many cells the assignment runs on the full (rows, cols) matrix;
+larger problems are first reduced to the rows and columns with candidates."""
 
 
 def iou_matrix(a: NDArray[np.floating], b: NDArray[np.floating]) -> F64:
@@ -64,8 +67,18 @@ def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
     """
     if rows.size == 0:
         return _EMPTY, _EMPTY
-    if np.bincount(rows).max() == 1 and np.bincount(cols).max() == 1:
+    if rows.size == 1:
         return rows, cols
+    row_count = np.bincount(rows)
+    col_count = np.bincount(cols)
+    if row_count.max() == 1 and col_count.max() == 1:
+        return rows, cols
+    if row_count.size * col_count.size <= _DENSE_CELLS:
+        cost = np.zeros((row_count.size, col_count.size))
+        cost[rows, cols] = -gain
+        r, c = linear_sum_assignment(cost)
+        keep = cost[r, c] < 0.0
+        return r[keep].astype(np.int64), c[keep].astype(np.int64)
     urows, rinv = np.unique(rows, return_inverse=True)
     ucols, cinv = np.unique(cols, return_inverse=True)
     cost = np.zeros((urows.size, ucols.size))
@@ -86,10 +99,12 @@ def direction_score(
     ``[-0.5, 0.5]``, times ``weight`` (K,), and 0 for tracks with no direction.
     """
     delta = centers - anchor
-    norm = np.sqrt(delta[:, 0] ** 2 + delta[:, 1] ** 2)
+    norm = np.hypot(delta[:, 0], delta[:, 1])
     cos = (delta[:, 0] * direction[:, 0] + delta[:, 1] * direction[:, 1]) / np.maximum(norm, 1e-6)
     # (pi/2 - arccos(cos)) / pi == arcsin(cos) / pi; an unknown (zero) direction gives 0
-    out: F64 = np.arcsin(np.clip(cos, -1.0, 1.0)) * (1.0 / np.pi) * weight
+    out: F64 = np.arcsin(np.clip(cos, -1.0, 1.0, out=cos), out=cos)
+    out *= weight
+    out *= 1.0 / np.pi
     return out
 
 

@@ -54,7 +54,7 @@ class _Frame:
     def of(cls, d: Detections, s: SortSettings) -> _Frame:
         xyxy = d.xyxy.astype(np.float64)
         high = d.confidence >= s.high_threshold
-        low = (d.confidence >= s.low_threshold) & ~high
+        low = (d.confidence >= s.low_threshold) ^ high  # low <= high, so this is "and not"
         return cls(xyxy, kalman.xyxy_to_z(xyxy), d.confidence, d.class_id, high, low)
 
 
@@ -176,9 +176,9 @@ class SortFamilyTracker:
         return self._t
 
     def _predicted_xyxy(self) -> F64:
-        z = self.tracks.mean[:, : kalman.DIM].copy()
-        z[:, 2:] = np.maximum(z[:, 2:], 1.0)
-        return kalman.z_to_xyxy(z)
+        mean = self.tracks.mean
+        half = 0.5 * np.maximum(mean[:, 2:4], 1.0)
+        return np.concatenate([mean[:, 0:2] - half, mean[:, 0:2] + half], axis=1)
 
     def _stage(self, c: _Candidates, rows: Mask, cols: Mask, thr: float) -> None:
         """Assign free ``rows`` (track mask) to unmatched ``cols`` (detection mask)
@@ -234,6 +234,8 @@ class SortFamilyTracker:
                 if s.recovery_buffer > 0:
                     boxes = _expand(boxes, s.recovery_buffer)
                 back = self._candidates(boxes, f, s.recovery_iou, rows)
+                if s.recovery_direction_weight > 0 and back.rows.size:
+                    back = self._with_direction(back, f, back.iou, s.recovery_direction_weight)
                 self._stage(back, confirmed, cols, s.recovery_iou)
         self._stage(cand, ~confirmed, f.high, s.tentative_match_iou)
         return match
@@ -241,37 +243,46 @@ class SortFamilyTracker:
     def _first_stage(self, c: _Candidates, predicted: F64, f: _Frame) -> _Candidates:
         """Stage 1 scores: IoU, or height-modulated IoU (which then also gates),
         plus the OC-SORT direction term."""
-        s, tr = self.settings, self.tracks
+        s = self.settings
         if not (s.height_iou or s.direction_weight > 0) or c.rows.size == 0:
             return c
         iou = c.iou
         if s.height_iou:
             iou = iou * height_iou(predicted[c.rows], f.xyxy[c.cols])
-        score = iou
         if s.direction_weight > 0:
-            weight = s.direction_weight * f.conf[c.cols].astype(np.float64)
-            centers = f.z[c.cols, :2]
-            score = iou + direction_score(tr.direction[c.rows], tr.anchor[c.rows], centers, weight)
-        return _Candidates(c.rows, c.cols, iou, score)
+            return self._with_direction(c, f, iou, s.direction_weight)
+        return _Candidates(c.rows, c.cols, iou, iou)
+
+    def _with_direction(self, c: _Candidates, f: _Frame, iou: F64, weight: float) -> _Candidates:
+        """Candidates scored ``iou`` plus OC-SORT's direction agreement."""
+        tr = self.tracks
+        w = weight * f.conf[c.cols].astype(np.float64)
+        extra = direction_score(tr.direction[c.rows], tr.anchor[c.rows], f.z[c.cols, :2], w)
+        return _Candidates(c.rows, c.cols, iou, iou + extra)
 
     def _apply(self, f: _Frame, match: I64, now: float) -> I64:
         """Update matched tracks, age the rest, start new ones; ids per detection."""
         tr = self.tracks
         dets = np.nonzero(match >= 0)[0]
         rows = match[dets]
-        status = tr.status[rows]
-        self._correct(rows, status, f.z[dets], now)
-        self._observe(rows, f, dets, now)
-        promote = (status == TENTATIVE) & (tr.hits[rows] >= self.settings.min_hits)
-        status[status == LOST] = TRACKED
-        tr.status[rows] = status
-        self._confirm(rows[promote])
         ids = np.full(f.xyxy.shape[0], -1, np.int64)
-        ids[dets] = tr.track_id[rows]
-        ids[(ids == 0) | (f.conf < self.settings.report_threshold)] = -1
-        unmatched = np.ones(len(tr), bool)
-        unmatched[rows] = False
-        self._age(unmatched, now)
+        if rows.size:
+            status = tr.status[rows]
+            self._correct(rows, status, f.z[dets], now)
+            self._observe(rows, f, dets, now)
+            promote = (status == TENTATIVE) & (tr.hits[rows] >= self.settings.min_hits)
+            tr.status[rows] = TRACKED  # lost ones are back; tentative ones are promoted or
+            tr.status[rows[(status == TENTATIVE) & ~promote]] = TENTATIVE  # stay tentative
+            if promote.any():
+                self._confirm(rows[promote])
+            found = tr.track_id[rows]
+            found[f.conf[dets] < self.settings.report_threshold] = 0
+            ids[dets] = found
+            ids[ids == 0] = -1
+        if len(tr) > rows.size:
+            unmatched = np.ones(len(tr), bool)
+            unmatched[rows] = False
+            self._age(unmatched, now)
         born = np.nonzero(f.high & (match < 0) & (f.conf >= self.settings.new_track_threshold))[0]
         if born.size:
             ids[born] = self._start(f, born, now)
@@ -279,19 +290,19 @@ class SortFamilyTracker:
 
     def _correct(self, rows: I64, status: NDArray[np.int8], z: F64, now: float) -> None:
         """Kalman update of matched rows (with OC-SORT re-update for returning tracks)."""
-        if rows.size == 0:
-            return
         tr = self.tracks
         mean, cov = kalman.update(tr.mean[rows], tr.cov[rows], z, self._noise)
         back = status == LOST
         if self.settings.reupdate and back.any():
             gap = now - tr.t_obs[rows]
             back &= gap > 0
-            last = kalman.xyxy_to_z(tr.obs[rows[back]])
+            obs = tr.obs[rows[back]]
+            last = 0.5 * (obs[:, 0:2] + obs[:, 2:4])
             # centre velocity from the whole gap; size velocities restart at zero
             # (over short gaps a size change is mostly detector noise)
-            mean[back, kalman.DIM : kalman.DIM + 2] = (z[back, :2] - last[:, :2]) / gap[back, None]
-            mean[back, kalman.DIM + 2 :] = 0.0
+            velocity = np.zeros((last.shape[0], kalman.DIM))
+            velocity[:, :2] = (z[back, :2] - last) / gap[back, None]
+            mean[back, kalman.DIM :] = velocity
         tr.mean[rows], tr.cov[rows] = mean, cov
 
     def _observe(self, rows: I64, f: _Frame, dets: I64, now: float) -> None:
@@ -301,6 +312,8 @@ class SortFamilyTracker:
         tr.t_obs[rows] = now
         tr.obs[rows] = f.xyxy[dets]
         tr.class_id[rows] = f.cls[dets]
+        if self.settings.direction_weight == 0 and self.settings.recovery_direction_weight == 0:
+            return
         center = f.z[dets, :2]
         # two-slot lag: the anchor is always between one and two windows old
         due = now - tr.t_anchor_next[rows] >= self.settings.direction_window_s
@@ -309,9 +322,9 @@ class SortFamilyTracker:
             tr.anchor[roll], tr.t_anchor[roll] = tr.anchor_next[roll], tr.t_anchor_next[roll]
             tr.anchor_next[roll], tr.t_anchor_next[roll] = center[due], now
         delta = center - tr.anchor[rows]
-        norm = np.sqrt(delta[:, 0] ** 2 + delta[:, 1] ** 2)
-        known = norm > 1e-6
-        tr.direction[rows[known]] = delta[known] / norm[known, None]
+        norm = np.hypot(delta[:, 0], delta[:, 1])[:, None]
+        unit = delta / np.maximum(norm, 1e-6)
+        tr.direction[rows] = np.where(norm > 1e-6, unit, tr.direction[rows])
 
     def _confirm(self, rows: I64) -> None:
         tr = self.tracks

@@ -115,6 +115,14 @@ def _cov_transition(dt: float) -> F64:
     return m
 
 
+@lru_cache(maxsize=8)
+def _process_noise(dt: float, q_pos: float, q_vel: float) -> F64:
+    """(3, 1) random-walk variances added to ``[PP, PV, VV]`` per squared size."""
+    q = np.array([[q_pos**2 * dt], [0.0], [q_vel**2 * dt]])
+    q.setflags(write=False)
+    return q
+
+
 def predict(mean: F64, cov: F64, dt: float, noise: KalmanNoise) -> tuple[F64, F64]:
     """Move every track ``dt`` seconds ahead (``dt <= 0`` leaves them as they are).
 
@@ -128,8 +136,7 @@ def predict(mean: F64, cov: F64, dt: float, noise: KalmanNoise) -> tuple[F64, F6
     s2 = _scale(mean)
     s2 *= s2
     new_cov = _cov_transition(dt) @ cov
-    q = np.array([[noise.q_pos**2 * dt], [0.0], [noise.q_vel**2 * dt]])
-    new_cov += q * s2[:, None, :]
+    new_cov += _process_noise(dt, noise.q_pos, noise.q_vel) * s2[:, None, :]
     return new_mean, new_cov
 
 

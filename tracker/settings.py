@@ -51,7 +51,7 @@ class SortSettings(BaseModel):
     )
     low_match_iou: float = Field(0.5, ge=0.0, le=1.0, description="Stage 2: minimum IoU.")
     direction_weight: float = Field(
-        0.2, ge=0.0, le=2.0, description="OC-SORT momentum: weight of direction agreement."
+        0.0, ge=0.0, le=2.0, description="OC-SORT momentum: weight of direction agreement."
     )
     direction_window_s: float = Field(
         0.12, ge=0.0, le=10.0, description="Baseline (s) of a track's motion direction."
@@ -60,6 +60,9 @@ class SortSettings(BaseModel):
         True, description="Stage 3 (OC-SORT OCR): match leftover tracks by their last observed box."
     )
     recovery_iou: float = Field(0.2, ge=0.0, le=1.0, description="Stage 3: minimum IoU.")
+    recovery_direction_weight: float = Field(
+        0.2, ge=0.0, le=2.0, description="Stage 3: weight of direction agreement."
+    )
     recovery_buffer: float = Field(
         0.0, ge=0.0, le=2.0, description="Stage 3: grow last boxes by this x size (C-BIoU)."
     )
@@ -117,7 +120,9 @@ class ByteTrackSettings(SortSettings):
     height_iou: bool = Field(False, description="Off for ByteTrack.")
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for ByteTrack.")
     report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="ByteTrack reports all.")
-    direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
+    recovery_direction_weight: float = Field(
+        0.0, ge=0.0, le=2.0, description="Off for ByteTrack."
+    )
     recovery: bool = Field(False, description="Off for ByteTrack.")
     reupdate: bool = Field(False, description="Off for ByteTrack.")
 
@@ -130,3 +135,9 @@ class OCSortSettings(SortSettings):
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for OC-SORT.")
     report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="OC-SORT reports all.")
     use_low_stage: bool = Field(False, description="Off for OC-SORT.")
+    direction_weight: float = Field(
+        0.2, ge=0.0, le=2.0, description="OC-SORT momentum in stage 1 (the paper's 0.2)."
+    )
+    recovery_direction_weight: float = Field(
+        0.0, ge=0.0, le=2.0, description="OC-SORT's recovery is IoU only."
+    )
