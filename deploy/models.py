@@ -106,6 +106,7 @@ class PodRecord(BaseModel):
     last_ok: float | None = None
     last_canary: float | None = None
     last_error: str | None = Field(None, max_length=500)
+    draining_since: float | None = None
 
 
 def pod_name(fleet: str, tier: str, slot: int, gen: int) -> str:

@@ -34,6 +34,7 @@ class Slot:
     capacity: float
     cost_per_hr: float
     used: float = 0.0
+    batch_only: bool = False
 
     @property
     def unit_cost(self) -> float:
@@ -55,8 +56,14 @@ class Placement:
         return {s: v for s, v in out.items() if v[0] != v[1]}
 
 
-def allowed(stream: StreamSpec, slot: Slot) -> bool:
-    return not (stream.priority == "critical" and slot.spot)
+def allowed(stream: StreamSpec, slot: Slot, batch_pinned: bool = False) -> bool:
+    """Policy: critical never on spot; batch-only workers take batch streams only; with
+    ``batch_pinned`` (a batch-only tier exists) batch streams run only there."""
+    if stream.priority == "critical" and slot.spot:
+        return False
+    if slot.batch_only:
+        return stream.priority == "batch"
+    return not (batch_pinned and stream.priority == "batch")
 
 
 def demand(stream: StreamSpec, model_costs: Mapping[str, float]) -> float:
@@ -67,22 +74,18 @@ def _order(streams: Iterable[StreamSpec], costs: Mapping[str, float]) -> list[St
     return sorted(streams, key=lambda s: (PRIORITY_ORDER[s.priority], -demand(s, costs), s.id))
 
 
-def _best(stream: StreamSpec, need: float, slots: list[Slot]) -> Slot | None:
-    fitting = [s for s in slots if allowed(stream, s) and s.fits(need)]
+def _best(stream: StreamSpec, need: float, slots: list[Slot], pin: bool) -> Slot | None:
+    fitting = [s for s in slots if allowed(stream, s, pin) and s.fits(need)]
     if not fitting:
         return None
     return min(fitting, key=lambda s: (s.unit_cost, s.capacity - s.used - need, s.name))
 
 
-def _keep(stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot]) -> bool:
-    if slot is None or not allowed(stream, slot) or not slot.fits(need):
+def _keep(stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot], pin: bool) -> bool:
+    if slot is None or not allowed(stream, slot, pin) or not slot.fits(need):
         return False
-    cheaper = [
-        s
-        for s in slots
-        if s.unit_cost < slot.unit_cost - _EPS and s.fits(need) and allowed(stream, s)
-    ]
-    return not cheaper
+    limit = slot.unit_cost - _EPS
+    return not any(s.unit_cost < limit and s.fits(need) and allowed(stream, s, pin) for s in slots)
 
 
 def place(
@@ -90,16 +93,28 @@ def place(
     slots: list[Slot],
     current: Mapping[str, str],
     model_costs: Mapping[str, float],
+    *,
+    batch_pinned: bool = False,
+    pins: Mapping[str, str] | None = None,
 ) -> Placement:
-    """Assign every stream to a slot (or leave it unplaced when nothing fits)."""
+    """Assign every stream to a slot (or leave it unplaced when nothing fits).
+
+    ``pins`` (operator moves) win over price while their worker is allowed and fits.
+    """
     by_name = {s.name: s for s in slots}
+    pins = pins or {}
     ordered = _order(streams, model_costs)
     result = Placement()
     pending: list[StreamSpec] = []
     for stream in ordered:  # pass 1: keep what may stay
         need = demand(stream, model_costs)
+        pinned = by_name.get(pins.get(stream.id, ""))
+        if pinned is not None and allowed(stream, pinned, batch_pinned) and pinned.fits(need):
+            pinned.used += need
+            result.assign[stream.id] = pinned.name
+            continue
         slot = by_name.get(current.get(stream.id, ""))
-        if _keep(stream, slot, need, slots):
+        if _keep(stream, slot, need, slots, batch_pinned):
             assert slot is not None  # noqa: S101 - _keep checked it
             slot.used += need
             result.assign[stream.id] = slot.name
@@ -107,7 +122,7 @@ def place(
             pending.append(stream)
     for stream in pending:  # pass 2: first-fit decreasing, cheapest then best fit
         need = demand(stream, model_costs)
-        best = _best(stream, need, slots)
+        best = _best(stream, need, slots, batch_pinned)
         if best is None:
             result.unplaced.append(stream.id)
             continue

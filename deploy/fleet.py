@@ -1,0 +1,378 @@
+"""The reconcile loop: desired vs actual pods, health, scaling, placement, cost.
+
+``Fleet.tick()`` is one pass; the service calls it every ``tick_s`` and the
+simulated day calls it with a fake clock. Each pass reads the state from Redis
+and the provider, so the orchestrator may be killed and restarted at any
+moment:
+
+* Intent first: a pod's record (its name derived from tier, slot and
+  generation) is written *before* the provider is asked to create it. On
+  restart a record without a provider id is matched by name with the
+  provider's pods (adopted) or created again under the same name: no
+  duplicate. A pod of this fleet the records do not know is an orphan and is
+  terminated; two pods with one name are a duplicate and one is terminated.
+* A pod that vanished (spot preemption) or exited (process died) loses its
+  streams at once; placement re-homes them on the next healthy worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from zoneinfo import ZoneInfo
+
+from deploy.clock import Clock
+from deploy.cost import PaidPod, accrue
+from deploy.health import Probe, Prober
+from deploy.ingest_link import IngestLink
+from deploy.models import PodInfo, PodRecord, PodSpec, PodStatus, parse_pod_name, pod_name
+from deploy.placement import Slot, place
+from deploy.providers.base import GpuPrice, Provider, ProviderError
+from deploy.scaling import tier_targets
+from deploy.settings import OrchestratorSettings, TierConfig
+from deploy.store import Store
+
+log = logging.getLogger(__name__)
+EVENTS = 500
+
+
+@dataclass
+class Fleet:
+    settings: OrchestratorSettings
+    provider: Provider
+    store: Store
+    prober: Prober
+    ingest: IngestLink
+    clock: Clock
+    worker_env: dict[str, str] = field(default_factory=dict)
+    events: collections.deque[dict[str, object]] = field(
+        default_factory=lambda: collections.deque(maxlen=EVENTS)
+    )
+    counters: collections.Counter[str] = field(default_factory=collections.Counter)
+    prices: dict[str, GpuPrice] = field(default_factory=dict)
+    targets: dict[str, int] = field(default_factory=dict)
+    unplaced: list[str] = field(default_factory=list)
+    _acked: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.settings.timezone)
+
+    def event(self, kind: str, pod: str = "", **detail: object) -> None:
+        self.counters[kind] += 1
+        self.events.append({"t": self.clock.now(), "kind": kind, "pod": pod, **detail})
+        log.info("fleet: %s %s %s", kind, pod, detail or "")
+
+    async def tick(self) -> None:
+        """One reconcile pass."""
+        now = self.clock.now()
+        self.prices.update(await self.provider.prices())
+        pods = await self.store.pods()
+        actual = await self._actual()
+        await self._reconcile(pods, actual, now)
+        await self._health(pods, actual, now)
+        await self._scale(pods, now)
+        await self._place(pods)
+        await self._account(pods, now)
+
+    # -- reconcile -------------------------------------------------------------
+
+    async def _actual(self) -> dict[str, list[PodInfo]]:
+        out: dict[str, list[PodInfo]] = {}
+        for info in await self.provider.list():
+            if parse_pod_name(self.settings.fleet, info.name) is not None:
+                out.setdefault(info.name, []).append(info)
+        return out
+
+    async def _reconcile(
+        self, pods: dict[str, PodRecord], actual: dict[str, list[PodInfo]], now: float
+    ) -> None:
+        for name, infos in actual.items():
+            rec = pods.get(name)
+            if rec is None:
+                for info in infos:
+                    await self._terminate(info.id, name, "orphan")
+                continue
+            keep = next((i for i in infos if i.id == rec.provider_id), infos[0])
+            for info in infos:
+                if info is not keep:
+                    await self._terminate(info.id, name, "duplicate")
+            actual[name] = [keep]
+        for name, rec in list(pods.items()):
+            found = actual.get(name)
+            await self._reconcile_one(pods, rec, found[0] if found else None, now)
+
+    async def _reconcile_one(
+        self, pods: dict[str, PodRecord], rec: PodRecord, info: PodInfo | None, now: float
+    ) -> None:
+        if info is None:
+            if rec.provider_id is None:
+                await self._create(rec)  # an intent that never reached the provider
+                return
+            kind = "preempted" if rec.spot else "vanished"
+            await self._lose(pods, rec, now, kind, count_failure=not rec.spot)
+            return
+        if info.status in (PodStatus.EXITED, PodStatus.TERMINATED):
+            kind = "preempted" if rec.spot and info.status is PodStatus.EXITED else "exited"
+            await self._terminate(info.id, rec.name, kind)
+            await self._lose(pods, rec, now, kind, count_failure=kind == "exited")
+            return
+        if rec.provider_id != info.id:
+            self.event("adopted", rec.name, id=info.id)
+        rec.provider_id = info.id
+        rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type or rec.gpu_type
+        rec.ondemand_per_hr = self._ondemand(rec)
+        rec.tunnel_url, rec.http_url = info.tunnel_url, info.http_url
+        if rec.state == "creating":
+            rec.state = "running"
+        await self.store.put_pod(rec)
+
+    def _ondemand(self, rec: PodRecord) -> float:
+        price = self.prices.get(rec.gpu_type)
+        return max(price.ondemand if price else 0.0, rec.cost_per_hr)
+
+    async def _lose(
+        self,
+        pods: dict[str, PodRecord],
+        rec: PodRecord,
+        now: float,
+        kind: str,
+        *,
+        count_failure: bool,
+    ) -> None:
+        """Forget a dead pod; its streams become unassigned (re-homed by placement)."""
+        self.event(kind, rec.name, tier=rec.tier, spot=rec.spot)
+        if count_failure:
+            await self.store.add_replacement(rec.tier, now, rec.name)
+        await self.store.del_pod(rec.name)
+        pods.pop(rec.name, None)
+
+    async def _terminate(self, pod_id: str, name: str, why: str) -> None:
+        try:
+            await self.provider.terminate(pod_id)
+        except ProviderError as exc:
+            log.warning("could not terminate %s (%s): %s", name, why, exc)
+            return
+        if why in ("orphan", "duplicate", "drained", "unhealthy"):
+            self.event(f"terminated_{why}", name, id=pod_id)
+
+    # -- health ----------------------------------------------------------------
+
+    async def _health(
+        self, pods: dict[str, PodRecord], actual: dict[str, list[PodInfo]], now: float
+    ) -> None:
+        live = [
+            r
+            for r in pods.values()
+            if r.tunnel_url
+            and r.http_url
+            and actual.get(r.name)
+            and actual[r.name][0].status is PodStatus.RUNNING
+        ]
+        probes = await asyncio.gather(*(self._probe(r, now) for r in live))
+        for rec, probe in zip(live, probes, strict=True):
+            self._apply_probe(rec, probe, now)
+            await self.store.put_pod(rec)
+        for rec in list(pods.values()):
+            if self._unhealthy(rec, now):
+                await self._replace(pods, rec, now)
+
+    async def _probe(self, rec: PodRecord, now: float) -> Probe:
+        due = (
+            not rec.ready
+            or rec.last_canary is None
+            or now - rec.last_canary >= self.settings.canary_interval_s
+        )
+        assert rec.tunnel_url is not None and rec.http_url is not None  # noqa: S101
+        return await self.prober.probe(rec.name, rec.tunnel_url, rec.http_url, canary=due)
+
+    def _apply_probe(self, rec: PodRecord, probe: Probe, now: float) -> None:
+        if probe.canary_ok is not None:
+            rec.last_canary = now
+        ok = probe.alive and probe.canary_ok is not False
+        if probe.capacity_fps > 0:
+            rec.capacity_fps = probe.capacity_fps
+        if not ok:
+            rec.fails += 1
+            rec.last_error = (probe.error or "failed")[:500]
+            if rec.ready and rec.fails >= self.settings.unhealthy_after:
+                rec.ready = False
+                self.event("unhealthy", rec.name, error=rec.last_error)
+            elif not rec.ready:
+                self.counters["canary_not_ready"] += 1
+            return
+        rec.fails, rec.last_ok, rec.last_error = 0, now, None
+        if probe.canary_ok and not rec.ready:
+            rec.ready, rec.ready_since = True, now
+            self.event(
+                "ready", rec.name, canary_ms=round(probe.canary_ms, 1), persons=probe.persons
+            )
+
+    def _unhealthy(self, rec: PodRecord, now: float) -> bool:
+        if rec.ready or (rec.state == "creating" and rec.provider_id is None):
+            return False
+        if rec.ready_since is not None:  # was ready once, then failed
+            return rec.fails >= self.settings.unhealthy_after
+        return now - rec.created_at > self.settings.startup_grace_s
+
+    async def _replace(self, pods: dict[str, PodRecord], rec: PodRecord, now: float) -> None:
+        since = now - self.settings.replacement_window_s
+        if await self.store.replacements_since(rec.tier, since) >= self.settings.max_replacements:
+            if self.counters["budget_exhausted"] == 0 or rec.fails % 10 == 0:
+                self.event("budget_exhausted", rec.name, tier=rec.tier)
+            return
+        if rec.provider_id is not None:
+            await self._terminate(rec.provider_id, rec.name, "unhealthy")
+        await self._lose(pods, rec, now, "replaced", count_failure=True)
+
+    # -- scaling ---------------------------------------------------------------
+
+    async def _scale(self, pods: dict[str, PodRecord], now: float) -> None:
+        streams = list((await self.store.streams()).values())
+        self.targets = tier_targets(self.settings, streams, pods, self.prices, now)
+        for tier in self.settings.tiers:
+            await self._scale_tier(tier, pods, now)
+
+    async def _scale_tier(self, tier: TierConfig, pods: dict[str, PodRecord], now: float) -> None:
+        mine = [r for r in pods.values() if r.tier == tier.name]
+        active = [r for r in mine if r.state != "draining"]
+        target = self.targets.get(tier.name, 0)
+        draining = sorted((r for r in mine if r.state == "draining"), key=lambda r: r.name)
+        while len(active) < target and draining:  # cheaper than a new pod: un-drain
+            rec = draining.pop(0)
+            rec.state, rec.draining_since = "running", None
+            active.append(rec)
+            await self.store.put_pod(rec)
+        if len(active) < target:
+            await self._grow(tier, pods, target - len(active), now)
+        elif len(active) > target:
+            await self._shrink(active, len(active) - target, now)
+        await self._finish_drains(pods, draining, now)
+
+    async def _grow(self, tier: TierConfig, pods: dict[str, PodRecord], n: int, now: float) -> None:
+        since = now - self.settings.replacement_window_s
+        if await self.store.replacements_since(tier.name, since) >= self.settings.max_replacements:
+            self.counters["budget_blocked_create"] += 1
+            return
+        used = {r.slot for r in pods.values() if r.tier == tier.name}
+        free = (s for s in range(tier.max_workers * 2 + 1) if s not in used)
+        for slot in list(free)[:n]:
+            gen = await self.store.next_gen(tier.name, slot)
+            rec = PodRecord(
+                name=pod_name(self.settings.fleet, tier.name, slot, gen),
+                tier=tier.name, slot=slot, gen=gen, spot=tier.spot, created_at=now,
+            )  # fmt: skip
+            await self.store.put_pod(rec)  # intent first, then the provider
+            pods[rec.name] = rec
+            await self._create(rec)
+
+    async def _shrink(self, active: list[PodRecord], n: int, now: float) -> None:
+        assigned = await self.store.assignments()
+        load = collections.Counter(assigned.values())
+        order = sorted(active, key=lambda r: (r.ready, load[r.name], -r.slot))
+        for rec in order[:n]:
+            rec.state, rec.draining_since = "draining", now
+            self.event("draining", rec.name, tier=rec.tier)
+            await self.store.put_pod(rec)
+
+    async def _finish_drains(
+        self, pods: dict[str, PodRecord], draining: list[PodRecord], now: float
+    ) -> None:
+        if not draining:
+            return
+        load = collections.Counter((await self.store.assignments()).values())
+        for rec in draining:
+            expired = now - (rec.draining_since or now) >= self.settings.drain_timeout_s
+            if load[rec.name] == 0 or expired:
+                if rec.provider_id is not None:
+                    await self._terminate(rec.provider_id, rec.name, "drained")
+                await self.store.del_pod(rec.name)
+                pods.pop(rec.name, None)
+
+    def _spec(self, rec: PodRecord) -> PodSpec:
+        tier = self.settings.tier(rec.tier)
+        assert tier is not None  # noqa: S101 - records are made from tiers
+        secrets = self.settings.token_secrets
+        env = {**self.worker_env, "FRAMERELAY_WORKER_WORKER_ID": rec.name}
+        env.setdefault("FRAMERELAY_WORKER_HOST", "0.0.0.0")  # noqa: S104 - inside a pod
+        return PodSpec(
+            name=rec.name, tier=tier.name, gpu_types=tier.gpu_types, spot=tier.spot,
+            cloud_types=tier.cloud_types, data_centers=tier.data_centers, env=env,
+            secret_env={"FRAMERELAY_TOKEN_SECRETS": secrets} if secrets else {},
+        )  # fmt: skip
+
+    async def _create(self, rec: PodRecord) -> None:
+        try:
+            info = await self.provider.create(self._spec(rec))
+        except ProviderError as exc:
+            rec.last_error = str(exc)[:500]
+            await self.store.put_pod(rec)
+            self.event("create_failed", rec.name, error=rec.last_error)
+            return
+        rec.provider_id, rec.state = info.id, "running"
+        rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type
+        rec.ondemand_per_hr = self._ondemand(rec)
+        rec.tunnel_url, rec.http_url = info.tunnel_url, info.http_url
+        await self.store.put_pod(rec)
+        self.event("created", rec.name, id=info.id, gpu=info.gpu_type, usd_hr=info.cost_per_hr)
+
+    # -- placement and cost ----------------------------------------------------
+
+    def _slots(self, pods: dict[str, PodRecord]) -> list[Slot]:
+        slots = []
+        for rec in pods.values():
+            tier = self.settings.tier(rec.tier)
+            if tier is None or not rec.ready or rec.state != "running":
+                continue
+            cap = rec.capacity_fps or tier.capacity_fps or self.settings.default_capacity_fps
+            cap *= self.settings.target_utilization
+            slots.append(
+                Slot(rec.name, rec.tier, rec.spot, cap, rec.cost_per_hr, 0.0, tier.batch_only)
+            )
+        return slots
+
+    async def _place(self, pods: dict[str, PodRecord]) -> None:
+        streams = await self.store.streams()
+        current = await self.store.assignments()
+        pins = await self.store.pins()
+        batch_pinned = any(t.batch_only for t in self.settings.tiers)
+        result = place(
+            streams.values(), self._slots(pods), current, self.settings.model_costs,
+            batch_pinned=batch_pinned, pins=pins,
+        )  # fmt: skip
+        self.unplaced = sorted(result.unplaced)
+        for sid, (old, new) in result.moves(current).items():
+            await self.store.set_assignment(sid, new)
+            if sid in streams:
+                self.event("moved", new or "", stream=sid, old=old, new=new)
+        for sid in set(self._acked) - set(streams):
+            if await self.ingest.unassign(sid):
+                self._acked.pop(sid, None)
+        for sid, spec in streams.items():
+            want = result.assign.get(sid)
+            if self._acked.get(sid, "?") == want:
+                continue
+            if want is None:
+                ok = await self.ingest.unassign(sid)
+            else:
+                url = pods[want].tunnel_url
+                ok = url is not None and await self.ingest.assign(spec, want, url)
+            if ok:
+                self._acked[sid] = want
+
+    async def _account(self, pods: dict[str, PodRecord], now: float) -> None:
+        last = await self.store.mark_accrual(now)
+        if last is None or now <= last:
+            return
+        paid = [
+            PaidPod(r.tier, r.spot, r.cost_per_hr, r.ondemand_per_hr or r.cost_per_hr)
+            for r in pods.values()
+            if r.provider_id is not None
+        ]
+        served = sum(1 for p in (await self.store.assignments()).values() if p in pods)
+        await self.store.add_cost(accrue(paid, served, now - last))
+
+    def burn_rate(self, pods: dict[str, PodRecord]) -> float:
+        return sum(r.cost_per_hr for r in pods.values() if r.provider_id is not None)

@@ -1,0 +1,182 @@
+"""Health: heartbeats, a real-inference canary, and the restart budget.
+
+A worker is *ready* only after a canary frame - frame 1 of the TUD-Stadtmitte
+sample, which shows at least five people - went through the real tunnel
+protocol (token, HELLO, OPEN, FRAME) and came back with at least
+``min_persons`` person detections within the deadline. ``/healthz`` alone
+proves only that the process answers HTTP; a hung inference thread still
+answers it, the canary does not.
+
+Heartbeats (``GET /healthz``) run every tick; the canary every
+``canary_interval_s``. ``unhealthy_after`` consecutive failures of either
+make the worker unhealthy and the orchestrator replaces it, at most
+``max_replacements`` per tier per ``replacement_window_s`` (no storms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from framerelay import wire
+from framerelay.errors import FramerelayError
+from framerelay.settings import DEFAULT_CLIP
+
+log = logging.getLogger(__name__)
+PERSON = 0
+TokenFn = Callable[[str], str]
+"""worker name -> a token granting ``worker:<name>``."""
+CANARY_STREAM = "framerelay-canary"
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One health observation of a worker."""
+
+    alive: bool
+    canary_ok: bool | None = None
+    """None when no canary ran this time."""
+    persons: int = 0
+    canary_ms: float = 0.0
+    capacity_fps: float = 0.0
+    error: str | None = None
+
+
+class Prober(Protocol):
+    async def probe(self, name: str, tunnel_url: str, http_url: str, *, canary: bool) -> Probe: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryImage:
+    data: bytes
+    src_w: int
+    src_h: int
+    scale: float
+
+
+class Canary:
+    """Sends one known frame through the tunnel and checks the detections."""
+
+    def __init__(
+        self, clip: Path = DEFAULT_CLIP, *, min_persons: int = 3, timeout_s: float = 10.0
+    ) -> None:
+        self.clip = clip
+        self.min_persons = min_persons
+        self.timeout_s = timeout_s
+        self._images: dict[tuple[int, int], CanaryImage] = {}
+
+    def image(self, w: int, h: int) -> CanaryImage:
+        """Frame 1 of the clip, letterboxed and encoded for a (w, h) model."""
+        if (w, h) not in self._images:
+            import av
+
+            from ingest.prepare import Preparer
+
+            with av.open(str(self.clip)) as container:
+                frame = next(container.decode(video=0))
+                prepared = Preparer(w, h).prepare(frame)
+            lb = prepared.letterbox
+            self._images[(w, h)] = CanaryImage(prepared.data, lb.src_w, lb.src_h, lb.scale)
+        return self._images[(w, h)]
+
+    async def run(self, tunnel_url: str, token: str) -> tuple[int, float]:
+        """(persons detected, round trip ms); raises on any failure or timeout."""
+        t0 = time.monotonic()
+        async with asyncio.timeout(self.timeout_s):
+            async with connect(
+                tunnel_url,
+                additional_headers={"Authorization": f"Bearer {token}"},
+                compression=None,
+                proxy=None,
+                open_timeout=self.timeout_s,
+                max_size=wire.DEFAULT_LIMITS.max_message,
+            ) as ws:
+                hello, _ = wire.decode(await ws.recv(decode=False))
+                if not isinstance(hello, wire.Hello):
+                    raise FramerelayError(f"expected HELLO, got {type(hello).__name__}")
+                img = await asyncio.to_thread(self.image, hello.input_w, hello.input_h)
+                await ws.send(wire.encode(wire.Open(stream_id=CANARY_STREAM, tracker="none")))
+                frame = wire.Frame(
+                    stream_id=CANARY_STREAM, epoch=0, seq=0, pts=0, time_base=(1, 25),
+                    captured_at=time.time(), src_w=img.src_w, src_h=img.src_h, scale=img.scale,
+                )  # fmt: skip
+                await ws.send(wire.encode(frame, img.data))
+                persons = await self._await_result(ws)
+                await ws.send(wire.encode(wire.Close(stream_id=CANARY_STREAM)))
+        return persons, (time.monotonic() - t0) * 1000
+
+    async def _await_result(self, ws: object) -> int:
+        from websockets.asyncio.client import ClientConnection
+
+        assert isinstance(ws, ClientConnection)  # noqa: S101 - internal call
+        while True:
+            header, payload = wire.decode(await ws.recv(decode=False))
+            if isinstance(header, wire.Result) and header.stream_id == CANARY_STREAM:
+                det = wire.unpack_detections(header.n, payload)
+                return int((det.class_id == PERSON).sum())
+            if isinstance(header, wire.Error):
+                raise FramerelayError(f"worker answered the canary with {header.code}")
+
+
+class WorkerProber:
+    """Heartbeat + capacity over HTTP, canary over the tunnel."""
+
+    def __init__(
+        self,
+        canary: Canary,
+        token_for: TokenFn,
+        *,
+        heartbeat_timeout_s: float = 2.0,
+    ) -> None:
+        self.canary = canary
+        self._token_for = token_for
+        self._http = httpx.AsyncClient(timeout=heartbeat_timeout_s)
+
+    async def probe(self, name: str, tunnel_url: str, http_url: str, *, canary: bool) -> Probe:
+        try:
+            (await self._http.get(f"{http_url}/healthz")).raise_for_status()
+            info = (await self._http.get(f"{http_url}/info")).json()
+            capacity = float(info.get("capacity_fps", 0.0)) if isinstance(info, dict) else 0.0
+        except (httpx.HTTPError, ValueError) as exc:
+            return Probe(alive=False, error=f"heartbeat failed: {type(exc).__name__}")
+        if not canary:
+            return Probe(alive=True, capacity_fps=capacity)
+        try:
+            persons, ms = await self.canary.run(tunnel_url, self._token_for(name))
+        except (TimeoutError, OSError, WebSocketException, FramerelayError) as exc:
+            return Probe(True, False, capacity_fps=capacity, error=_canary_error(exc))
+        ok = persons >= self.canary.min_persons
+        error = (
+            None if ok else f"canary saw {persons} persons, expected >= {self.canary.min_persons}"
+        )
+        return Probe(True, ok, persons, ms, capacity, error)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _canary_error(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "canary timed out (inference hung or too slow)"
+    if isinstance(exc, InvalidStatus):
+        return f"canary refused: HTTP {exc.response.status_code}"
+    return f"canary failed: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+class StatusProber:
+    """Trusts the provider's status (simulations, where pods run nothing)."""
+
+    def __init__(self, capacity_fps: float) -> None:
+        self.capacity_fps = capacity_fps
+
+    async def probe(self, name: str, tunnel_url: str, http_url: str, *, canary: bool) -> Probe:
+        return Probe(True, True if canary else None, capacity_fps=self.capacity_fps)
