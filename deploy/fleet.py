@@ -232,6 +232,10 @@ class Fleet:
     async def _scale(self, pods: dict[str, PodRecord], now: float) -> None:
         streams = list((await self.store.streams()).values())
         self.targets = tier_targets(self.settings, streams, pods, self.prices, now)
+        for name, floor in (await self.store.floors()).items():
+            cfg = self.settings.tier(name)
+            if cfg is not None and floor > 0:
+                self.targets[name] = min(cfg.max_workers, max(self.targets.get(name, 0), floor))
         for tier in self.settings.tiers:
             await self._scale_tier(tier, pods, now)
 

@@ -9,6 +9,7 @@ key                         type    value
 ``<p>replacements:<tier>``  zset    replacement times (restart budget)
 ``<p>cost``                 hash    accumulated cost figures (floats)
 ``<p>pins``                 hash    stream id -> pod name (operator moves)
+``<p>floor``                hash    tier -> operator-requested minimum pods
 ``<p>gens``                 hash    "<tier>:<slot>" -> next generation number
 ``<p>cost_clock``           hash    time of the last cost accrual
 ``<p>leader``               string  lease of the active orchestrator
@@ -81,6 +82,18 @@ class Store:
             await self.r.hdel(self.p + "pins", stream_id)
         else:
             await self.r.hset(self.p + "pins", stream_id, pod)
+
+    async def floors(self) -> dict[str, int]:
+        raw = await self.r.hgetall(self.p + "floor")
+        return {_s(k): int(v) for k, v in raw.items()}
+
+    async def raise_floor(self, tier: str, by: int) -> int:
+        """Operator-requested extra warm pods of a tier (never below 0)."""
+        value = int(await self.r.hincrby(self.p + "floor", tier, by))
+        if value < 0:
+            await self.r.hset(self.p + "floor", tier, 0)
+            value = 0
+        return value
 
     async def next_gen(self, tier: str, slot: int) -> int:
         """A fresh generation number for a slot (names never repeat)."""

@@ -1,0 +1,168 @@
+"""The orchestrator's HTTP API (FastAPI) and Prometheus ``/metrics``.
+
+* ``GET /healthz``; ``GET /metrics``
+* ``GET /v1/pods``; ``POST /v1/pods`` ``{"tier": ..}`` (one more warm pod in a
+  tier: raises the tier's floor); ``DELETE /v1/pods/{name}`` (terminate now;
+  the fleet replaces it if its tier still needs it)
+* ``GET /v1/streams``; ``POST /v1/streams`` (a StreamSpec);
+  ``DELETE /v1/streams/{id}``; ``POST /v1/streams/{id}/move`` ``{"worker": ..}``
+* ``GET /v1/fleet``: tiers, pods, streams, cost, recent events
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploy.cost import CostTotals
+from deploy.models import PodRecord, StreamSpec
+from deploy.service import Orchestrator
+
+
+class NewPod(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tier: str
+
+
+class Move(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    worker: str = Field(min_length=1, max_length=200)
+
+
+def _pod_view(rec: PodRecord, assigned: dict[str, str]) -> dict[str, Any]:
+    view = rec.model_dump(exclude={"fails", "last_canary"})
+    view["streams"] = sorted(s for s, p in assigned.items() if p == rec.name)
+    return view
+
+
+async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
+    store, fleet = orch.store, orch.fleet
+    pods, streams, assigned = await store.pods(), await store.streams(), await store.assignments()
+    cost = CostTotals.from_flat(await store.cost())
+    tiers = []
+    for t in orch.settings.tiers:
+        mine = [p for p in pods.values() if p.tier == t.name]
+        tiers.append({
+            "name": t.name, "spot": t.spot, "target": fleet.targets.get(t.name, 0),
+            "pods": len(mine), "ready": sum(p.ready for p in mine),
+            "draining": sum(p.state == "draining" for p in mine),
+        })  # fmt: skip
+    return {
+        "leader": orch.leader,
+        "provider": orch.provider.name,
+        "tiers": tiers,
+        "pods": [_pod_view(p, assigned) for p in sorted(pods.values(), key=lambda p: p.name)],
+        "streams": [
+            {**s.model_dump(), "worker": assigned.get(s.id)}
+            for s in sorted(streams.values(), key=lambda s: s.id)
+        ],
+        "unplaced": fleet.unplaced,
+        "cost": {**cost.as_dict(), "burn_usd_per_hr": round(fleet.burn_rate(pods), 4)},
+        "counters": dict(fleet.counters),
+        "events": list(fleet.events)[-50:],
+        "last_error": orch.last_error,
+    }
+
+
+def render_metrics(status: dict[str, Any]) -> bytes:
+    reg = CollectorRegistry()
+    pods = Gauge("framerelay_orch_pods", "Pods by tier and state", ["tier", "state"], registry=reg)
+    ready = Gauge("framerelay_orch_ready_workers", "Ready workers by tier", ["tier"], registry=reg)
+    target = Gauge("framerelay_orch_target_workers", "Target by tier", ["tier"], registry=reg)
+    for t in status["tiers"]:
+        ready.labels(t["name"]).set(t["ready"])
+        target.labels(t["name"]).set(t["target"])
+    for p in status["pods"]:
+        pods.labels(p["tier"], p["state"]).inc()
+    streams = Gauge("framerelay_orch_streams", "Streams by placement", ["placed"], registry=reg)
+    streams.labels("yes").set(sum(1 for s in status["streams"] if s["worker"]))
+    streams.labels("no").set(len(status["unplaced"]))
+    cost = status["cost"]
+    for key, help_ in (
+        ("fleet_usd", "Fleet cost so far ($)"),
+        ("ondemand_equiv_usd", "The same capacity on on-demand ($)"),
+        ("saving_vs_ondemand", "Share saved vs all on-demand"),
+        ("cost_per_stream_hour_usd", "Fleet cost per stream-hour ($)"),
+        ("stream_hours", "Stream-hours served"),
+        ("burn_usd_per_hr", "Current fleet cost per hour ($/h)"),
+    ):
+        Gauge(f"framerelay_orch_{key}", help_, registry=reg).set(float(cost[key]))
+    events = Gauge("framerelay_orch_events", "Fleet events by kind", ["kind"], registry=reg)
+    for kind, n in status["counters"].items():
+        events.labels(kind).set(n)
+    return bytes(generate_latest(reg))
+
+
+def create_app(orch: Orchestrator) -> FastAPI:  # noqa: C901 - a route table
+    app = FastAPI(title="framerelay orchestrator", version="1")
+    store = orch.store
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "leader": orch.leader, "ticks": orch.ticks}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = render_metrics(await fleet_status(orch))
+        return Response(body, media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/fleet")
+    async def fleet() -> dict[str, Any]:
+        return await fleet_status(orch)
+
+    @app.get("/v1/pods")
+    async def pods() -> list[dict[str, Any]]:
+        return list((await fleet_status(orch))["pods"])
+
+    @app.post("/v1/pods", status_code=202)
+    async def create_pod(body: NewPod) -> dict[str, Any]:
+        if orch.settings.tier(body.tier) is None:
+            names = [t.name for t in orch.settings.tiers]
+            raise HTTPException(404, f"no tier {body.tier!r}; tiers are {names}")
+        floor = await store.raise_floor(body.tier, 1)
+        return {"tier": body.tier, "floor": floor, "note": "created on the next reconcile pass"}
+
+    @app.delete("/v1/pods/{name}")
+    async def terminate_pod(name: str) -> dict[str, Any]:
+        rec = (await store.pods()).get(name)
+        if rec is None:
+            raise HTTPException(404, f"no pod {name!r}")
+        await store.raise_floor(rec.tier, -1)
+        if rec.provider_id is not None:
+            await orch.provider.terminate(rec.provider_id)
+        await store.del_pod(name)
+        orch.fleet.event("terminated_by_operator", name)
+        return {"terminated": name}
+
+    @app.get("/v1/streams")
+    async def streams() -> list[dict[str, Any]]:
+        return list((await fleet_status(orch))["streams"])
+
+    @app.post("/v1/streams", status_code=201)
+    async def add_stream(spec: StreamSpec) -> StreamSpec:
+        if spec.id in await store.streams():
+            raise HTTPException(409, f"stream {spec.id!r} exists; remove it first")
+        await store.put_stream(spec)
+        return spec
+
+    @app.delete("/v1/streams/{stream_id}")
+    async def rm_stream(stream_id: str) -> dict[str, str]:
+        if not await store.del_stream(stream_id):
+            raise HTTPException(404, f"no stream {stream_id!r}")
+        return {"removed": stream_id}
+
+    @app.post("/v1/streams/{stream_id}/move")
+    async def move_stream(stream_id: str, body: Move) -> dict[str, str]:
+        spec = (await store.streams()).get(stream_id)
+        rec = (await store.pods()).get(body.worker)
+        if spec is None or rec is None:
+            raise HTTPException(404, f"no stream {stream_id!r} or no worker {body.worker!r}")
+        if spec.priority == "critical" and rec.spot:
+            raise HTTPException(409, "critical streams never run on spot workers")
+        await store.set_pin(stream_id, body.worker)
+        return {"stream": stream_id, "worker": body.worker, "note": "moves on the next pass"}
+
+    return app

@@ -1,0 +1,45 @@
+"""``framerelay fleet status``: tiers, pods, streams and cost in one table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from framerelay.commands._orch_client import add_url, call, emit, table
+
+HELP = "fleet status: tiers, pods, placement and cost (via the orchestrator)"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("fleet", help=HELP, description=HELP)
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    st = verbs.add_parser("status", help="a readable summary")
+    add_url(st)
+    st.set_defaults(func=_status)
+
+
+def render(status: dict[str, Any]) -> str:
+    tiers = table(
+        [(t["name"], "spot" if t["spot"] else "on-demand", t["target"], t["pods"], t["ready"],
+          t["draining"]) for t in status["tiers"]],
+        ("TIER", "KIND", "TARGET", "PODS", "READY", "DRAINING"),
+    )  # fmt: skip
+    pods = table(
+        [(p["name"], p["state"], "yes" if p["ready"] else "no", f"{p['cost_per_hr']:.3f}",
+          ",".join(p["streams"]) or "-") for p in status["pods"]],
+        ("POD", "STATE", "READY", "$/H", "STREAMS"),
+    )  # fmt: skip
+    c = status["cost"]
+    cost = (
+        f"burn ${c['burn_usd_per_hr']:.3f}/h | spent ${c['fleet_usd']:.4f} | "
+        f"{c['stream_hours']:.3f} stream-h at ${c['cost_per_stream_hour_usd']:.4f}/stream-h | "
+        f"saving vs all on-demand {100 * c['saving_vs_ondemand']:.1f} %"
+    )
+    unplaced = ", ".join(status["unplaced"]) or "none"
+    head = f"provider {status['provider']}  leader {status['leader']}  unplaced streams: {unplaced}"
+    return "\n\n".join((head, tiers, pods, cost))
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = call(args, "GET", "/v1/fleet")
+    return emit(args, status, render(status))

@@ -1,0 +1,74 @@
+"""``framerelay orchestrator``: run the GPU fleet orchestrator (API + reconcile loop)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+HELP = "run the GPU fleet orchestrator: warm pools, health, placement, cost"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "orchestrator",
+        help=HELP,
+        description=HELP + ". Every setting reads FRAMERELAY_ORCH_<NAME> (nested with __); "
+        "worker token secrets come from FRAMERELAY_TOKEN_SECRETS.",
+    )
+    p.add_argument("--host", help="API address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="API port (default 8090; 0 = any free port)")
+    p.add_argument("--provider", choices=["local", "runpod", "kubernetes"])
+    p.add_argument("--redis-url", help="Redis holding the fleet state")
+    p.add_argument("--ingest-url", help="ingest API to push stream assignments to")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from deploy.settings import OrchestratorSettings
+
+    keys = ("host", "port", "provider", "redis_url", "ingest_url")
+    over = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    return asyncio.run(_serve(OrchestratorSettings(**over)))
+
+
+async def _serve(settings: object) -> int:
+    import json
+    import logging
+    import sys
+
+    import uvicorn
+
+    from deploy.api import create_app
+    from deploy.service import Orchestrator
+    from deploy.settings import OrchestratorSettings
+    from framerelay.lifecycle import install_signal_handlers
+
+    assert isinstance(settings, OrchestratorSettings)  # noqa: S101 - built above
+    orch = Orchestrator(settings)
+    stop = asyncio.Event()
+    config = uvicorn.Config(
+        create_app(orch), host=settings.host, port=settings.port, log_level="warning",
+        access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    install_signal_handlers(stop)
+    api = asyncio.create_task(server.serve(), name="orchestrator-api")
+    loop = asyncio.create_task(orch.run(stop), name="orchestrator-loop")
+    for _ in range(600):  # bounded: uvicorn binds within 30 s or has failed
+        if server.started or api.done():
+            break
+        await asyncio.sleep(0.05)
+    if server.started:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        ready = {"event": "ready", "url": f"http://{settings.host}:{port}"}
+        print(json.dumps(ready), flush=True)
+        logging.getLogger(__name__).info("orchestrator API on %s", ready["url"])
+    try:
+        await asyncio.wait({api, loop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.set()
+        server.should_exit = True
+        await asyncio.gather(api, loop, return_exceptions=True)
+        await orch.aclose()
+    print("orchestrator stopped", file=sys.stderr)
+    return 0

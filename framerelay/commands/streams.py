@@ -1,0 +1,61 @@
+"""``framerelay streams add|rm|ls|move``: streams the orchestrator places."""
+
+from __future__ import annotations
+
+import argparse
+
+from framerelay.commands._orch_client import add_url, call, emit, table
+
+HELP = "declare, remove, list or move streams (via the orchestrator)"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("streams", help=HELP, description=HELP)
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add = verbs.add_parser("add", help="declare a stream")
+    add.add_argument("id")
+    add.add_argument("url", help="camera or file URL the ingest opens")
+    add.add_argument("--priority", choices=["critical", "standard", "batch"], default="standard")
+    add.add_argument("--fps", type=float, default=5.0)
+    add.add_argument("--model", default="yolox_nano")
+    add.add_argument("--tracker", default="default")
+    add.add_argument("--loop", action="store_true", help="loop a file source")
+    add_url(add)
+    add.set_defaults(func=_add)
+    rm = verbs.add_parser("rm", help="remove a stream")
+    rm.add_argument("id")
+    add_url(rm)
+    rm.set_defaults(func=_rm)
+    ls = verbs.add_parser("ls", help="streams and where they run")
+    add_url(ls)
+    ls.set_defaults(func=_ls)
+    mv = verbs.add_parser("move", help="move a stream to a worker (its tracks continue)")
+    mv.add_argument("id")
+    mv.add_argument("worker")
+    add_url(mv)
+    mv.set_defaults(func=_move)
+
+
+def _add(args: argparse.Namespace) -> int:
+    body = {
+        "id": args.id, "url": args.url, "priority": args.priority, "fps": args.fps,
+        "model": args.model, "tracker": args.tracker, "loop": args.loop,
+    }  # fmt: skip
+    out = call(args, "POST", "/v1/streams", body)
+    return emit(args, out, f"added {out['id']} ({out['priority']}, {out['fps']} fps)")
+
+
+def _rm(args: argparse.Namespace) -> int:
+    out = call(args, "DELETE", f"/v1/streams/{args.id}")
+    return emit(args, out, f"removed {out['removed']}")
+
+
+def _ls(args: argparse.Namespace) -> int:
+    streams = call(args, "GET", "/v1/streams")
+    rows = [(s["id"], s["priority"], s["fps"], s["model"], s["worker"] or "-") for s in streams]
+    return emit(args, streams, table(rows, ("STREAM", "PRIORITY", "FPS", "MODEL", "WORKER")))
+
+
+def _move(args: argparse.Namespace) -> int:
+    out = call(args, "POST", f"/v1/streams/{args.id}/move", {"worker": args.worker})
+    return emit(args, out, f"{out['stream']} -> {out['worker']} ({out['note']})")
