@@ -1,0 +1,225 @@
+"""Route streams to workers chosen by the orchestrator, and move them live.
+
+The ingest holds one tunnel client per worker (:class:`WorkerPool`) and each
+stream is on exactly one of them. ``move(stream, worker)`` detaches the stream
+from its old worker first - its sender stops, a CLOSE frees the old session,
+frames in flight there are counted ``disconnected`` - and then adds it to the
+new worker with the latest session snapshot the old worker sent, so the new
+worker resumes the tracker and track ids continue. A stream is therefore
+never served by two workers at once, and its decode thread never stops.
+
+``routing_router`` exposes it to the orchestrator:
+
+* ``PUT /v1/streams/{id}/worker`` ``{"worker_id", "url", "stream"?}`` - place
+  or move a stream (``stream``: its definition, to create it if new);
+  idempotent.
+* ``DELETE /v1/streams/{id}/worker`` - stop the stream and forget it.
+* ``GET /v1/routing`` - stream -> worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+from websockets.exceptions import ConnectionClosed
+
+from framerelay import wire
+from framerelay.results import ResultRecord
+from ingest.settings import StreamConfig
+from ingest.stream import IngestStream
+from ingest.tunnel_client import TunnelClient
+
+log = logging.getLogger(__name__)
+Snapshot = tuple[wire.SessionClock, bytes]
+CLOSE_TIMEOUT_S = 2.0
+STOP_TIMEOUT_S = 5.0
+
+
+class RoutedTunnelClient(TunnelClient):
+    """A tunnel client that can let one stream go without stopping it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+
+    async def _stream_task(self, ws: Any, stream: IngestStream) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # noqa: S101 - always inside a task
+        self._tasks[stream.id] = task
+        try:
+            await super()._stream_task(ws, stream)
+        finally:
+            if self._tasks.get(stream.id) is task:
+                del self._tasks[stream.id]
+
+    async def detach(self, stream_id: str) -> tuple[IngestStream, Snapshot | None] | None:
+        """Stop sending ``stream_id`` here; returns it with its latest snapshot."""
+        stream = self.streams.pop(stream_id, None)
+        snapshot = self.snapshots.pop(stream_id, None)
+        if stream is None:
+            return None
+        task = self._tasks.pop(stream_id, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        ws = self._ws
+        if ws is not None:
+            with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await ws.send(wire.encode(wire.Close(stream_id=stream_id)))
+        stream.counters["disconnected"] += stream.window.abandon()
+        stream.credit.set()
+        return stream, snapshot
+
+
+class WorkerPool:
+    """One tunnel client per worker; every stream on exactly one of them."""
+
+    def __init__(
+        self,
+        token_for: Callable[[str], str],
+        on_result: Callable[[ResultRecord], None],
+        *,
+        max_inflight: int = 4,
+        ssl_context: ssl.SSLContext | None = None,
+        frame_timeout_s: float = 10.0,
+        reconnect_max_s: float = 10.0,
+    ) -> None:
+        self._token_for = token_for
+        self._on_result = on_result
+        self.max_inflight = max_inflight
+        self._ssl = ssl_context
+        self._timeouts = (frame_timeout_s, reconnect_max_s)
+        self.clients: dict[str, RoutedTunnelClient] = {}
+        self.streams: dict[str, IngestStream] = {}
+        self.where: dict[str, str] = {}
+        self.moves = 0
+        self._runs: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+        self._lock = asyncio.Lock()
+
+    def _client(self, worker_id: str, url: str) -> RoutedTunnelClient:
+        client = self.clients.get(worker_id)
+        if client is not None and client.url == url:
+            return client
+        client = RoutedTunnelClient(
+            url,
+            lambda: self._token_for(worker_id),
+            self._on_result,
+            ssl_context=self._ssl if url.startswith("wss://") else None,
+            frame_timeout_s=self._timeouts[0],
+            reconnect_max_s=self._timeouts[1],
+        )
+        self.clients[worker_id] = client
+        stop = asyncio.Event()
+        self._runs[worker_id] = (
+            stop,
+            asyncio.create_task(client.run(stop), name=f"tunnel-{worker_id}"),
+        )
+        return client
+
+    def add_stream(self, config: StreamConfig) -> IngestStream:
+        stream = self.streams.get(config.id)
+        if stream is None:
+            stream = IngestStream(config, asyncio.get_running_loop(), self.max_inflight)
+            self.streams[config.id] = stream
+        return stream
+
+    async def move(self, stream_id: str, worker_id: str, url: str) -> bool:
+        """Send ``stream_id`` to ``worker_id`` (at ``url``); False if already there."""
+        async with self._lock:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                raise KeyError(stream_id)
+            old = self.where.get(stream_id)
+            if old == worker_id and self.clients[old].url == url:
+                return False
+            snapshot: Snapshot | None = None
+            if old is not None and old in self.clients:
+                detached = await self.clients[old].detach(stream_id)
+                snapshot = detached[1] if detached else None
+            self._client(worker_id, url).add(stream, snapshot=snapshot)
+            self.where[stream_id] = worker_id
+            self.moves += old is not None
+            log.info(
+                "stream %s: %s -> %s (snapshot: %s)",
+                stream_id,
+                old,
+                worker_id,
+                snapshot is not None,
+            )
+            await self._close_idle()
+            return True
+
+    async def remove(self, stream_id: str) -> bool:
+        async with self._lock:
+            stream = self.streams.pop(stream_id, None)
+            worker = self.where.pop(stream_id, None)
+            if worker is not None and worker in self.clients:
+                await self.clients[worker].detach(stream_id)
+            if stream is not None:
+                stream.stop()
+                await asyncio.to_thread(stream.join, STOP_TIMEOUT_S)
+            await self._close_idle()
+            return stream is not None
+
+    async def _close_idle(self) -> None:
+        """Stop tunnels that carry no stream (e.g. to a dead worker)."""
+        for worker_id in [w for w, c in self.clients.items() if not c.streams]:
+            self.clients.pop(worker_id)
+            stop, task = self._runs.pop(worker_id)
+            stop.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_S)
+
+    async def aclose(self) -> None:
+        for stream in self.streams.values():
+            stream.stop()
+        for stop, _ in self._runs.values():
+            stop.set()
+        tasks = [t for _, t in self._runs.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+        for stream in self.streams.values():
+            await asyncio.to_thread(stream.join, STOP_TIMEOUT_S)
+        self._runs.clear()
+        self.clients.clear()
+
+
+class Assignment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str = Field(min_length=1, max_length=128)
+    url: str = Field(pattern=r"^wss?://")
+    stream: StreamConfig | None = None
+
+
+def routing_router(pool: WorkerPool) -> APIRouter:
+    router = APIRouter()
+
+    @router.put("/v1/streams/{stream_id}/worker")
+    async def assign(stream_id: str, body: Assignment) -> dict[str, Any]:
+        if stream_id not in pool.streams:
+            if body.stream is None or body.stream.id != stream_id:
+                raise HTTPException(404, f"unknown stream {stream_id!r}: send its definition")
+            pool.add_stream(body.stream)
+        moved = await pool.move(stream_id, body.worker_id, body.url)
+        return {"stream": stream_id, "worker_id": body.worker_id, "changed": moved}
+
+    @router.delete("/v1/streams/{stream_id}/worker")
+    async def unassign(stream_id: str) -> dict[str, Any]:
+        if not await pool.remove(stream_id):
+            raise HTTPException(404, f"unknown stream {stream_id!r}")
+        return {"stream": stream_id, "removed": True}
+
+    @router.get("/v1/routing")
+    async def routing() -> dict[str, str]:
+        return dict(pool.where)
+
+    return router

@@ -1,0 +1,55 @@
+"""ingest.routing: a stream moves between two real workers while it runs; the
+snapshot travels, track ids continue, and no stream is served twice at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from framerelay.auth import TokenSigner
+from framerelay.results import ResultRecord
+from ingest.routing import WorkerPool
+from ingest.settings import StreamConfig
+from tests.conftest import CLIP, TIMEOUT_FACTOR
+from tests.integration.worker_harness import running_worker, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
+    records: list[ResultRecord] = []
+
+    async def main() -> tuple[int, int]:
+        fast = {"snapshot_interval_s": 0.2}
+        async with (
+            running_worker(secret, "gpu-a", **fast) as (_, url_a),
+            running_worker(secret, "gpu-b", **fast) as (worker_b, url_b),
+        ):
+            signer = TokenSigner([secret])
+            pool = WorkerPool(lambda w: signer.mint("ingest", [f"worker:{w}"], 60), records.append)
+            cfg = StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True)
+            pool.add_stream(cfg)
+            try:
+                await pool.move("cam", "gpu-a", url_a)
+                await wait_until(lambda: len(records) >= 15, 60 * TIMEOUT_FACTOR)
+                assert not await pool.move("cam", "gpu-a", url_a)  # idempotent
+                await pool.move("cam", "gpu-b", url_b)
+                n = len(records)
+                await wait_until(lambda: len(records) >= n + 15, 60 * TIMEOUT_FACTOR)
+                assert set(pool.clients) == {"gpu-b"}  # the idle tunnel to gpu-a closed
+            finally:
+                await pool.aclose()
+            return n, int(worker_b.metrics.resumed._value.get())
+
+    moved_at, resumed = asyncio.run(main())
+    workers = [r.worker_id for r in records]
+    switches = sum(1 for a, b in zip(workers, workers[1:], strict=False) if a != b)
+    assert switches == 1, workers  # never back and forth: one worker at a time
+    assert resumed == 1
+    before = {d.tracker_id for r in records[:moved_at] for d in r.detections if d.tracker_id > 0}
+    after_recs = [r for r in records if r.worker_id == "gpu-b"][:10]
+    after = {d.tracker_id for r in after_recs for d in r.detections if d.tracker_id > 0}
+    assert before & after, (before, after)  # ids continue on the new worker
+    seqs = [r.seq for r in records]
+    assert seqs == sorted(seqs)
