@@ -199,7 +199,7 @@ class Fleet:
             rec.last_error = (probe.error or "failed")[:500]
             if rec.ready and rec.fails >= self.settings.unhealthy_after:
                 rec.ready = False
-                self.event("unhealthy", rec.name, error=rec.last_error)
+                self.event("unhealthy", rec.name, error=rec.last_error, healthz_ok=probe.alive)
             elif not rec.ready:
                 self.counters["canary_not_ready"] += 1
             return
@@ -330,7 +330,7 @@ class Fleet:
             tier = self.settings.tier(rec.tier)
             if tier is None or not rec.ready or rec.state != "running":
                 continue
-            cap = rec.capacity_fps or tier.capacity_fps or self.settings.default_capacity_fps
+            cap = tier.capacity_fps or rec.capacity_fps or self.settings.default_capacity_fps
             cap *= self.settings.target_utilization
             slots.append(
                 Slot(rec.name, rec.tier, rec.spot, cap, rec.cost_per_hr, 0.0, tier.batch_only)

@@ -25,13 +25,15 @@ from deploy.settings import OrchestratorSettings, TierConfig
 def per_worker(
     settings: OrchestratorSettings, tier: TierConfig, pods: Iterable[PodRecord]
 ) -> float:
-    """Measured capacity (mean of ready workers), else the tier's hint, else the default."""
+    """The tier's fixed capacity, else measured (mean of ready workers), else the default."""
+    if tier.capacity_fps:
+        return tier.capacity_fps
     measured = [
         p.capacity_fps for p in pods if p.tier == tier.name and p.ready and p.capacity_fps > 0
     ]
     if measured:
         return sum(measured) / len(measured)
-    return tier.capacity_fps or settings.default_capacity_fps
+    return settings.default_capacity_fps
 
 
 def unit_price(tier: TierConfig, prices: Mapping[str, GpuPrice], capacity: float) -> float:

@@ -57,7 +57,10 @@ class TierConfig(BaseModel):
     lead_s: float = Field(900.0, ge=0, description="Scale up this long before a window opens.")
     batch_only: bool = Field(False, description="Only batch streams; zero outside windows.")
     capacity_fps: float = Field(
-        0.0, ge=0, description="Capacity hint per worker before one is measured (0 = default)."
+        0.0,
+        ge=0,
+        description="Capacity per worker in fps of the reference model; 0 = measured by each "
+        "worker's warm-up benchmark (GET /info).",
     )
 
     @field_validator("name")

@@ -54,6 +54,7 @@ class LocalProvider:
         if secret is None:
             raise ConfigError("a local pod needs FRAMERELAY_TOKEN_SECRETS in its secret env")
         env = {**spec.env, **(self._env_hook(spec) if self._env_hook else {})}
+        env["FRAMERELAY_WORKER_HOST"] = "127.0.0.1"  # local processes: loopback only
         args = ["--model", str(self.settings.model), "--threads", str(self.settings.threads)]
         worker = LocalWorker(secret.get_secret_value(), worker_id=spec.name, args=args, env=env)
         pod = _Pod(spec, worker)

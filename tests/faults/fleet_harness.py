@@ -1,0 +1,126 @@
+"""A whole fleet on this machine for the fault tests: the orchestrator (in
+process, real Redis under a unique key prefix), the local provider (real
+worker processes), and an ingest (ingest.routing behind its real HTTP API)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+from deploy.models import PodSpec
+from deploy.providers.local import LocalProvider
+from deploy.service import Orchestrator
+from deploy.settings import LocalSettings, OrchestratorSettings, TierConfig
+from framerelay.auth import TokenSigner
+from framerelay.results import ResultRecord
+from ingest.routing import WorkerPool, routing_router
+from tests.conftest import MODEL, TIMEOUT_FACTOR
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass
+class Fleet:
+    orch: Orchestrator
+    provider: LocalProvider
+    pool: WorkerPool
+    records: list[ResultRecord] = field(default_factory=list)
+
+    def results_for(self, stream: str) -> list[ResultRecord]:
+        return [r for r in self.records if r.stream_id == stream]
+
+
+def settings_for(secret: str, **over: Any) -> OrchestratorSettings:
+    base: dict[str, Any] = {
+        "provider": "local", "redis_url": REDIS_URL, "token_secrets": secret,
+        "key_prefix": f"test-fleet-{secrets.token_hex(4)}:", "tick_s": 0.5, "lease_ttl_s": 5,
+        "canary_interval_s": 2, "canary_timeout_s": 8 * TIMEOUT_FACTOR, "heartbeat_timeout_s": 2,
+        "unhealthy_after": 2, "startup_grace_s": 120 * TIMEOUT_FACTOR,
+        "local": LocalSettings(model=MODEL, threads=1),
+        "tiers": [TierConfig(name="ondemand", min_warm=3, max_workers=3, capacity_fps=12)],
+    }  # fmt: skip
+    return OrchestratorSettings(**{**base, **over})
+
+
+async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):
+        if server.started:
+            break
+        await asyncio.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(
+    secret: str,
+    settings: OrchestratorSettings,
+    *,
+    env_hook: Callable[[PodSpec], dict[str, str]] | None = None,
+) -> AsyncIterator[Fleet]:
+    signer = TokenSigner([secret])
+    records: list[ResultRecord] = []
+    pool = WorkerPool(lambda w: signer.mint("ingest", [f"worker:{w}"], 600), records.append)
+    app = FastAPI()
+    app.include_router(routing_router(pool))
+    server, serve_task, ingest_url = await _serve(app)
+    settings = settings.model_copy(update={"ingest_url": ingest_url})
+    provider = LocalProvider(settings.local, env_hook=env_hook)
+    orch = Orchestrator(settings, provider=provider)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(orch.run(stop))
+    try:
+        yield Fleet(orch, provider, pool, records)
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 30)
+        await pool.aclose()
+        await orch.store.clear()
+        await orch.aclose()
+        server.should_exit = True
+        await asyncio.wait_for(serve_task, 10)
+
+
+async def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while not await _call(predicate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s * TIMEOUT_FACTOR:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def _call(predicate: Callable[[], Any]) -> bool:
+    out = predicate()
+    if asyncio.iscoroutine(out):
+        out = await out
+    return bool(out)
+
+
+async def resumed_sessions(http_url: str) -> int:
+    async with httpx.AsyncClient(timeout=5) as http:
+        text = (await http.get(f"{http_url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("framerelay_worker_sessions_resumed_total"):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+async def clear_prefix(prefix: str) -> None:
+    redis = Redis.from_url(REDIS_URL)
+    async for key in redis.scan_iter(match=prefix + "*"):
+        await redis.delete(key)
+    await redis.aclose()

@@ -1,0 +1,49 @@
+"""Acceptance 5: a worker whose /healthz answers but whose inference is hung
+(FRAMERELAY_WORKER_FAULT, test-only) is caught by the canary and replaced."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deploy.models import PodSpec, StreamSpec
+from deploy.settings import TierConfig
+from tests.conftest import CLIP
+from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _hang_first_generation(spec: PodSpec) -> dict[str, str]:
+    return (
+        {"FRAMERELAY_WORKER_FAULT": "hang_inference_after:4"} if spec.name.endswith("-g0") else {}
+    )
+
+
+def test_hung_inference_is_detected_by_the_canary_and_replaced(secret: str) -> None:
+    tier = TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12)
+    settings = settings_for(secret, tiers=[tier], canary_timeout_s=3, canary_interval_s=1)
+
+    async def main() -> tuple[list[dict[str, object]], object, str, str | None]:
+        async with running_fleet(secret, settings, env_hook=_hang_first_generation) as fleet:
+            await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=2, loop=True))
+            hung = "fr-ondemand-0-g0"
+            await wait_for(lambda: fleet.results_for("cam"), 90, "first results")
+            await wait_for(lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 60, "canary catch")
+            unhealthy = [e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy"]
+            await wait_for(
+                lambda: any(r.worker_id == "fr-ondemand-0-g1" for r in fleet.results_for("cam")),
+                90, "results from the replacement",
+            )  # fmt: skip
+            events = list(fleet.orch.fleet.events)
+            first = unhealthy[0]
+            return events, first.get("healthz_ok"), hung, str(first.get("error"))
+
+    events, healthz, hung, error = asyncio.run(main())
+    kinds = [(e["kind"], e["pod"]) for e in events]
+    assert healthz is True  # /healthz answered while inference was hung
+    assert ("unhealthy", hung) in kinds and ("replaced", hung) in kinds
+    assert error is not None and "canary" in str(error)
+    assert ("ready", "fr-ondemand-0-g1") in kinds
+    print(f"\nhung worker {hung}: {error}; replaced by fr-ondemand-0-g1")
