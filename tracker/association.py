@@ -89,19 +89,20 @@ def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
 
 
 def direction_score(
-    direction: F64, anchor: F64, centers: F64, weight: NDArray[np.floating]
+    motion: F64, anchor: F64, centers: F64, weight: NDArray[np.floating]
 ) -> F64:
     """OC-SORT's momentum term for K candidate pairs (all arguments row-aligned).
 
-    Agreement of each track's motion ``direction`` (K, 2) unit vectors, zero
-    where unknown, with the direction from the track's ``anchor`` observation
-    (K, 2) to the detection's centre (K, 2): ``(pi/2 - angle) / pi`` in
-    ``[-0.5, 0.5]``, times ``weight`` (K,), and 0 for tracks with no direction.
+    Agreement of each track's recent ``motion`` (K, 2), the vector from its
+    ``anchor`` observation (K, 2) to its latest one (zero where unknown), with
+    the vector from the anchor to the detection's centre (K, 2):
+    ``(pi/2 - angle) / pi`` in ``[-0.5, 0.5]``, times ``weight`` (K,); 0 where
+    either vector is zero.
     """
     delta = centers - anchor
-    norm = np.hypot(delta[:, 0], delta[:, 1])
-    cos = (delta[:, 0] * direction[:, 0] + delta[:, 1] * direction[:, 1]) / np.maximum(norm, 1e-6)
-    # (pi/2 - arccos(cos)) / pi == arcsin(cos) / pi; an unknown (zero) direction gives 0
+    norms = np.hypot(delta[:, 0], delta[:, 1]) * np.hypot(motion[:, 0], motion[:, 1])
+    cos = (delta[:, 0] * motion[:, 0] + delta[:, 1] * motion[:, 1]) / np.maximum(norms, 1e-9)
+    # (pi/2 - arccos(cos)) / pi == arcsin(cos) / pi
     out: F64 = np.arcsin(np.clip(cos, -1.0, 1.0, out=cos), out=cos)
     out *= weight
     out *= 1.0 / np.pi

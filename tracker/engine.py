@@ -257,7 +257,10 @@ class SortFamilyTracker:
         """Candidates scored ``iou`` plus OC-SORT's direction agreement."""
         tr = self.tracks
         w = weight * f.conf[c.cols].astype(np.float64)
-        extra = direction_score(tr.direction[c.rows], tr.anchor[c.rows], f.z[c.cols, :2], w)
+        anchor = tr.anchors[c.rows, 0, :2]
+        obs = tr.obs[c.rows]
+        motion = 0.5 * (obs[:, 0:2] + obs[:, 2:4]) - anchor  # anchor -> last observation
+        extra = direction_score(motion, anchor, f.z[c.cols, :2], w)
         return _Candidates(c.rows, c.cols, iou, iou + extra)
 
     def _apply(self, f: _Frame, match: I64, now: float) -> I64:
@@ -306,7 +309,7 @@ class SortFamilyTracker:
         tr.mean[rows], tr.cov[rows] = mean, cov
 
     def _observe(self, rows: I64, f: _Frame, dets: I64, now: float) -> None:
-        """Record the matched observation and refresh the motion direction."""
+        """Record the matched observation and move the direction anchors along."""
         tr = self.tracks
         tr.hits[rows] += 1
         tr.t_obs[rows] = now
@@ -314,17 +317,14 @@ class SortFamilyTracker:
         tr.class_id[rows] = f.cls[dets]
         if self.settings.direction_weight == 0 and self.settings.recovery_direction_weight == 0:
             return
-        center = f.z[dets, :2]
         # two-slot lag: the anchor is always between one and two windows old
-        due = now - tr.t_anchor_next[rows] >= self.settings.direction_window_s
+        anchors = tr.anchors
+        due = now - anchors[rows, 1, 2] >= self.settings.direction_window_s
         if due.any():
             roll = rows[due]
-            tr.anchor[roll], tr.t_anchor[roll] = tr.anchor_next[roll], tr.t_anchor_next[roll]
-            tr.anchor_next[roll], tr.t_anchor_next[roll] = center[due], now
-        delta = center - tr.anchor[rows]
-        norm = np.hypot(delta[:, 0], delta[:, 1])[:, None]
-        unit = delta / np.maximum(norm, 1e-6)
-        tr.direction[rows] = np.where(norm > 1e-6, unit, tr.direction[rows])
+            anchors[roll, 0] = anchors[roll, 1]
+            anchors[roll, 1, :2] = f.z[dets[due], :2]
+            anchors[roll, 1, 2] = now
 
     def _confirm(self, rows: I64) -> None:
         tr = self.tracks
@@ -357,11 +357,7 @@ class SortFamilyTracker:
             hits=np.ones(n, np.int64),
             t_obs=np.full(n, now),
             obs=f.xyxy[dets].copy(),
-            anchor=f.z[dets, :2].copy(),
-            t_anchor=np.full(n, now),
-            anchor_next=f.z[dets, :2].copy(),
-            t_anchor_next=np.full(n, now),
-            direction=np.zeros((n, 2)),
+            anchors=np.repeat(np.column_stack([f.z[dets, :2], np.full(n, now)])[:, None], 2, 1),
             class_id=f.cls[dets].astype(np.int32),
         )
         first = len(self.tracks)

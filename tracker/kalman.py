@@ -158,7 +158,9 @@ def update(mean: F64, cov: F64, z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
         s = s * np.maximum(1.0, np.abs(innovation) / (noise.outlier_sigma * np.sqrt(s)))
     gain = cov[:, PP:VV] / s[:, None, :]  # (N, 2, 4): position and velocity gains
     new_mean = mean + (gain * innovation[:, None, :]).reshape(-1, STATE)
-    new_cov = cov - gain[:, [0, 0, 1], :] * cov[:, [PP, PV, PV], :]
+    new_cov = np.empty_like(cov)
+    new_cov[:, PP:VV] = cov[:, PP:VV] * (1.0 - gain[:, 0:1])  # PP, PV times (1 - K_pos)
+    new_cov[:, VV] = cov[:, VV] - gain[:, 1] * cov[:, PV]
     return new_mean, new_cov
 
 

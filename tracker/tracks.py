@@ -29,11 +29,7 @@ _DTYPES: dict[str, tuple[type[Any], tuple[int, ...]]] = {
     "hits": (np.int64, ()),
     "t_obs": (np.float64, ()),
     "obs": (np.float64, (4,)),
-    "anchor": (np.float64, (2,)),
-    "t_anchor": (np.float64, ()),
-    "anchor_next": (np.float64, (2,)),
-    "t_anchor_next": (np.float64, ()),
-    "direction": (np.float64, (2,)),
+    "anchors": (np.float64, (2, 3)),
     "class_id": (np.int32, ()),
 }
 
@@ -50,12 +46,10 @@ class TrackTable:
         hits: (N,) number of matched detections so far.
         t_obs: (N,) time (s) of the last matched detection.
         obs: (N, 4) last matched detection box (xyxy).
-        anchor: (N, 2) centre of the observation the direction is measured from,
-            between one and two ``direction_window_s`` old.
-        t_anchor: (N,) time of that observation.
-        anchor_next: (N, 2) the observation that becomes the anchor next.
-        t_anchor_next: (N,) its time.
-        direction: (N, 2) unit vector of recent motion, zero while unknown.
+        anchors: (N, 2, 3) two past observations ``[cx, cy, t]``: slot 0 is the
+            anchor the motion direction is measured from (between one and two
+            ``direction_window_s`` older than the latest observation), slot 1
+            the observation that becomes the anchor next.
         class_id: (N,) class of the last matched detection.
     """
 
@@ -66,11 +60,7 @@ class TrackTable:
     hits: NDArray[np.int64]
     t_obs: NDArray[np.float64]
     obs: NDArray[np.float64]
-    anchor: NDArray[np.float64]
-    t_anchor: NDArray[np.float64]
-    anchor_next: NDArray[np.float64]
-    t_anchor_next: NDArray[np.float64]
-    direction: NDArray[np.float64]
+    anchors: NDArray[np.float64]
     class_id: NDArray[np.int32]
 
     @classmethod
