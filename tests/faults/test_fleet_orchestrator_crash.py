@@ -1,0 +1,95 @@
+"""Acceptance 2 and 6: the orchestrator is killed (-9) between "pod created" (the
+RunPod contract server has it) and "pod recorded" (its answer never arrives);
+after a restart there is no orphaned and no duplicate pod. The API key never
+shows in the orchestrator's logs, errors or metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.deploy.runpod_contract import ContractState, running_contract_server
+
+pytestmark = [pytest.mark.integration]
+KEY = "rpa_" + "Cr4shT3stK3y" * 3
+
+
+def _start(
+    env: dict[str, str], log: Path, started: list[subprocess.Popen[str]], wait_ready: bool = True
+) -> tuple[subprocess.Popen[str], str]:
+    with log.open("a") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "framerelay", "--log-level", "DEBUG", "orchestrator",
+             "--port", "0"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+    started.append(proc)
+    assert proc.stdout is not None
+    if not wait_ready:
+        return proc, ""
+    line = proc.stdout.readline()
+    assert line.startswith("{"), log.read_text()[-2000:]
+    return proc, str(json.loads(line)["url"])
+
+
+def _wait(pred: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+def test_crash_between_created_and_recorded(secret: str, tmp_path: Path) -> None:
+    state = ContractState(KEY)
+    log = tmp_path / "orchestrator.log"
+    prefix = f"test-crash-{os.getpid()}-{time.monotonic_ns()}:"
+    tiers = [{"name": "spot", "spot": True, "min_warm": 2, "max_workers": 2,
+              "cloud_types": ["COMMUNITY"]}]  # fmt: skip
+    with running_contract_server(state) as base:
+        env = {
+            **os.environ, "FRAMERELAY_TOKEN_SECRETS": secret,
+            "FRAMERELAY_ORCH_PROVIDER": "runpod", "FRAMERELAY_ORCH_RUNPOD__API_KEY": KEY,
+            "FRAMERELAY_ORCH_RUNPOD__BASE_URL": base, "FRAMERELAY_ORCH_RUNPOD__BACKOFF_S": "0.05",
+            "FRAMERELAY_ORCH_KEY_PREFIX": prefix, "FRAMERELAY_ORCH_TICK_S": "0.3",
+            "FRAMERELAY_ORCH_LEASE_TTL_S": "1", "FRAMERELAY_ORCH_TIERS": json.dumps(tiers),
+        }  # fmt: skip
+        procs: list[subprocess.Popen[str]] = []
+        state.faults.on_create = lambda pod: os.kill(procs[0].pid, signal.SIGKILL)
+        first, _ = _start(env, log, procs, wait_ready=False)
+        assert first.wait(30 * TIMEOUT_FACTOR) == -signal.SIGKILL
+        assert first.stdout is not None
+        first.stdout.close()
+        assert len(state.pods) == 1  # created at the provider, never recorded
+        state.faults.on_create = None
+        state.faults.fail_next = 2  # and a flaky API on the way back
+        second, url = _start(env, log, procs)
+        try:
+            _wait(lambda: len(httpx.get(f"{url}/v1/pods").json()) == 2
+                  and all(p["provider_id"] for p in httpx.get(f"{url}/v1/pods").json()),
+                  30, "two recorded pods")  # fmt: skip
+            time.sleep(1.5)  # a few more passes: nothing else may appear
+            recorded = {p["name"]: p["provider_id"] for p in httpx.get(f"{url}/v1/pods").json()}
+            metrics = httpx.get(f"{url}/metrics").text
+            fleet = httpx.get(f"{url}/v1/fleet").text
+        finally:
+            second.send_signal(signal.SIGTERM)
+            out, _ = second.communicate(timeout=30)
+        seen = state.by_name()
+        print(f"\nprovider view after restart: {seen}; recorded: {recorded}")
+        assert all(len(ids) == 1 for ids in seen.values()), "duplicate pod"
+        assert {n: ids[0] for n, ids in seen.items()} == recorded, "orphan or unrecorded pod"
+        assert "fr-spot-0-g0" in recorded  # the pod created before the crash was adopted
+    text = log.read_text() + out + metrics + fleet
+    assert "adopted" in log.read_text()
+    assert KEY not in text and not state.key_in_url
