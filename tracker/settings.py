@@ -67,7 +67,7 @@ class SortSettings(BaseModel):
         0.0, ge=0.0, le=2.0, description="Stage 3: grow last boxes by this x size (C-BIoU)."
     )
     reupdate: bool = Field(
-        True, description="OC-SORT ORU: velocity from the gap when a lost track returns."
+        False, description="OC-SORT ORU: velocity from the gap when a lost track returns."
     )
     tentative_match_iou: float = Field(
         0.3, ge=0.0, le=1.0, description="Stage 4 (tentative tracks, high detections): minimum IoU."
@@ -135,6 +135,7 @@ class OCSortSettings(SortSettings):
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for OC-SORT.")
     report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="OC-SORT reports all.")
     use_low_stage: bool = Field(False, description="Off for OC-SORT.")
+    reupdate: bool = Field(True, description="OC-SORT's observation-centric re-update.")
     direction_weight: float = Field(
         0.2, ge=0.0, le=2.0, description="OC-SORT momentum in stage 1 (the paper's 0.2)."
     )
