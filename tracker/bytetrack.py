@@ -1,15 +1,20 @@
 """The registered SORT-family trackers: ``hybrid`` (= ``default``), ``bytetrack``, ``ocsort``.
 
 All three run the same vectorised engine (:mod:`tracker.engine`); they differ
-in which association stages their settings switch on:
+only in the defaults of their settings models (:mod:`tracker.settings`):
 
-=========== ============ ================= ============= =================
-name        low stage    direction (OCM)   recovery OCR  re-update (ORU)
-=========== ============ ================= ============= =================
-hybrid      yes          0.2               yes           yes
-bytetrack   yes          0                 no            no
-ocsort      no           0.2               yes           yes
-=========== ============ ================= ============= =================
+=========== ===== ====== ======= ========= ========= ========= ===== ========
+name        low   HMIoU  robust  OCM       OCR       OCR dir.  ORU   report
+            stage        Kalman  (dir. 1)  recovery  weight          >= score
+=========== ===== ====== ======= ========= ========= ========= ===== ========
+hybrid      yes   yes    2 sigma 0         yes       0.2       no    0.5
+bytetrack   yes   no     no      0         no        0         no    0
+ocsort      no    no     no      0.2       yes       0         yes   0
+=========== ===== ====== ======= ========= ========= ========= ===== ========
+
+``bytetrack`` and ``ocsort`` follow their papers (on this time-aware engine);
+``hybrid`` is the combination that scored best on the evaluation (see
+``tracker/README.md``) and is what ``default`` builds.
 """
 
 from __future__ import annotations

@@ -1,16 +1,27 @@
 """The SORT-family tracking engine shared by ``bytetrack``, ``ocsort`` and ``hybrid``.
 
-One update, with all tracks predicted to the frame's time ``t`` first:
+One update, with all tracks' Kalman filters first predicted to the frame's
+time ``t`` (tracks unseen for longer than ``max_lost_s`` are dropped first):
 
-1. high detections  <-> confirmed tracks (tracked or lost), IoU with the
-   predicted box, plus OC-SORT's direction term (``direction_weight``);
-2. low detections   <-> confirmed tracks still tracked, IoU (ByteTrack);
-3. leftover high    <-> leftover confirmed tracks, IoU with their *last
-   observed* box (OC-SORT's observation-centric recovery);
-4. leftover high    <-> tentative tracks, IoU with the predicted box;
-5. leftover high detections above ``new_track_threshold`` start tentative
-   tracks; a tentative track is confirmed (and gets the next id) after
-   ``min_hits`` matches; tracks unmatched for too long (seconds) are dropped.
+1. high detections  <-> confirmed tracks (tracked or lost): IoU with the
+   predicted box, optionally height-modulated (``height_iou``) and plus
+   OC-SORT's direction term (``direction_weight``);
+2. low detections   <-> confirmed tracks still tracked: IoU (ByteTrack's
+   second stage, ``use_low_stage``);
+3. leftover high    <-> leftover confirmed tracks: IoU with their *last
+   observed* box (OC-SORT's observation-centric recovery, ``recovery``),
+   plus the direction term (``recovery_direction_weight``);
+4. leftover high    <-> tentative tracks: IoU with the predicted box;
+5. matched tracks get a Kalman update (robust to outliers with
+   ``outlier_sigma``); leftover high detections above ``new_track_threshold``
+   start tentative tracks; a tentative track is confirmed (and gets the next
+   id) after ``min_hits`` matches; tracked tracks that found nothing become
+   lost; tentative ones unmatched for ``tentative_max_gap_s`` and lost ones
+   unmatched for ``max_lost_s`` (seconds) are dropped.
+
+Each stage solves one optimal assignment (:func:`tracker.association.assign`).
+Matched detections below ``report_threshold`` keep their track alive but are
+returned with ``tracker_id`` -1.
 
 Everything is vectorised over tracks (see :mod:`tracker.tracks`).
 """
