@@ -138,9 +138,17 @@ class ContractState:
         if "_launching" in pod:
             return
         pod["_launching"] = True
-        ip, port, stop = self.launcher(pod)
-        self._stops[pod["id"]] = stop
-        pod["publicIp"], pod["portMappings"] = ip, {p.split("/")[0]: port for p in tcp[:1]}
+        launcher = self.launcher
+
+        def launch() -> None:  # the container "boots" in the background
+            ip, port, stop = launcher(pod)
+            if pod["id"] not in self.pods:
+                stop()
+                return
+            self._stops[pod["id"]] = stop
+            pod["publicIp"], pod["portMappings"] = ip, {p.split("/")[0]: port for p in tcp[:1]}
+
+        threading.Thread(target=launch, daemon=True).start()
 
     def remove(self, pod_id: str) -> bool:
         with self._lock:

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from deploy.models import PodSpec
+from deploy.providers.base import Provider
 from deploy.providers.local import LocalProvider
 from deploy.service import Orchestrator
 from deploy.settings import LocalSettings, OrchestratorSettings, TierConfig
@@ -71,6 +72,7 @@ async def running_fleet(
     settings: OrchestratorSettings,
     *,
     env_hook: Callable[[PodSpec], dict[str, str]] | None = None,
+    provider: Provider | None = None,
 ) -> AsyncIterator[Fleet]:
     signer = TokenSigner([secret])
     records: list[ResultRecord] = []
@@ -79,12 +81,12 @@ async def running_fleet(
     app.include_router(routing_router(pool))
     server, serve_task, ingest_url = await _serve(app)
     settings = settings.model_copy(update={"ingest_url": ingest_url})
-    provider = LocalProvider(settings.local, env_hook=env_hook)
-    orch = Orchestrator(settings, provider=provider)
+    local = LocalProvider(settings.local, env_hook=env_hook)
+    orch = Orchestrator(settings, provider=provider or local)
     stop = asyncio.Event()
     loop = asyncio.create_task(orch.run(stop))
     try:
-        yield Fleet(orch, provider, pool, records)
+        yield Fleet(orch, local, pool, records)
     finally:
         stop.set()
         await asyncio.wait_for(loop, 30)

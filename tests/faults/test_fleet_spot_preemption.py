@@ -1,0 +1,103 @@
+"""Acceptance 3 (spot): a spot pod vanishes (preempted) on the RunPod contract
+server; its streams move to on-demand within 15 s; critical never on spot.
+The contract server backs each pod with a real local worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from deploy.models import StreamSpec
+from deploy.providers.runpod import RunPodProvider
+from deploy.settings import RunPodSettings, TierConfig
+from gpu_worker.launcher import LocalWorker
+from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.deploy.runpod_contract import ContractState, running_contract_server
+from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+KEY = "rpa_" + "Sp0tT3stK3y" * 3
+MOVE_LIMIT_S = 15.0
+
+
+def _launch(pod: dict[str, Any]) -> tuple[str, int, Any]:
+    env = pod["env"]
+    worker = LocalWorker(
+        env["FRAMERELAY_TOKEN_SECRETS"], worker_id=env["FRAMERELAY_WORKER_WORKER_ID"],
+        args=["--model", str(MODEL), "--threads", "1", "--host", "127.0.0.1"],
+    )  # fmt: skip
+    worker.start(120 * TIMEOUT_FACTOR)
+    port = int(worker.url.rsplit(":", 1)[1].split("/")[0])
+
+    def stop() -> None:  # the container dies at once, like a preempted machine
+        worker.kill()
+        worker.stop()
+
+    return "127.0.0.1", port, stop
+
+
+def test_spot_pod_vanishes_and_its_streams_move(secret: str) -> None:
+    state = ContractState(KEY)
+    state.launcher = _launch
+    tiers = [
+        TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12),
+        TierConfig(name="spot", spot=True, min_warm=1, max_workers=1, capacity_fps=12,
+                   cloud_types=("COMMUNITY",)),
+    ]  # fmt: skip
+    streams = [
+        StreamSpec(id="crit", url=str(CLIP), fps=3, loop=True, priority="critical"),
+        StreamSpec(id="std-1", url=str(CLIP), fps=3, loop=True),
+        StreamSpec(id="std-2", url=str(CLIP), fps=3, loop=True),
+    ]
+
+    async def main(base: str) -> tuple[float, dict[str, str], dict[str, str], Any]:
+        rp = RunPodProvider(RunPodSettings(api_key=SecretStr(KEY), base_url=base, backoff_s=0.05))
+        settings = settings_for(secret, tiers=tiers, provider="runpod")
+        async with running_fleet(secret, settings, provider=rp) as fleet:
+            for s in streams:
+                await fleet.orch.store.put_stream(s)
+
+            async def placed_on_spot() -> bool:
+                a = await fleet.orch.store.assignments()
+                return (
+                    a.get("std-1", "").startswith("fr-spot")
+                    and a.get("std-2", "").startswith("fr-spot")
+                    and all(fleet.results_for(s.id) for s in streams)
+                )
+
+            await wait_for(placed_on_spot, 120, "standard streams flowing on spot")
+            before = await fleet.orch.store.assignments()
+            spot_id = next(p["id"] for p in state.pods.values() if p["interruptible"])
+            t0 = time.time()
+            state.preempt(spot_id)  # vanishes, as a preempted spot pod
+
+            def moved() -> bool:
+                return all(
+                    any(r.received_at > t0 and not r.worker_id.startswith("fr-spot")
+                        for r in fleet.results_for(s)) for s in ("std-1", "std-2")
+                )  # fmt: skip
+
+            await wait_for(moved, 30, "standard streams on on-demand")
+            took = max(
+                min(r.received_at for r in fleet.results_for(s) if r.received_at > t0) - t0
+                for s in ("std-1", "std-2")
+            )
+            after = await fleet.orch.store.assignments()
+            return took, before, after, list(fleet.records)
+
+    with running_contract_server(state) as base:
+        try:
+            took, before, after, records = asyncio.run(main(base))
+        finally:
+            time.sleep(0.5)  # let a replacement that is still booting register
+            for pod_id in list(state.pods):
+                state.remove(pod_id)
+    print(f"\nspot pod preempted: standard streams moved {before} -> {after} in {took:.2f} s")
+    assert took <= MOVE_LIMIT_S * TIMEOUT_FACTOR
+    assert all(not r.worker_id.startswith("fr-spot") for r in records if r.stream_id == "crit")
+    assert after["std-1"].startswith("fr-ondemand") and after["std-2"].startswith("fr-ondemand")
+    assert not state.key_in_url
