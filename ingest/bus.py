@@ -118,8 +118,15 @@ class Published:
 class Subscription:
     """One subscriber's bounded queue (drop-oldest) and stream filter."""
 
-    def __init__(self, bus: ResultBus, maxsize: int, streams: frozenset[str] | None) -> None:
+    def __init__(
+        self,
+        bus: ResultBus,
+        maxsize: int,
+        streams: frozenset[str] | None,
+        on_drop: Callable[[], None] | None = None,
+    ) -> None:
         self._bus = bus
+        self._on_drop = on_drop
         self.streams = streams
         self.queue: asyncio.Queue[Published] = asyncio.Queue(maxsize=maxsize)
         self.dropped = 0
@@ -135,6 +142,8 @@ class Subscription:
             self.queue.get_nowait()
             self.dropped += 1
             self._bus.dropped += 1
+            if self._on_drop is not None:
+                self._on_drop()
         self.queue.put_nowait(item)
 
     async def get(self) -> Published:
@@ -159,9 +168,13 @@ class ResultBus:
         self.dropped = 0
 
     def subscribe(
-        self, *, maxsize: int = 256, streams: frozenset[str] | None = None
+        self,
+        *,
+        maxsize: int = 256,
+        streams: frozenset[str] | None = None,
+        on_drop: Callable[[], None] | None = None,
     ) -> Subscription:
-        sub = Subscription(self, maxsize, streams)
+        sub = Subscription(self, maxsize, streams, on_drop)
         self._subs.append(sub)
         return sub
 

@@ -219,6 +219,7 @@ class ResultHub:
         queue = self.bus.subscribe(
             maxsize=self.config.queue_size,
             streams=frozenset(sub.streams) if sub.streams else None,
+            on_drop=self.metrics.dropped.inc,
         )
         sender = asyncio.create_task(self._send_all(ws, session, queue))
         reader = asyncio.create_task(_drain_client(ws))
@@ -229,7 +230,6 @@ class ResultHub:
             for task in (sender, reader):
                 task.cancel()
             await asyncio.gather(sender, reader, return_exceptions=True)
-            self.metrics.dropped.inc(queue.dropped)
         if sender.done() and not sender.cancelled() and sender.exception() is None:
             return sender.result()
         return "client_closed"

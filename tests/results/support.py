@@ -1,0 +1,130 @@
+"""Test rig for results delivery: private redis-servers, an in-process hub, helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from fastapi import FastAPI
+
+from ingest.hub import ResultHub, api_server, results_router
+from ingest.settings import IngestSettings
+from tests.conftest import TIMEOUT_FACTOR
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll (sync) until true; TimeoutError after ``timeout_s`` x TIMEOUT_FACTOR."""
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met in {timeout_s * TIMEOUT_FACTOR:.0f} s")
+        time.sleep(0.05)
+
+
+async def wait_async(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met in {timeout_s * TIMEOUT_FACTOR:.0f} s")
+        await asyncio.sleep(0.02)
+
+
+def p99(values: list[float]) -> float:
+    return float(np.percentile(np.asarray(values), 99))
+
+
+class RedisServer:
+    """A private ``redis-server`` on a free loopback port (never the shared 6379)."""
+
+    def __init__(self, directory: Path, *, appendonly: bool = False) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        exe = shutil.which("redis-server")
+        assert exe is not None, "redis-server is not installed (scripts/services.sh)"
+        cmd = [
+            exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self.ping, 10, f"redis-server on {self.port} answering")
+        return self
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path, *, appendonly: bool = False) -> Iterator[RedisServer]:
+    server = RedisServer(directory, appendonly=appendonly).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(hub: ResultHub, settings: IngestSettings) -> AsyncIterator[str]:
+    """The hub on a real loopback socket in this event loop; yields ``ws://.../v1/results``."""
+    app = FastAPI()
+    app.include_router(results_router(hub))
+    server, sock = api_server(app, settings)
+    port = sock.getsockname()[1]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_async(lambda: server.started, 10, "uvicorn started")
+        yield f"ws://127.0.0.1:{port}/v1/results"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await task
+        sock.close()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env.update(extra)
+    return env
