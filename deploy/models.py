@@ -16,7 +16,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from framerelay.errors import ConfigError
 from framerelay.wire import STREAM_ID
 
 Priority = Literal["critical", "standard", "batch"]
@@ -123,7 +122,7 @@ def parse_pod_name(fleet: str, name: str) -> tuple[str, int, int] | None:
 
 def check_name_part(kind: str, value: str) -> str:
     if not re.fullmatch(NAME_PART, value):
-        raise ConfigError(
+        raise ValueError(
             f"{kind} {value!r} must be 1-32 lowercase letters, digits or '-' "
             "(it becomes part of pod and Kubernetes object names)"
         )
