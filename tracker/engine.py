@@ -124,6 +124,11 @@ class SortFamilyTracker:
         not decrease; an earlier ``t`` is treated as the latest time seen.
         """
         now = self._advance(t)
+        if len(detections) == 0:  # nothing to associate: only age the tracks
+            if len(self.tracks):
+                self._age(np.ones(len(self.tracks), bool), now)
+            self._updates += 1
+            return detections
         frame = _Frame.of(detections, self.settings)
         match = self._associate(frame)
         ids = self._apply(frame, match, now)
@@ -177,13 +182,13 @@ class SortFamilyTracker:
             self._t = t
             return t
         dt = t - self._t
-        if dt > 0.0:
+        if dt > 0.0 and len(self.tracks):
             tr = self.tracks
             expired = t - tr.t_obs > self.settings.max_lost_s  # e.g. after a stall
             if expired.any():
                 tr.keep(~expired)
             tr.mean, tr.cov = kalman.predict(tr.mean, tr.cov, dt, self._noise)
-            self._t = t
+        self._t = max(self._t, t)
         return self._t
 
     def _predicted_xyxy(self) -> F64:
