@@ -5,6 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
+from deploy.settings import (
+    KubernetesSettings,
+    LocalSettings,
+    OrchestratorSettings,
+    RunPodSettings,
+    TierConfig,
+    Window,
+)
 from gpu_worker.detectors.base import OnnxDetectorSettings
 from gpu_worker.settings import WorkerSettings
 from ingest.settings import IngestSettings, StreamConfig
@@ -14,7 +22,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _names(model: type[BaseModel], prefix: str) -> list[str]:
-    skip = {"token_secrets", "detector", "type"}
+    skip = {"token_secrets", "detector", "type", "runpod", "local", "kubernetes"}
     return [prefix + n.upper() if prefix else n for n in model.model_fields if n not in skip]
 
 
@@ -23,7 +31,13 @@ def _names(model: type[BaseModel], prefix: str) -> list[str]:
     _names(WorkerSettings, "FRAMERELAY_WORKER_")
     + _names(OnnxDetectorSettings, "FRAMERELAY_WORKER_DETECTOR__")
     + _names(IngestSettings, "FRAMERELAY_INGEST_")
-    + _names(StreamConfig, ""),
+    + _names(StreamConfig, "")
+    + _names(OrchestratorSettings, "FRAMERELAY_ORCH_")
+    + _names(RunPodSettings, "FRAMERELAY_ORCH_RUNPOD__")
+    + _names(LocalSettings, "FRAMERELAY_ORCH_LOCAL__")
+    + _names(KubernetesSettings, "FRAMERELAY_ORCH_KUBERNETES__")
+    + _names(TierConfig, "")
+    + _names(Window, ""),
 )
 def test_every_setting_is_documented(name: str) -> None:
     short = name.replace("_TLS_KEY", "_TLS_CERT").replace("_TLS_CLIENT_KEY", "_TLS_CLIENT_CERT")
