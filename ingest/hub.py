@@ -55,7 +55,6 @@ from ingest.settings import IngestSettings, ResultsSettings
 log = logging.getLogger(__name__)
 NOTICE_EVERY_S = 1.0
 CLOSE_WAIT_S = 1.0
-TOKEN_LEEWAY_S = 5.0  # as TokenSigner's: a token accepted at the handshake is not cut at once
 _DELAY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 50, 100, 250, 1000, 5000)
 
 DurableRange = Callable[[str, IdKey, int], Awaitable[list[ResultRecord]]]
@@ -103,6 +102,7 @@ class HubConfig:
     send_timeout_s: float = 5.0
     max_subscribers: int = 1000
     resume_max: int = 2000
+    token_leeway_s: float = 5.0  # as TokenSigner's: a token just accepted is not cut at once
 
 
 @dataclass(slots=True)
@@ -263,7 +263,7 @@ class ResultHub:
         """The next queued result, or None once the token has expired."""
         if session.expires_at is None:
             return await queue.get()
-        left = session.expires_at + TOKEN_LEEWAY_S - time.time()
+        left = session.expires_at + self.config.token_leeway_s - time.time()
         if left <= 0:
             return None
         try:

@@ -1,0 +1,230 @@
+"""The WebSocket results API on a real loopback socket: refusals (acceptance 2),
+subscription filters, drop reporting, resume and token expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from framerelay.auth import TokenSigner
+from framerelay.results import ResultRecord
+from framerelay.schemas import SERVER_MESSAGE, ErrorMessage, ResultMessage, SubscribedMessage
+from ingest.bus import ResultBus, parse_id
+from ingest.hub import HubConfig, ResultHub
+from ingest.settings import IngestSettings, ResultsSettings
+from tests.conftest import TIMEOUT_FACTOR
+from tests.results.conftest import load_records
+from tests.results.support import serving
+
+pytestmark = pytest.mark.integration
+OTHER_SECRET = "another-secret-that-is-long-enough"
+
+
+@pytest.fixture(scope="module")
+def records(real_results: Path) -> list[ResultRecord]:
+    return load_records(real_results)
+
+
+@asynccontextmanager
+async def hub_with_feed(
+    records: list[ResultRecord], secret: str | None, rate: float = 50.0, **config: Any
+) -> AsyncIterator[tuple[str, ResultBus, ResultHub]]:
+    """A hub (in this loop, real socket) and a task publishing ``records`` as cam-1."""
+    bus = ResultBus()
+    signer = TokenSigner([secret], leeway_s=0) if secret else None
+    hub = ResultHub(bus, signer=signer, config=HubConfig(**config), registry=CollectorRegistry())
+    settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
+
+    async def feed() -> None:
+        i = 0
+        while rate > 0:
+            bus.publish(records[i % len(records)].model_copy(update={"received_at": time.time()}))
+            i += 1
+            await asyncio.sleep(1 / rate)
+
+    async with serving(hub, settings) as url:
+        task = asyncio.create_task(feed())
+        try:
+            yield url, bus, hub
+        finally:
+            task.cancel()
+
+
+def token(secret: str, *scopes: str, ttl: float = 60, now: float | None = None) -> str:
+    return TokenSigner([secret]).mint("app", list(scopes), ttl, now=now)
+
+
+def auth(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+async def recv(ws: ClientConnection) -> Any:
+    return SERVER_MESSAGE.validate_json(await asyncio.wait_for(ws.recv(), 10 * TIMEOUT_FACTOR))
+
+
+def _client(url: str, query: str, headers: dict[str, str] | None = None) -> Any:
+    return connect(f"{url}?{query}", additional_headers=headers or {}, proxy=None,
+                   compression=None, open_timeout=10 * TIMEOUT_FACTOR)  # fmt: skip
+
+
+REFUSALS = [
+    # case, headers(secret) -> dict, query, HTTP status, error code
+    ("no token", lambda s: {}, "stream=cam-1", 401, "unauthorized"),
+    ("not bearer", lambda s: {"Authorization": "Basic abc"}, "stream=cam-1", 401, "unauthorized"),
+    ("malformed", lambda s: auth("fr1.garbage"), "stream=cam-1", 401, "unauthorized"),
+    ("wrong secret", lambda s: auth(token(OTHER_SECRET, "stream:cam-1")), "stream=cam-1",
+     401, "unauthorized"),
+    ("expired", lambda s: auth(token(s, "stream:cam-1", ttl=60, now=time.time() - 3600)),
+     "stream=cam-1", 401, "token_expired"),
+    ("other stream", lambda s: auth(token(s, "stream:cam-2")), "stream=cam-1", 403, "forbidden"),
+    ("one of two", lambda s: auth(token(s, "stream:cam-1")), "stream=cam-1&stream=cam-2",
+     403, "forbidden"),
+    ("all streams", lambda s: auth(token(s, "stream:cam-1")), "", 403, "forbidden"),
+    ("worker scope", lambda s: auth(token(s, "worker:*")), "stream=cam-1", 403, "forbidden"),
+    ("bad confidence", lambda s: auth(token(s, "stream:cam-1")),
+     "stream=cam-1&min_confidence=2", 400, "bad_request"),
+    ("bad resume", lambda s: auth(token(s, "stream:cam-1")), "stream=cam-1&resume=cam-1",
+     400, "bad_request"),
+    ("bad stream id", lambda s: auth(token(s, "stream:*")), "stream=no%20spaces", 400,
+     "bad_request"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "headers", "query", "status", "code"), REFUSALS,
+                         ids=[r[0] for r in REFUSALS])  # fmt: skip
+def test_refused_before_any_result(
+    records: list[ResultRecord], secret: str, case: str, headers: Any, query: str, status: int,
+    code: str,
+) -> None:  # fmt: skip
+    async def main() -> InvalidStatus:
+        async with hub_with_feed(records, secret) as (url, _, hub):
+            with pytest.raises(InvalidStatus) as info:
+                async with _client(url, query, sent):
+                    pass
+            assert hub.metrics.sent._value.get() == 0  # nothing was ever sent
+            return info.value
+
+    sent = headers(secret)
+    exc = asyncio.run(main())
+    assert exc.response.status_code == status
+    body = ErrorMessage.model_validate_json(exc.response.body)
+    assert (body.code, body.http_status) == (code, status)
+    assert secret not in body.message
+    assert all(v.split()[-1] not in body.message for v in sent.values())  # token never echoed
+
+
+def test_capacity_is_a_503(records: list[ResultRecord], secret: str) -> None:
+    async def main() -> int:
+        async with hub_with_feed(records, secret, max_subscribers=1) as (url, _, _):
+            headers = auth(token(secret, "stream:cam-1"))
+            async with _client(url, "stream=cam-1", headers) as first:
+                assert isinstance(await recv(first), SubscribedMessage)
+                with pytest.raises(InvalidStatus) as info:
+                    async with _client(url, "stream=cam-1", headers):
+                        pass
+                return info.value.response.status_code
+
+    assert asyncio.run(main()) == 503
+
+
+def test_subscribed_first_then_filtered_results(records: list[ResultRecord], secret: str) -> None:
+    async def main() -> tuple[SubscribedMessage, list[ResultMessage]]:
+        async with hub_with_feed(records, secret) as (url, _, _):
+            query = "stream=cam-1&class=person,bicycle&min_confidence=0.8"
+            async with _client(url, query, auth(token(secret, "stream:*"))) as ws:
+                first = await recv(ws)
+                got = [await recv(ws) for _ in range(40)]
+        return first, got
+
+    first, got = asyncio.run(main())
+    assert isinstance(first, SubscribedMessage)
+    assert first.subscription.classes == ["person", "bicycle"]
+    assert first.subscription.min_confidence == 0.8 and first.expires_at is not None
+    assert all(isinstance(m, ResultMessage) and m.stream_id == "cam-1" for m in got)
+    dets = [d for m in got for d in m.detections]
+    assert dets and all(d.confidence >= 0.8 and d.class_name == "person" for d in dets)
+    keys = [parse_id(m.id or "") for m in got]
+    assert keys == sorted(set(keys))
+
+
+def test_a_full_queue_drops_oldest_and_says_so(records: list[ResultRecord], secret: str) -> None:
+    async def main() -> list[Any]:
+        async with hub_with_feed(records, secret, rate=0, queue_size=4) as (url, bus, _):
+            async with _client(url, "stream=cam-1", auth(token(secret, "stream:cam-1"))) as ws:
+                assert isinstance(await recv(ws), SubscribedMessage)
+                for r in records[:100]:  # a burst faster than any sender: the queue overflows
+                    bus.publish(r)
+                bus.publish(records[100])  # (still queued behind the burst)
+                msgs = [await recv(ws) for _ in range(5)]
+                await asyncio.sleep(1.1)
+                bus.publish(records[101])  # drops grew since the last notice: another one
+                msgs += [await recv(ws)]
+                return msgs
+
+    msgs = asyncio.run(main())
+    results = [m for m in msgs if isinstance(m, ResultMessage)]
+    assert [r.seq for r in results][:4] == [r.seq for r in records[97:101]]  # newest kept
+    assert all(r.dropped == 97 for r in results)
+    assert any(m.type == "notice" and m.code == "dropped" and m.dropped == 97 for m in msgs)
+
+
+def test_resume_replays_what_was_missed_without_duplicates(
+    records: list[ResultRecord], secret: str
+) -> None:
+    async def main() -> list[ResultMessage]:
+        async with hub_with_feed(records, secret, rate=0) as (url, bus, _):
+            published = [bus.push(r) for r in records[:20]]
+            query = f"stream=cam-1&resume=cam-1@{published[9].id}"
+            async with _client(url, query, auth(token(secret, "stream:cam-1"))) as ws:
+                sub = await recv(ws)
+                assert isinstance(sub, SubscribedMessage) and sub.replay == {"cam-1": 10}
+                got = [await recv(ws) for _ in range(10)]
+                bus.publish(records[20])
+                got.append(await recv(ws))
+                return got
+
+    got = asyncio.run(main())
+    assert [m.seq for m in got] == [r.seq for r in records[10:21]]
+
+
+def test_token_expiring_mid_session_closes_with_4401(
+    records: list[ResultRecord], secret: str
+) -> None:
+    async def main() -> tuple[list[Any], int | None]:
+        async with hub_with_feed(records, secret, token_leeway_s=0) as (url, _, _):
+            tok = token(secret, "stream:cam-1", ttl=1)
+            msgs: list[Any] = []
+            async with _client(url, "stream=cam-1", auth(tok)) as ws:
+                try:
+                    while True:
+                        msgs.append(await recv(ws))
+                except ConnectionClosed:
+                    pass
+                return msgs, ws.close_code
+
+    msgs, code = asyncio.run(main())
+    assert code == 4401
+    assert msgs[-1].type == "error" and msgs[-1].code == "token_expired"
+    assert any(m.type == "result" for m in msgs)
+
+
+def test_without_secrets_the_hub_is_open(records: list[ResultRecord]) -> None:
+    async def main() -> Any:
+        async with hub_with_feed(records, None) as (url, _, _):
+            async with _client(url, "") as ws:
+                return [await recv(ws) for _ in range(3)]
+
+    first, *rest = asyncio.run(main())
+    assert isinstance(first, SubscribedMessage) and first.expires_at is None
+    assert all(isinstance(m, ResultMessage) for m in rest)
+    assert json.loads(rest[0].model_dump_json())["type"] == "result"
