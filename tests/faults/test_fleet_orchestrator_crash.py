@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from redis import Redis
 
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.deploy.runpod_contract import ContractState, running_contract_server
@@ -90,6 +91,10 @@ def test_crash_between_created_and_recorded(secret: str, tmp_path: Path) -> None
         assert all(len(ids) == 1 for ids in seen.values()), "duplicate pod"
         assert {n: ids[0] for n, ids in seen.items()} == recorded, "orphan or unrecorded pod"
         assert "fr-spot-0-g0" in recorded  # the pod created before the crash was adopted
+    redis = Redis()
+    for key in redis.scan_iter(match=prefix + "*"):
+        redis.delete(key)
+    redis.close()
     text = log.read_text() + out + metrics + fleet
     assert "adopted" in log.read_text()
     assert KEY not in text and not state.key_in_url
