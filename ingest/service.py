@@ -1,4 +1,13 @@
-"""The ingest service: streams + tunnel client + result bus, with a lifecycle."""
+"""The ingest service: streams + tunnel client + result bus, with a lifecycle.
+
+Streams come from the settings and, when a store is given, from the store
+(definitions added over the API; a stored definition wins over a setting with
+the same id). ``create_stream``/``update_stream``/``remove_stream`` change
+them at runtime and persist the change first: when the store fails nothing
+changes. Removing a stream stops its decode thread, lets the last frames in
+flight come back (bounded), sends CLOSE so the worker frees its session, and
+forgets every per-stream state of the ingest.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,13 @@ import contextlib
 import logging
 
 from framerelay.auth import TokenSigner
-from framerelay.errors import ConfigError
+from framerelay.errors import ConfigError, FramerelayError
 from framerelay.results import ResultRecord
 from framerelay.settings import split_secrets
 from ingest.bus import ResultBus
 from ingest.settings import IngestSettings, StreamConfig
+from ingest.source import SourceSpec
+from ingest.store import StreamStore
 from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient, client_ssl_context
 
@@ -19,6 +30,16 @@ log = logging.getLogger(__name__)
 TOKEN_TTL_S = 3600.0
 FINISH_POLL_S = 0.1
 DRAIN_TIMEOUT_S = 3.0
+RETIRE_GRACE_S = 2.0
+JOIN_TIMEOUT_S = 5.0
+
+
+class StreamExists(ConfigError):
+    """A stream with this id is already running."""
+
+
+class UnknownStream(ConfigError):
+    """No stream has this id."""
 
 
 def token_provider(settings: IngestSettings) -> TokenSigner | str:
@@ -34,8 +55,9 @@ def token_provider(settings: IngestSettings) -> TokenSigner | str:
 
 
 class IngestService:
-    def __init__(self, settings: IngestSettings) -> None:
+    def __init__(self, settings: IngestSettings, store: StreamStore | None = None) -> None:
         self.settings = settings
+        self.store = store
         self.bus = ResultBus()
         self._credentials = token_provider(settings)
         ctx = None
@@ -55,6 +77,8 @@ class IngestService:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = list(settings.streams)
+        self._changing = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def _token(self) -> str:
         if isinstance(self._credentials, str):
@@ -66,21 +90,84 @@ class IngestService:
     def streams(self) -> dict[str, IngestStream]:
         return self.client.streams
 
-    def add_stream(self, config: StreamConfig) -> IngestStream:
+    def add_stream(self, config: StreamConfig, *, first_epoch: int = 0) -> IngestStream:
+        """Start a stream now (not persisted; see :meth:`create_stream`)."""
         if config.id in self.client.streams:
-            raise ConfigError(f"stream {config.id!r} already exists")
+            raise StreamExists(f"stream {config.id!r} already exists")
         loop = asyncio.get_running_loop()
-        stream = IngestStream(config, loop, self.settings.max_inflight)
+        stream = IngestStream(
+            config,
+            loop,
+            self.settings.max_inflight,
+            link_up=self.client.connected.is_set,
+            first_epoch=first_epoch,
+        )
         self.client.add(stream)
+        stream.launch()
         return stream
+
+    def _get(self, stream_id: str) -> IngestStream:
+        stream = self.client.streams.get(stream_id)
+        if stream is None:
+            raise UnknownStream(f"no stream {stream_id!r}")
+        return stream
+
+    async def create_stream(self, config: StreamConfig) -> IngestStream:
+        """Persist and start a new stream."""
+        async with self._changing:
+            if config.id in self.client.streams:
+                raise StreamExists(f"stream {config.id!r} already exists")
+            SourceSpec.from_config(config)  # reject what cannot run before storing it
+            if self.store is not None:
+                await self.store.put(config)
+            return self.add_stream(config)
+
+    async def update_stream(self, config: StreamConfig) -> IngestStream:
+        """Persist a new definition and restart the stream with it (next epoch)."""
+        async with self._changing:
+            old = self._get(config.id)
+            SourceSpec.from_config(config)
+            if self.store is not None:
+                await self.store.put(config)
+            await self._retire(old)
+            return self.add_stream(config, first_epoch=old.epoch + 1)
+
+    async def remove_stream(self, stream_id: str) -> None:
+        """Forget a stream (in the store too), stop it and free its state on both sides."""
+        async with self._changing:
+            stream = self._get(stream_id)
+            if self.store is not None:
+                await self.store.delete(stream_id)
+            await self._retire(stream)
+
+    async def _retire(self, stream: IngestStream) -> None:
+        stream.stop()
+        await asyncio.sleep(0)  # a sender spawned just now starts (and sees the closed slot)
+        try:  # the sender waits for the last results, then sends CLOSE to the worker
+            async with asyncio.timeout(self.settings.frame_timeout_s + RETIRE_GRACE_S):
+                await stream.sender_idle.wait()
+        except TimeoutError:
+            log.warning("stream %s: sender still busy after removal; dropping it", stream.id)
+        self.client.streams.pop(stream.id, None)
+        self.client.snapshots.pop(stream.id, None)
+        if stream.alive:  # blocked in a read at most read_timeout_s; do not hold the API
+            task = asyncio.create_task(asyncio.to_thread(stream.join, JOIN_TIMEOUT_S * 4))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     def publish(self, record: ResultRecord) -> None:
         self.bus.publish(record)
 
     async def run(self, stop: asyncio.Event, *, until_finished: bool = False) -> None:
         """Run until ``stop`` (or, with ``until_finished``, until every source ended)."""
-        for cfg in self._pending:
-            self.add_stream(cfg)
+        configs = {cfg.id: cfg for cfg in self._pending}
+        if self.store is not None:
+            configs.update((cfg.id, cfg) for cfg in await self.store.load())
+        for cfg in configs.values():
+            try:
+                self.add_stream(cfg)
+            except FramerelayError as exc:
+                log.error("stream %s not started: %s", cfg.id, exc)
         self._pending = []
         client_stop = asyncio.Event()
         client = asyncio.create_task(self.client.run(client_stop), name="tunnel-client")
@@ -105,4 +192,6 @@ class IngestService:
             client_stop.set()
             await client
             for stream in self.streams.values():
-                await asyncio.to_thread(stream.join, 5.0)
+                await asyncio.to_thread(stream.join, JOIN_TIMEOUT_S)
+            if self._retiring:
+                await asyncio.wait(set(self._retiring), timeout=JOIN_TIMEOUT_S)

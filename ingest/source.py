@@ -1,40 +1,167 @@
-"""Video sources decoded with PyAV (files, RTSP, HLS, HTTP, RTMP...).
+"""Video sources decoded with PyAV: files, RTSP (TCP/UDP), RTMP, HTTP(S), HLS.
 
-``AVSource.frames()`` is a blocking generator run in the stream's decode
-thread. It yields decoded frames with their raw PTS and the ingest-clock time
-of decoding, and :class:`Restart` markers where the timeline must start a new
-epoch (a looping file starting over). Corrupt packets are counted and skipped.
+A *session* is one ``av.open`` up to its end. :meth:`AVSource.session` runs
+one, blocking, in the stream's decode thread: it reports the opened stream
+(:class:`Opened`), then every decoded frame (:class:`Decoded`, stamped on the
+ingest clock as it leaves the decoder), and returns at the end of a file or
+when asked to stop. Everything that goes wrong raises a :class:`SourceError`
+subclass with an actionable message; the reconnect loop
+(:mod:`ingest.reconnect`) decides what to do about it.
+
+Never hang: PyAV is opened with ``timeout=(open_s, read_s)``, so a stalled
+server raises (:class:`SourceStalled`) after the read timeout instead of
+blocking forever. A live source (RTSP, RTMP...) reaching end-of-file has
+been disconnected (a killed RTSP server looks exactly like a normal end):
+:class:`SourceLost`. Corrupt packets are counted and skipped.
+
+Never leak secrets: the URL given to FFmpeg carries the credentials, but
+:attr:`SourceSpec.display` (what logs and errors show) does not, and every
+FFmpeg message is scrubbed before it goes anywhere (FFmpeg errors quote the
+URL they failed on).
 """
 
 from __future__ import annotations
 
-import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import av
+from av.video.stream import VideoStream
+
+if TYPE_CHECKING:
+    from av.packet import Packet
 
 from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
+from ingest.settings import StreamConfig, redact_url
 
-log = logging.getLogger(__name__)
+LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
+"""URL schemes whose end-of-file means a disconnect (the camera is still there)."""
+CREDENTIAL_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "http", "https"})
+WRAP_BITS = {"mpegts": MPEGTS_WRAP_BITS, "hls": MPEGTS_WRAP_BITS, "flv": 32, "live_flv": 32}
+"""Width of the PTS counter by container (RTSP: FFmpeg already unwraps RTP time)."""
+PROTOCOL_DEFAULTS: dict[str, dict[str, str]] = {
+    # FLV probing waits ~5 s for metadata by default; the stream headers come sooner.
+    "rtmp": {"analyzeduration": "1000000"},
+    "rtmps": {"analyzeduration": "1000000"},
+}
+NO_FRAME_PACKETS = 250
+"""On a network source, this many packets in a row without a frame (and at least
+``read_timeout_s`` of them) means the decoder cannot follow (codec change,
+garbage): reopen, which probes the stream again."""
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+
+
+class SourceUnavailable(SourceError):
+    """The source could not be opened (down, refused, not found, timed out)."""
+
+
+class SourceStalled(SourceError):
+    """No packet arrived within the read timeout."""
+
+
+class SourceLost(SourceError):
+    """The connection ended or broke while reading."""
+
+
+def scheme_of(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    return scheme.lower() if sep else ""
+
+
+def redact(url: str) -> str:
+    """The URL with any ``user:password@`` removed, for logs and errors."""
+    return redact_url(url)
+
+
+def _with_credentials(url: str, username: str, password: str | None) -> str:
+    scheme, _, rest = url.partition("://")
+    userinfo = quote(username, safe="")
+    if password is not None:
+        userinfo += ":" + quote(password, safe="")
+    return f"{scheme}://{userinfo}@{rest}"
 
 
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
-    """Where and how to read a stream."""
+    """Where and how to read a stream (built from a :class:`StreamConfig`)."""
 
-    url: str
-    realtime: bool = False
-    """Pace frames at their PTS rate (makes a file behave like a live camera)."""
+    url: str = field(repr=False)
+    """The URL FFmpeg opens, credentials included: never log it, log ``display``."""
+    display: str = ""
+    live: bool = False
+    """End of file is a disconnect (reconnect), not the end."""
+    network: bool = False
+    """Failures are retried (a local file that fails is FAILED at once)."""
+    pace: bool = False
+    """Sleep so frames come out at their PTS rate (a file simulating a camera)."""
     loop: bool = False
-    """Start a file over at its end (each pass is a new epoch)."""
     open_timeout_s: float = 10.0
     read_timeout_s: float = 10.0
-    options: dict[str, str] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict, repr=False)
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_config(cls, config: StreamConfig) -> SourceSpec:
+        scheme = scheme_of(config.url)
+        url = config.url
+        secrets: list[str] = []
+        if config.username is not None:
+            if scheme not in CREDENTIAL_SCHEMES:
+                raise SourceError(
+                    f"username/password need an rtsp, rtmp or http(s) URL, not {scheme or 'a file'}"
+                )
+            password = config.password.get_secret_value() if config.password else None
+            url = _with_credentials(url, config.username, password)
+            if password:
+                secrets += [password, quote(password, safe="")]
+        if _USERINFO.search(url):
+            secrets.append(url)
+        live = config.live if config.live is not None else scheme in LIVE_SCHEMES
+        options = dict(PROTOCOL_DEFAULTS.get(scheme, {}))
+        if scheme in ("rtsp", "rtsps"):
+            options["rtsp_transport"] = config.rtsp_transport
+        options.update(config.options)
+        return cls(
+            url=url,
+            display=redact(config.url),
+            live=live,
+            network=scheme not in ("", "file"),
+            pace=config.realtime and not live,
+            loop=config.loop,
+            open_timeout_s=config.open_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+            options=options,
+            secrets=tuple(s for s in secrets if s),
+        )
+
+    def reason(self, exc: BaseException) -> str:
+        """An FFmpeg/OS error as a short, credential-free reason (without the URL it quotes)."""
+        text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return self.scrub(str(text))
+
+    def scrub(self, text: str) -> str:
+        """``text`` (an FFmpeg message, a traceback) without credentials."""
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return _USERINFO.sub(r"\1***@", text)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A session started: what the source turned out to be."""
+
+    time_base: Fraction
+    wrap_bits: int | None
+    fps: float
+    codec: str
+    format: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,80 +174,135 @@ class Decoded:
     captured_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class Restart:
-    """The source started over (loop or reopen): PTS restart, new epoch."""
-
-
-def redact(url: str) -> str:
-    """The URL with any ``user:password@`` removed, for logs and errors."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return url
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
-
-
 class AVSource:
     """A PyAV-decoded video source. One instance per stream; blocking."""
 
     def __init__(self, spec: SourceSpec, on_decode_error: Callable[[], None] | None = None) -> None:
         self.spec = spec
         self._on_error = on_decode_error or (lambda: None)
-        self.wrap_bits: int | None = None
-        self.fps: float = 0.0
+
+    def session(
+        self,
+        stop: threading.Event,
+        on_open: Callable[[Opened], None],
+        on_frame: Callable[[Decoded], bool],
+    ) -> None:
+        """Open, decode until the end (or ``stop``, or ``on_frame`` returns False), close.
+
+        Returns normally at the end of a non-live source and when stopped;
+        raises :class:`SourceError` (a subclass says which) otherwise.
+        """
+        container = self._open()
+        try:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            tb = Fraction(stream.time_base or Fraction(1, 90_000))
+            fmt = container.format.name or ""
+            on_open(
+                Opened(
+                    time_base=tb,
+                    wrap_bits=WRAP_BITS.get(fmt.split(",")[0]),
+                    fps=float(stream.average_rate or stream.guessed_rate or 0.0),
+                    codec=stream.codec_context.name,
+                    format=fmt,
+                )
+            )
+            ended = self._decode(container, stream, tb, stop, on_frame)
+        finally:
+            container.close()
+        if ended and self.spec.live and not stop.is_set():
+            raise SourceLost(f"{self.spec.display} ended the stream (live source: reconnecting)")
 
     def _open(self) -> av.container.InputContainer:
+        spec = self.spec
         try:
             container = av.open(
-                self.spec.url,
-                options=dict(self.spec.options),
-                timeout=(self.spec.open_timeout_s, self.spec.read_timeout_s),
+                spec.url,
+                options=dict(spec.options),
+                timeout=(spec.open_timeout_s, spec.read_timeout_s),
             )
+        except av.error.ExitError:
+            raise SourceUnavailable(
+                f"cannot open {spec.display}: no answer in {spec.open_timeout_s:g} s "
+                "(open_timeout_s)"
+            ) from None
         except (av.error.FFmpegError, OSError) as exc:
-            raise SourceError(f"cannot open {redact(self.spec.url)}: {exc}") from None
+            raise SourceUnavailable(f"cannot open {spec.display}: {spec.reason(exc)}") from None
         if not container.streams.video:
             container.close()
-            raise SourceError(f"{redact(self.spec.url)} has no video stream")
-        fmt = container.format.name or ""
-        self.wrap_bits = MPEGTS_WRAP_BITS if "mpegts" in fmt else None
+            raise SourceUnavailable(f"{spec.display} has no video stream")
         return container
 
-    def frames(self, stop: threading.Event) -> Iterator[Decoded | Restart]:
-        """Decode until the end (or forever when looping) or until ``stop``."""
-        first = True
-        while not stop.is_set():
-            if not first:
-                yield Restart()
-            first = False
-            container = self._open()
-            try:
-                yield from self._decode(container, stop)
-            finally:
-                container.close()
-            if not self.spec.loop:
-                return
-
     def _decode(
-        self, container: av.container.InputContainer, stop: threading.Event
-    ) -> Iterator[Decoded]:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        tb = stream.time_base or Fraction(1, 90_000)
-        self.fps = float(stream.average_rate or 0.0)
-        pacer = _Pacer() if self.spec.realtime else None
-        for packet in container.demux(stream):
-            if stop.is_set():
-                return
+        self,
+        container: av.container.InputContainer,
+        stream: VideoStream,
+        tb: Fraction,
+        stop: threading.Event,
+        on_frame: Callable[[Decoded], bool],
+    ) -> bool:
+        """Decode until the end (True) or until stopped (False)."""
+        pacer = _Pacer() if self.spec.pace else None
+        watch = _NoFrameWatch(self.spec)
+        packets = container.demux(stream)
+        while not stop.is_set():
+            packet = self._next_packet(packets, stop)
+            if packet is None:
+                return not stop.is_set()
             try:
                 frames = packet.decode()
-            except av.error.FFmpegError as exc:
+            except av.error.FFmpegError:
                 self._on_error()
-                log.debug("decode error in %s: %s", redact(self.spec.url), exc)
-                continue
+                frames = []
+            watch.packet(len(frames))
             for frame in frames:
                 if pacer is not None and frame.pts is not None:
                     pacer.wait(float(frame.pts * tb), stop)
-                yield Decoded(frame, frame.pts, Fraction(tb), time.time())
+                if not on_frame(Decoded(frame, frame.pts, tb, time.time())):
+                    return False
+        return False
+
+    def _next_packet(
+        self, packets: Iterator[Packet[VideoStream]], stop: threading.Event
+    ) -> Packet[VideoStream] | None:
+        """The next packet, None at the end; read failures become SourceErrors."""
+        spec = self.spec
+        try:
+            return next(packets)
+        except StopIteration:
+            return None
+        except av.error.ExitError:
+            if stop.is_set():
+                return None
+            raise SourceStalled(
+                f"{spec.display} stalled: no data for {spec.read_timeout_s:g} s (read_timeout_s)"
+            ) from None
+        except (av.error.FFmpegError, OSError) as exc:
+            if not spec.network:  # a damaged file: count it and end like EOF
+                self._on_error()
+                return None
+            raise SourceLost(f"lost {spec.display}: {spec.reason(exc)}") from None
+
+
+class _NoFrameWatch:
+    """Notices a network source whose packets stopped turning into frames."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self._spec = spec
+        self._packets = 0
+        self._since = time.monotonic()
+
+    def packet(self, frames: int) -> None:
+        if frames or not self._spec.network:
+            self._packets, self._since = 0, time.monotonic()
+            return
+        self._packets += 1
+        quiet = time.monotonic() - self._since
+        if self._packets >= NO_FRAME_PACKETS and quiet >= self._spec.read_timeout_s:
+            raise SourceLost(
+                f"{self._spec.display}: {self._packets} packets in {quiet:.0f} s gave no frame "
+                "(codec change or corrupt stream); reopening"
+            )
 
 
 class _Pacer:

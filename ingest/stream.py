@@ -1,10 +1,27 @@
-"""One ingest stream: its decode thread, counters, credit window and state.
+"""One ingest stream: its decode thread, state machine, counters and credit window.
 
-The decode thread reads the source, stamps ``(epoch, pts)``, samples by PTS,
-letterboxes and encodes, and offers the frame to a one-slot mailbox
-(:class:`LatestSlot`): for live sources the newest frame replaces an unsent
-one (counted as ``replaced``); for files read as fast as possible the thread
+The decode thread keeps the source running (:mod:`ingest.reconnect`), stamps
+``(epoch, pts)``, samples by PTS, letterboxes and encodes, and offers the
+frame to a one-slot mailbox (:class:`LatestSlot`): for live sources the newest
+frame replaces an unsent one; for files read as fast as possible the thread
 waits instead, so nothing is lost.
+
+States: ``STARTING`` (first open) -> ``RUNNING`` (frames decode) ->
+``RECONNECTING`` (a failure; waiting out the backoff or opening again) ->
+``RUNNING`` ... and finally ``STOPPED`` (stopped, removed, the file ended,
+``max_frames``) or ``FAILED`` (a file that cannot be read, ``max_retries``
+exhausted, a bug; ``error`` says why).
+
+Counters (one per reason, every frame lands in exactly one outcome):
+``decoded``; ``no_pts`` (no timestamp: cannot be placed in time, dropped);
+``sampled_out`` (above the target fps); ``no_credit`` (live: no worker
+connected, dropped before encoding); ``prepared`` (encoded) of which
+``replaced`` (superseded in the mailbox by a newer frame while waiting for a
+credit: the worker or the network is slower than the sampling rate) and
+``sent``; after sending ``results``, ``disconnected``, ``timeout``,
+``worker_error``. Failures: ``decode_error`` (corrupt packets skipped),
+``encode_error``, ``open_error``, ``stall`` (read timeout), ``source_lost``
+(disconnect, live end-of-file), ``reconnects``.
 """
 
 from __future__ import annotations
@@ -14,19 +31,25 @@ import collections
 import enum
 import logging
 import threading
+import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 from framerelay.credits import CreditWindow
-from framerelay.errors import FramerelayError
+from framerelay.errors import FramerelayError, SourceError
 from framerelay.timeline import Sampler, Timeline
 from ingest.handoff import LatestSlot, SlotClosed
 from ingest.prepare import Prepared, Preparer
+from ingest.reconnect import Backoff, SourceRunner
 from ingest.settings import StreamConfig
-from ingest.source import AVSource, Decoded, Restart, SourceSpec, redact
+from ingest.source import AVSource, Decoded, Opened, SourceLost, SourceSpec, SourceStalled
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 4096
+HISTORY = 32
+NO_PTS_WARN_AFTER = 50
 
 
 class StreamState(enum.StrEnum):
@@ -50,21 +73,38 @@ class Outgoing:
 
 
 COUNTERS = (
-    "decoded", "no_pts", "sampled_out", "prepared", "sent", "results", "replaced",
+    "decoded", "no_pts", "sampled_out", "no_credit", "prepared", "sent", "results", "replaced",
     "decode_error", "encode_error", "disconnected", "timeout", "worker_error",
+    "open_error", "stall", "source_lost", "reconnects",
 )  # fmt: skip
 
 
 class IngestStream:
-    """State of one stream on the ingest side. Create, ``start()``, ``stop()``."""
+    """State of one stream on the ingest side. Create, ``launch()``/``start()``, ``stop()``.
+
+    ``link_up`` tells the decode thread whether a worker is connected (live
+    frames are not encoded when none is). ``first_epoch`` lets a replaced
+    definition of the same stream continue its epochs.
+    """
 
     def __init__(
-        self, config: StreamConfig, loop: asyncio.AbstractEventLoop, max_inflight: int
+        self,
+        config: StreamConfig,
+        loop: asyncio.AbstractEventLoop,
+        max_inflight: int,
+        *,
+        link_up: Callable[[], bool] | None = None,
+        first_epoch: int = 0,
     ) -> None:
         self.config = config
         self.id = config.id
+        self.spec = SourceSpec.from_config(config)
         self.state = StreamState.STARTING
+        self.state_since = time.time()
+        self.history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         self.error: str | None = None
+        """What is wrong now (RECONNECTING, FAILED); cleared when frames flow again."""
+        self.last_error: str | None = None
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.latency_ms: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self.window = CreditWindow(cap=max_inflight, limit=max_inflight if self.lossless else 1)
@@ -72,19 +112,36 @@ class IngestStream:
         self.credit.set()
         self.slot: LatestSlot[Outgoing] = LatestSlot(loop, lossless=self.lossless)
         self.source_fps = 0.0
+        self.source_info: Opened | None = None
+        self.last_frame_at: float | None = None
+        self.sender_idle = asyncio.Event()
+        """Set while no tunnel sender task serves this stream (a sender sends CLOSE as it ends)."""
+        self.sender_idle.set()
+        self.timeline: Timeline | None = None
+        self._first_epoch = first_epoch
+        self._link_up = link_up or (lambda: True)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._input_size: tuple[int, int] | None = None
+        self._size_known = threading.Event()
         self._preparer: Preparer | None = None
+        self._sampler = Sampler(config.fps)
         self._seq = 0
+        self._taken = 0
+        self._record(StreamState.STARTING, "created")
 
     @property
     def lossless(self) -> bool:
         """Files read as fast as possible wait for credit instead of dropping."""
-        return not self.config.realtime
+        return not self.config.realtime and not self.spec.live
 
     @property
     def sampling_fps(self) -> float:
         return self.config.fps if self.config.fps > 0 else self.source_fps
+
+    @property
+    def epoch(self) -> int:
+        return self.timeline.epoch if self.timeline is not None else self._first_epoch
 
     @property
     def finished(self) -> bool:
@@ -96,12 +153,21 @@ class IngestStream:
     def slot_empty(self) -> bool:
         return self.slot.empty()
 
-    def start(self, input_w: int, input_h: int) -> None:
-        """Start decoding (once the model input size is known)."""
-        self._preparer = Preparer(input_w, input_h, self.config.jpeg_quality)
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def launch(self) -> None:
+        """Start reading the source (frames are encoded once the model size is known)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=f"decode-{self.id}", daemon=True)
             self._thread.start()
+
+    def start(self, input_w: int, input_h: int) -> None:
+        """A worker is connected: encode for its model input size (and launch)."""
+        self._input_size = (input_w, input_h)
+        self._size_known.set()
+        self.launch()
 
     def stop(self) -> None:
         self._stop.set()
@@ -111,63 +177,115 @@ class IngestStream:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def sender_started(self) -> None:
+        """Called by the tunnel client (event loop) when a sender task starts serving us."""
+        self.sender_idle.clear()
+
+    def sender_stopped(self) -> None:
+        """Called by the tunnel client when that task ends (after CLOSE, or cancelled)."""
+        self.sender_idle.set()
+
     def _count(self, name: str) -> None:
         self.counters[name] += 1
 
+    def _record(self, state: StreamState, reason: str) -> None:
+        now = time.time()
+        if state is not self.state:
+            log.info("stream %s: %s -> %s (%s)", self.id, self.state.value, state.value, reason)
+            self.state, self.state_since = state, now
+        self.history.append({"at": now, "state": state.value, "reason": reason})
+
+    # -- decode thread ------------------------------------------------------
+
     def _run(self) -> None:
-        spec = SourceSpec(
-            url=self.config.url,
-            realtime=self.config.realtime,
-            loop=self.config.loop,
-            open_timeout_s=self.config.open_timeout_s,
-            read_timeout_s=self.config.read_timeout_s,
+        source = AVSource(self.spec, on_decode_error=lambda: self._count("decode_error"))
+        cfg = self.config
+        runner = SourceRunner(
+            source,
+            self,
+            self._stop,
+            backoff=Backoff(
+                cfg.reconnect_initial_s, max(cfg.reconnect_max_s, cfg.reconnect_initial_s)
+            ),
+            healthy_after_s=cfg.healthy_after_s,
+            max_retries=cfg.max_retries,
         )
-        source = AVSource(spec, on_decode_error=lambda: self._count("decode_error"))
         try:
-            self._pump(source)
-            if self.state is not StreamState.FAILED:
-                self.state = StreamState.STOPPED
+            runner.run()
+            self._record(StreamState.STOPPED, "stopped" if self._stop.is_set() else "source ended")
         except SlotClosed:
-            self.state = StreamState.STOPPED
+            self._record(StreamState.STOPPED, "stopped")
         except FramerelayError as exc:
-            self.state, self.error = StreamState.FAILED, str(exc)
-            log.error("stream %s failed: %s", self.id, exc)
+            self.error = self.last_error = self.spec.scrub(str(exc))
+            self._record(StreamState.FAILED, self.error)
+            log.error("stream %s failed: %s", self.id, self.error)
         except Exception as exc:  # a bug must not kill other streams; report it
-            self.state, self.error = StreamState.FAILED, f"{type(exc).__name__}: {exc}"
-            log.exception("stream %s crashed", self.id)
+            self.error = self.last_error = self.spec.scrub(f"{type(exc).__name__}: {exc}")
+            self._record(StreamState.FAILED, self.error)
+            trace = self.spec.scrub("".join(traceback.format_exception(exc)))
+            log.error("stream %s crashed:\n%s", self.id, trace)
         finally:
             self.slot.close()
 
-    def _pump(self, source: AVSource) -> None:
-        timeline: Timeline | None = None
-        sampler = Sampler(self.config.fps)
-        taken = 0
-        for item in source.frames(self._stop):
-            if isinstance(item, Restart):
-                if timeline is not None:
-                    timeline.new_epoch()
-                continue
-            self.state = StreamState.RUNNING
-            if timeline is None:
-                timeline = Timeline(item.time_base, wrap_bits=source.wrap_bits)
-                self.source_fps = source.fps
-            self._count("decoded")
-            self._offer(item, timeline, sampler)
-            taken += 1
-            if self.config.max_frames and taken >= self.config.max_frames:
-                return
+    def on_open(self, opened: Opened) -> None:
+        """Runner hook: a session opened. Every session after the first is a new epoch."""
+        tl = self.timeline
+        if tl is None:
+            self.timeline = Timeline(opened.time_base, opened.wrap_bits, epoch=self._first_epoch)
+        elif (tl.time_base, tl.wrap_bits) == (opened.time_base, opened.wrap_bits):
+            tl.new_epoch()
+        else:  # another clock: a new timeline, epochs continue
+            self.timeline = Timeline(opened.time_base, opened.wrap_bits, epoch=tl.epoch + 1)
+        self.source_info = opened
+        self.source_fps = opened.fps
 
-    def _offer(self, item: Decoded, timeline: Timeline, sampler: Sampler) -> None:
-        if item.raw_pts is None:
+    def on_retry(self, error: SourceError, delay_s: float) -> None:
+        """Runner hook: a session failed; another attempt in ``delay_s``."""
+        if isinstance(error, SourceStalled):
+            self._count("stall")
+        elif isinstance(error, SourceLost):
+            self._count("source_lost")
+        else:
+            self._count("open_error")
+        self._count("reconnects")
+        self.error = self.last_error = str(error)
+        if self.state is not StreamState.RECONNECTING:
+            self._record(StreamState.RECONNECTING, self.error)
+        log.warning("stream %s: %s; retrying in %.1f s", self.id, self.error, delay_s)
+
+    def on_frame(self, item: Decoded) -> bool:
+        """Runner hook: one decoded frame. False once ``max_frames`` is reached."""
+        self.last_frame_at = time.monotonic()
+        if self.state is not StreamState.RUNNING:
+            self.error = None
+            self._record(StreamState.RUNNING, "decoding")
+        self._count("decoded")
+        self._offer(item)
+        self._taken += 1
+        return not (self.config.max_frames and self._taken >= self.config.max_frames)
+
+    def _offer(self, item: Decoded) -> None:
+        timeline = self.timeline
+        if item.raw_pts is None or timeline is None:
             self._count("no_pts")
+            if self.counters["no_pts"] == self.counters["decoded"] == NO_PTS_WARN_AFTER:
+                log.warning(
+                    "stream %s: %d frames and none has a timestamp (a raw elementary stream?); "
+                    "frames without PTS are dropped: remux the source to MPEG-TS, MP4 or MKV",
+                    self.id,
+                    NO_PTS_WARN_AFTER,
+                )
             return
         epoch, pts = timeline.stamp(item.raw_pts)
-        if not sampler.keep(epoch, timeline.seconds(pts)):
+        if not self._sampler.keep(epoch, timeline.seconds(pts)):
             self._count("sampled_out")
             return
-        assert self._preparer is not None  # noqa: S101 - set by start()
+        preparer = self._ready_preparer()
+        if preparer is None:
+            self._count("no_credit")
+            return
         try:
-            prepared = self._preparer.prepare(item.frame)
+            prepared = preparer.prepare(item.frame)
         except (ValueError, OSError) as exc:
             self._count("encode_error")
             log.debug("encode error on %s: %s", self.id, exc)
@@ -178,13 +296,40 @@ class IngestStream:
         if self.slot.put(out) is not None:
             self._count("replaced")
 
+    def _ready_preparer(self) -> Preparer | None:
+        """The encoder for the worker's input size; None (live) when no worker is there.
+
+        Files read as fast as possible wait for the worker instead.
+        """
+        if self.lossless:
+            while not self._size_known.wait(0.5):
+                if self._stop.is_set():
+                    raise SlotClosed
+        elif not self._size_known.is_set() or not self._link_up():
+            return None
+        size = self._input_size
+        assert size is not None  # noqa: S101 - set before _size_known
+        if self._preparer is None or (self._preparer.input_w, self._preparer.input_h) != size:
+            self._preparer = Preparer(size[0], size[1], self.config.jpeg_quality)
+        return self._preparer
+
+    # -- reporting ----------------------------------------------------------
+
     def describe(self) -> dict[str, object]:
         """State and counters, for the API, the progress line and metrics."""
+        info = self.source_info
+        age = None if self.last_frame_at is None else time.monotonic() - self.last_frame_at
         return {
             "id": self.id,
-            "source": redact(self.config.url),
+            "source": self.spec.display,
             "state": self.state.value,
+            "state_since": self.state_since,
             "error": self.error,
+            "last_error": self.last_error,
+            "epoch": self.epoch,
+            "codec": info.codec if info else None,
+            "source_fps": round(self.source_fps, 3),
+            "last_frame_age_s": None if age is None else round(age, 3),
             "credits": self.window.limit,
             "inflight": len(self.window.inflight),
             **self.counters,

@@ -82,7 +82,7 @@ class TunnelClient:
         if self.hello is not None:
             stream.start(self.hello.input_w, self.hello.input_h)
         if self._ws is not None and self.hello is not None:
-            self._spawn(self._stream_task(self._ws, stream))
+            self._spawn(self._serve_stream(self._ws, stream))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, pump, reconnect; returns when ``stop`` is set."""
@@ -143,7 +143,7 @@ class TunnelClient:
         for stream in list(self.streams.values()):
             stream.window.cap = min(stream.window.cap, header.max_inflight)
             stream.start(header.input_w, header.input_h)
-            self._spawn(self._stream_task(ws, stream))
+            self._spawn(self._serve_stream(ws, stream))
         receiver = asyncio.create_task(self._receive(ws), name="tunnel-receive")
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -183,6 +183,15 @@ class TunnelClient:
             lost = stream.window.abandon()
             stream.counters["disconnected"] += lost
             stream.credit.set()
+
+    async def _serve_stream(self, ws: ClientConnection, stream: IngestStream) -> None:
+        # Tells the stream when a sender serves it: IngestService.remove_stream/update_stream
+        # wait for ``stream.sender_idle`` (last results, CLOSE sent) before forgetting it.
+        stream.sender_started()
+        try:
+            await self._stream_task(ws, stream)
+        finally:
+            stream.sender_stopped()
 
     async def _stream_task(self, ws: ClientConnection, stream: IngestStream) -> None:
         await ws.send(self._open_message(stream))

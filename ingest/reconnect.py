@@ -1,0 +1,130 @@
+"""Keep a source running: sessions one after another, with backoff between failures.
+
+:class:`SourceRunner` runs in the stream's decode thread. It opens a session
+(:meth:`ingest.source.AVSource.session`); when one fails on a network source
+(refused, stalled, lost, live end-of-file) it waits a capped exponential
+backoff with jitter and opens another, for ever by default (``max_retries``).
+The backoff goes back to its first delay only after a session stayed healthy
+(decoding) for ``healthy_after_s``, so a camera that accepts connections and
+drops them at once is not hammered. A local file that fails is not retried.
+A looping file starts over at once at its end.
+
+What happens to the frames, the state and the counters is the caller's
+business, through :class:`RunnerHooks`.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from framerelay.errors import SourceError
+from ingest.source import AVSource, Decoded, Opened
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Capped exponential backoff with +/- ``jitter`` (a fraction of the delay)."""
+
+    initial_s: float = 0.5
+    max_s: float = 10.0
+    factor: float = 2.0
+    jitter: float = 0.2
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ValueError(f"need 0 < initial_s <= max_s, got {self.initial_s}, {self.max_s}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+
+    def peek(self) -> float:
+        """The delay (before jitter) the next failure will wait."""
+        return min(self.max_s, self.initial_s * self.factor ** min(self.attempt, 64))
+
+    def next_delay(self, rng: random.Random) -> float:
+        delay = self.peek() * rng.uniform(1 - self.jitter, 1 + self.jitter)
+        self.attempt += 1
+        return min(delay, self.max_s)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class RunnerHooks(Protocol):
+    def on_open(self, opened: Opened) -> None:
+        """A session opened (the first, a reconnect or a loop)."""
+
+    def on_frame(self, decoded: Decoded) -> bool:
+        """A decoded frame; return False to stop."""
+
+    def on_retry(self, error: SourceError, delay_s: float) -> None:
+        """A session failed; the next attempt starts in ``delay_s``."""
+
+
+class SourceRunner:
+    """Runs sessions of one source until stopped, ended, or given up (blocking)."""
+
+    def __init__(
+        self,
+        source: AVSource,
+        hooks: RunnerHooks,
+        stop: threading.Event,
+        *,
+        backoff: Backoff,
+        healthy_after_s: float = 30.0,
+        max_retries: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.source = source
+        self.hooks = hooks
+        self.stop = stop
+        self.backoff = backoff
+        self.healthy_after_s = healthy_after_s
+        self.max_retries = max_retries
+        self.failures = 0
+        """Failed attempts since the last session that decoded a frame."""
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+        self._first_frame_at: float | None = None
+        self._stopped_by_hook = False
+
+    def run(self) -> None:
+        """Return when stopped or at the end; raise SourceError when giving up."""
+        while not self.stop.is_set():
+            self._first_frame_at = None
+            try:
+                self.source.session(self.stop, self.hooks.on_open, self._on_frame)
+            except SourceError as exc:
+                self._failed(exc)
+                continue
+            if self._stopped_by_hook or not self.source.spec.loop:
+                return
+
+    def _on_frame(self, decoded: Decoded) -> bool:
+        if self._first_frame_at is None:
+            self._first_frame_at = time.monotonic()
+            self.failures = 0
+        keep = self.hooks.on_frame(decoded)
+        self._stopped_by_hook = not keep
+        return keep
+
+    def _failed(self, exc: SourceError) -> None:
+        if self.stop.is_set():
+            return
+        if not self.source.spec.network:
+            raise exc
+        first = self._first_frame_at
+        if first is not None and time.monotonic() - first >= self.healthy_after_s:
+            self.backoff.reset()
+        self.failures += 1
+        if self.max_retries is not None and self.failures > self.max_retries:
+            raise SourceError(
+                f"gave up after {self.failures} failed attempts in a row "
+                f"(max_retries={self.max_retries}): {exc}"
+            ) from exc
+        delay = self.backoff.next_delay(self._rng)
+        self.hooks.on_retry(exc, delay)
+        self.stop.wait(delay)

@@ -1,0 +1,1 @@
+"""Test rig for ingest: real RTSP/RTMP/HTTP/Redis servers and media made with ffmpeg."""

@@ -1,0 +1,52 @@
+"""Run ingest streams without a worker: a consumer takes every frame the stream offers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from ingest.handoff import SlotClosed
+from ingest.settings import StreamConfig
+from ingest.stream import IngestStream, Outgoing
+from tests.conftest import TIMEOUT_FACTOR
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str = "") -> float:
+    """Poll ``predicate`` (every 20 ms) until true; returns the monotonic time it was seen.
+
+    ``timeout_s`` is scaled by TIMEOUT_FACTOR; TimeoutError names ``what``.
+    """
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what or 'condition'} not met in {timeout_s * TIMEOUT_FACTOR} s")
+        await asyncio.sleep(0.02)
+    return time.monotonic()
+
+
+async def _consume(stream: IngestStream, into: list[Outgoing]) -> None:
+    with contextlib.suppress(SlotClosed):
+        while True:
+            into.append(await stream.slot.get())
+
+
+@contextlib.asynccontextmanager
+async def standalone(
+    config: StreamConfig, size: tuple[int, int] = (416, 416)
+) -> AsyncIterator[tuple[IngestStream, list[Outgoing]]]:
+    """A started stream whose every offered frame is collected (as if sent at once)."""
+    stream = IngestStream(config, asyncio.get_running_loop(), 4)
+    stream.start(*size)
+    got: list[Outgoing] = []
+    consumer = asyncio.create_task(_consume(stream, got))
+    try:
+        yield stream, got
+    finally:
+        stream.stop()
+        await asyncio.to_thread(stream.join, 15 * TIMEOUT_FACTOR)
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        assert not stream.alive, f"decode thread of {stream.id} did not end"

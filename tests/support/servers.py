@@ -1,0 +1,190 @@
+"""Real servers for ingest tests: an RTSP server (GStreamer), ffmpeg as an RTMP
+server, a static HTTP server (files, HLS), a private redis-server.
+
+Every start and stop is bounded; every process is ended by its own pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from tests.conftest import TIMEOUT_FACTOR
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+RTSP_SCRIPT = Path(__file__).with_name("rtsp_server.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+        time.sleep(0.05)
+
+
+def _end(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+            os.kill(proc.pid, sig)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+class RtspServer:
+    """gst-rtsp-server playing an H.264 MP4 at ``rtsp://127.0.0.1:<port>/cam``.
+
+    Runs under the system Python (it has ``gi``). ``kill()`` is SIGKILL,
+    ``pause()``/``resume()`` SIGSTOP/SIGCONT; ``start()`` again on the same
+    port restarts it (a camera coming back).
+    """
+
+    def __init__(
+        self, clip: Path, port: int | None = None, *, user: str = "", password: str = ""
+    ) -> None:
+        self.clip = clip
+        self.port = port or free_port()
+        self.user, self.password = user, password
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_at: float | None = None
+        """monotonic time at which the last start() saw the server listening."""
+
+    @property
+    def url(self) -> str:
+        return f"rtsp://127.0.0.1:{self.port}/cam"
+
+    def start(self, timeout_s: float = 20.0) -> RtspServer:
+        if shutil.which(SYSTEM_PYTHON) is None:
+            raise RuntimeError(f"{SYSTEM_PYTHON} missing: run scripts/services.sh")
+        args = [SYSTEM_PYTHON, str(RTSP_SCRIPT), "--port", str(self.port), "--clip", str(self.clip)]
+        if self.user:
+            args += ["--user", self.user, "--password", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+        line = b""
+        while not line.startswith(b"READY"):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
+            if not ready or self.proc.poll() is not None:
+                self.kill()
+                raise RuntimeError(f"RTSP server did not start on port {self.port}")
+            line = self.proc.stdout.readline()
+        self.ready_at = time.monotonic()
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            _end(self.proc, signal.SIGKILL)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _end(self.proc)
+            self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def __enter__(self) -> RtspServer:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.kill()
+
+
+@contextlib.contextmanager
+def rtmp_server(clip: Path) -> Iterator[str]:
+    """ffmpeg listening as an RTMP server, playing ``clip`` in real time to one reader."""
+    port = free_port()
+    url = f"rtmp://127.0.0.1:{port}/live/cam"
+    proc = subprocess.Popen(
+        ["ffmpeg", "-hide_banner", "-loglevel", "quiet", "-re", "-stream_loop", "-1", "-i",
+         str(clip), "-c", "copy", "-f", "flv", "-listen", "1", url],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_port(port, 10 * TIMEOUT_FACTOR)
+        yield url
+    finally:
+        _end(proc, signal.SIGKILL)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def http_server(root: Path) -> Iterator[str]:
+    """A static HTTP server for ``root`` on a free loopback port; yields its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class RedisServer:
+    """A private redis-server on a free port (leave the shared 6379 alone)."""
+
+    def __init__(self, folder: Path, *, appendonly: bool = True) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_port(self.port, 10 * TIMEOUT_FACTOR)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _end(self.proc)
+            self.proc = None
