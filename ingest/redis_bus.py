@@ -111,9 +111,11 @@ class RedisPublisher:
         batch: int = 256,
         live: bool = True,
         timeout_s: float = 2.0,
+        trim_every_s: float = TRIM_EVERY_S,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self._client = client
+        self.trim_every_s = trim_every_s
         self.keys = keys
         self._ids = ids
         self.maxlen = maxlen
@@ -127,7 +129,7 @@ class RedisPublisher:
         self._buf: collections.deque[_Entry] = collections.deque()
         self._wake = asyncio.Event()
         self._streams: set[str] = set()
-        self._next_trim = time.monotonic() + TRIM_EVERY_S
+        self._next_trim = time.monotonic() + trim_every_s
         self.up = False
 
     def offer(self, item: Published) -> None:
@@ -180,7 +182,7 @@ class RedisPublisher:
         waiter = asyncio.create_task(self._wake.wait())
         stopper = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait({waiter, stopper}, timeout=TRIM_EVERY_S,
+            await asyncio.wait({waiter, stopper}, timeout=self.trim_every_s,
                                return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
         finally:
             waiter.cancel()
@@ -259,7 +261,7 @@ class RedisPublisher:
         now = time.monotonic()
         if now < self._next_trim or not self._streams:
             return
-        self._next_trim = now + TRIM_EVERY_S
+        self._next_trim = now + self.trim_every_s
         min_id = f"{int((time.time() - self.retention_s) * 1000)}-0"
         pipe = self._client.pipeline(transaction=False)
         for sid in self._streams:
@@ -342,6 +344,7 @@ class ResultConsumer:
         self._claim_from = "0-0"
         self._next_claim = 0.0
         self._delay = BACKOFF_FIRST_S
+        self._unacked: set[str] = set()
 
     async def ensure_group(self) -> bool:
         """Create the group (and the stream) if missing; True if it was created."""
@@ -372,8 +375,13 @@ class ResultConsumer:
             log.warning("reading %s failed: %s: %s", self.key, type(exc).__name__, exc)
             await asyncio.sleep(self._delay)
             self._delay = min(self._delay * 2, BACKOFF_MAX_S)
+            # After an outage, start over with our own pending entries: whatever we
+            # handled but could not acknowledge comes again (callers dedupe by id).
+            self._phase, self._pending_from = "pending", "0"
             return []
         self._delay = BACKOFF_FIRST_S
+        if self._unacked:
+            await self.ack([])
         return entries
 
     async def _recover_group(self) -> None:
@@ -446,11 +454,23 @@ class ResultConsumer:
         return out
 
     async def ack(self, ids: Sequence[str]) -> int:
-        """Acknowledge handled entries; returns how many Redis still had pending."""
-        if not ids:
+        """Acknowledge handled entries; returns how many Redis still had pending.
+
+        Never raises for Redis being away: ids that could not be acknowledged are
+        kept and sent again with the next ``ack`` or successful ``read``.
+        """
+        self._unacked.update(ids)
+        if not self._unacked:
             return 0
-        async with asyncio.timeout(self.timeout_s):
-            n = int(await _aw(self._client.xack(self.key, self.group, *ids)))
+        todo = list(self._unacked)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                n = int(await _aw(self._client.xack(self.key, self.group, *todo)))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.counts["ack_errors"] += 1
+            log.debug("acknowledging %d entries failed: %s", len(todo), exc)
+            return 0
+        self._unacked.difference_update(todo)
         self.counts["acked"] += n
         return n
 
