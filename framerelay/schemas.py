@@ -212,7 +212,7 @@ def asyncapi() -> dict[str, Any]:
     messages = {
         tag: {"name": tag, "title": name, "contentType": "application/json",
               "payload": {"$ref": f"#/components/schemas/{name}"},
-              "summary": (_model(name).__doc__ or "").strip().splitlines()[0]}
+              "summary": _summary(_model(name))}
         for name, tag in names.items()
     }  # fmt: skip
     ws_binding = {
@@ -255,6 +255,11 @@ def asyncapi() -> dict[str, Any]:
         },
         "components": {"messages": messages, "schemas": _defs()},
     }
+
+
+def _summary(model: type[BaseModel]) -> str:
+    lines = (model.__doc__ or model.__name__).strip().splitlines()
+    return lines[0] if lines else model.__name__
 
 
 def _model(name: str) -> type[BaseModel]:
