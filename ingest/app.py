@@ -3,7 +3,7 @@
 * ``GET /healthz`` - liveness.
 * the stream API (:mod:`ingest.streams_api`): ``GET /v1/streams`` ...
 * the result hub (:mod:`ingest.hub`): ``WS /v1/results?stream=ID``.
-* ``GET /metrics`` - Prometheus: hub and Redis publisher.
+* ``GET /metrics`` - Prometheus: streams (:mod:`ingest.metrics`), hub, Redis publisher.
 
 With ``FRAMERELAY_REDIS_URL`` set, results also go to Redis
 (:mod:`ingest.redis_bus`): live PUBLISH and durable Streams.
@@ -20,10 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from framerelay.lifecycle import install_signal_handlers
 from ingest.hub import ResultHub, api_server, build_hub, results_router
 from ingest.jsonl import JsonlWriter
+from ingest.metrics import register_stream_metrics
 from ingest.redis_bus import publisher_from_settings
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
-from ingest.streams_api import streams_router
+from ingest.store import build_store
+from ingest.streams_api import install_validation_handler, streams_router
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ def create_app(
     app = FastAPI(title="framerelay ingest", version="1")
     registry = registry or CollectorRegistry()
     hub = hub or build_hub(service.bus, service.settings, registry)
+    register_stream_metrics(service, registry)  # stream state/counters (ingest.metrics)
+    install_validation_handler(app)  # 422s never echo submitted values (passwords)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -52,7 +56,8 @@ def create_app(
 
 async def serve_ingest(settings: IngestSettings) -> int:
     """Run the ingest service and its API until SIGINT/SIGTERM."""
-    service = IngestService(settings)
+    store = build_store(settings)  # streams added over the API survive restarts
+    service = IngestService(settings, store=store)
     writer = JsonlWriter(settings.out) if settings.out else None
     if writer is not None:
         service.bus.tap(writer.write)
@@ -83,4 +88,8 @@ async def serve_ingest(settings: IngestSettings) -> int:
             await publisher.aclose()
         if writer is not None:
             writer.close()
+        await store.close()
+    failure = run.exception() if run.done() and not run.cancelled() else None
+    if failure is not None:  # e.g. the stream store cannot be read: say so, exit non-zero
+        raise failure
     return 0

@@ -1,19 +1,155 @@
-"""Stream management REST API: list streams with their state and counters."""
+"""Stream management REST API (OpenAPI at ``/docs`` and ``/openapi.json``).
+
+* ``GET /v1/streams`` - every stream with its state and counters;
+* ``POST /v1/streams`` - add a stream (a :class:`StreamConfig`): 201, or 409
+  when the id exists;
+* ``GET /v1/streams/{id}`` - one stream: state, counters, its definition
+  (credentials masked) and its recent state changes;
+* ``PUT /v1/streams/{id}`` - replace its definition; the stream restarts with
+  it in the next epoch;
+* ``DELETE /v1/streams/{id}`` - stop it and free its state (ingest and worker).
+
+Definitions are validated (unknown fields are errors: 422) and persisted
+before anything changes (store down: 503). Validation errors never echo the
+submitted values (they may hold a password).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
-from ingest.service import IngestService
+from framerelay.errors import ConfigError, SourceError
+from ingest.service import IngestService, StreamExists, UnknownStream
+from ingest.settings import StreamConfig
+from ingest.store import StoreError
+from ingest.stream import IngestStream
+
+T = TypeVar("T")
+
+
+class StreamStatus(BaseModel):
+    """State and counters of one stream (see the README for each counter)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    source: str = Field(description="The URL without credentials.")
+    state: str = Field(description="STARTING, RUNNING, RECONNECTING, STOPPED or FAILED.")
+    state_since: float = Field(description="Unix time of the last state change.")
+    error: str | None = Field(description="What is wrong now (RECONNECTING, FAILED).")
+    last_error: str | None
+    epoch: int
+    codec: str | None
+    source_fps: float
+    last_frame_age_s: float | None
+    credits: int
+    inflight: int
+    decoded: int
+    no_pts: int
+    sampled_out: int
+    no_credit: int
+    prepared: int
+    sent: int
+    results: int
+    replaced: int
+    decode_error: int
+    encode_error: int
+    disconnected: int
+    timeout: int
+    worker_error: int
+    open_error: int
+    stall: int
+    source_lost: int
+    reconnects: int
+
+
+class StateChange(BaseModel):
+    at: float
+    state: str
+    reason: str
+
+
+class StreamDetail(StreamStatus):
+    config: dict[str, Any] = Field(
+        description="The definition; password and URL credentials masked."
+    )
+    history: list[StateChange]
+
+
+def _status(stream: IngestStream) -> StreamStatus:
+    return StreamStatus.model_validate(stream.describe())
+
+
+def _detail(stream: IngestStream) -> StreamDetail:
+    return StreamDetail.model_validate(
+        {**stream.describe(), "config": stream.config.public(), "history": list(stream.history)}
+    )
+
+
+def _http_error(exc: Exception) -> HTTPException:
+    if isinstance(exc, UnknownStream):
+        return HTTPException(status.HTTP_404_NOT_FOUND, str(exc))
+    if isinstance(exc, StreamExists):
+        return HTTPException(status.HTTP_409_CONFLICT, str(exc))
+    if isinstance(exc, StoreError):
+        return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc))
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc))
+
+
+async def _guarded(change: Awaitable[T]) -> T:
+    """Await a service change; its errors become HTTP answers."""
+    try:
+        return await change
+    except (ConfigError, SourceError, StoreError) as exc:
+        raise _http_error(exc) from None
 
 
 def streams_router(service: IngestService) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
-    @router.get("/v1/streams")
-    async def streams() -> list[dict[str, Any]]:
-        return [s.describe() for s in service.streams.values()]
+    @router.get("")
+    async def list_streams() -> list[StreamStatus]:
+        return [_status(s) for s in list(service.streams.values())]
+
+    @router.post("", status_code=status.HTTP_201_CREATED)
+    async def add_stream(config: StreamConfig) -> StreamDetail:
+        return _detail(await _guarded(service.create_stream(config)))
+
+    @router.get("/{stream_id}")
+    async def get_stream(stream_id: str) -> StreamDetail:
+        stream = service.streams.get(stream_id)
+        if stream is None:
+            raise _http_error(UnknownStream(f"no stream {stream_id!r}"))
+        return _detail(stream)
+
+    @router.put("/{stream_id}")
+    async def replace_stream(stream_id: str, config: StreamConfig) -> StreamDetail:
+        if config.id != stream_id:
+            raise _http_error(ConfigError(f"body id {config.id!r} differs from {stream_id!r}"))
+        return _detail(await _guarded(service.update_stream(config)))
+
+    @router.delete("/{stream_id}", status_code=status.HTTP_204_NO_CONTENT)
+    async def remove_stream(stream_id: str) -> Response:
+        await _guarded(service.remove_stream(stream_id))
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     return router
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 with where and why, but not the submitted values (passwords, URLs)."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    detail = [
+        {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors
+    ]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def install_validation_handler(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
