@@ -1,0 +1,251 @@
+"""Python client of the results API, and an aligner to put results on frames.
+
+Subscribe (typed results, reconnecting, resuming where it left off)::
+
+    async for result in subscribe("ws://ingest:8080/v1/results", streams=["cam-1"],
+                                  token=lambda: mint_token()):
+        print(result.stream_id, result.epoch, result.pts, len(result.detections))
+
+Align results with the frames you decode yourself, by ``(stream, epoch, pts)``::
+
+    aligner = Aligner(tolerance_s=0.02)
+    aligner.add(result)                                   # as results arrive
+    hit = aligner.match("cam-1", frame_epoch, frame.pts, frame.time_base)
+
+Only ``websockets`` and ``pydantic`` are needed (no PyAV, FastAPI or Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import random
+import ssl as _ssl
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from urllib.parse import urlencode
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+
+from framerelay.errors import AuthError, ConfigError, ProtocolError
+from framerelay.results import ResultRecord
+from framerelay.schemas import (
+    SERVER_MESSAGE,
+    CloseCode,
+    ErrorMessage,
+    NoticeMessage,
+    ResultMessage,
+    SubscribedMessage,
+)
+
+log = logging.getLogger(__name__)
+MAX_MESSAGE_BYTES = 1 << 20
+Token = str | Callable[[], str] | None
+
+
+def _key(result_id: str) -> tuple[int, int]:
+    ms, _, n = result_id.partition("-")
+    return int(ms), int(n or 0)
+
+
+@dataclass
+class SubscribeState:
+    """What a subscription has seen: the last durable id per stream, counters."""
+
+    last_id: dict[str, str] = field(default_factory=dict)
+    connects: int = 0
+    dropped: int = 0
+    notices: list[NoticeMessage] = field(default_factory=list)
+    last_error: ErrorMessage | None = None
+
+
+def results_url(
+    url: str,
+    streams: Sequence[str],
+    *,
+    classes: Sequence[str] | None = None,
+    min_confidence: float = 0.0,
+    resume: dict[str, str] | None = None,
+) -> str:
+    """``url`` with the subscription as query parameters."""
+    params: list[tuple[str, str]] = [("stream", s) for s in streams]
+    params += [("class", c) for c in classes or ()]
+    if min_confidence > 0:
+        params.append(("min_confidence", repr(min_confidence)))
+    params += [("resume", f"{s}@{i}") for s, i in (resume or {}).items()]
+    return f"{url}?{urlencode(params)}" if params else url
+
+
+async def subscribe(
+    url: str,
+    *,
+    streams: Sequence[str],
+    token: Token = None,
+    classes: Sequence[str] | None = None,
+    min_confidence: float = 0.0,
+    resume: dict[str, str] | None = None,
+    state: SubscribeState | None = None,
+    reconnect_max_s: float = 10.0,
+    open_timeout_s: float = 10.0,
+    ssl: _ssl.SSLContext | None = None,
+) -> AsyncIterator[ResultMessage]:
+    """Results of ``streams`` as they come, forever.
+
+    Reconnects with capped, jittered backoff after any disconnect and resumes
+    from the last durable id seen per stream (the hub replays what was missed;
+    nothing is yielded twice). ``token`` may be a callable, called at every
+    connect (so an expired token is replaced). Raises :class:`AuthError` when
+    the hub refuses the token for good (a fixed token that is bad, expired or
+    not granted) and :class:`ConfigError` for a subscription it rejects.
+    """
+    st = state if state is not None else SubscribeState()
+    st.last_id.update(resume or {})
+    delay = 0.25
+    while True:
+        query = results_url(url, streams, classes=classes, min_confidence=min_confidence,
+                            resume=st.last_id)  # fmt: skip
+        headers = {"Authorization": f"Bearer {_token(token)}"} if token is not None else {}
+        try:
+            async with connect(query, additional_headers=headers, compression=None, ssl=ssl,
+                               max_size=MAX_MESSAGE_BYTES, open_timeout=open_timeout_s,
+                               proxy=None) as ws:  # fmt: skip
+                st.connects += 1
+                async for result in _results(ws, st):
+                    delay = 0.25
+                    yield result
+            code = ws.close_code
+        except InvalidStatus as exc:
+            code = _refused(exc, token)
+        except (ConnectionClosed, OSError, TimeoutError, InvalidURI) as exc:
+            code = None
+            log.info("results connection lost: %s: %s", type(exc).__name__, exc)
+        if code == CloseCode.TOKEN_EXPIRED and not callable(token):
+            raise AuthError("the results token expired; pass a callable token to renew it")
+        await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter
+        delay = min(delay * 2, reconnect_max_s)
+
+
+def _token(token: Token) -> str:
+    return token() if callable(token) else str(token)
+
+
+def _refused(exc: InvalidStatus, token: Token) -> int | None:
+    """Raise for refusals that retrying cannot fix; return None to retry."""
+    status = exc.response.status_code
+    try:
+        reason = ErrorMessage.model_validate_json(exc.response.body).message
+    except ValueError:
+        reason = exc.response.body.decode(errors="replace")[:200]
+    if status == 400:
+        raise ConfigError(f"the hub rejected the subscription: {reason}")
+    if status == 403 or (status == 401 and not callable(token)):
+        raise AuthError(f"HTTP {status}: {reason}")
+    log.warning("results hub answered HTTP %d: %s; retrying", status, reason)
+    return None
+
+
+async def _results(ws: ClientConnection, st: SubscribeState) -> AsyncIterator[ResultMessage]:
+    first = SERVER_MESSAGE.validate_json(await ws.recv())
+    if not isinstance(first, SubscribedMessage):
+        raise ProtocolError(f"expected a 'subscribed' message first, got {first.type!r}")
+    async for raw in ws:
+        msg = SERVER_MESSAGE.validate_json(raw)
+        if isinstance(msg, ResultMessage):
+            last = st.last_id.get(msg.stream_id)
+            if msg.id is not None:
+                if last is not None and _key(msg.id) <= _key(last):
+                    continue  # already yielded before a reconnect
+                st.last_id[msg.stream_id] = msg.id
+            st.dropped = max(st.dropped, msg.dropped)
+            yield msg
+        elif isinstance(msg, NoticeMessage):
+            st.notices = [*st.notices[-99:], msg]
+            log.info("results hub notice (%s): %s", msg.code, msg.message)
+        elif isinstance(msg, ErrorMessage):
+            st.last_error = msg
+            log.warning("results hub closes (%s): %s", msg.code, msg.message)
+
+
+def _as_fraction(tb: Fraction | tuple[int, int] | None) -> Fraction | None:
+    if tb is None or isinstance(tb, Fraction):
+        return tb
+    return Fraction(tb[0], tb[1])
+
+
+@dataclass
+class _Epoch:
+    pts: list[int] = field(default_factory=list)
+    results: dict[int, ResultRecord] = field(default_factory=dict)
+
+
+class Aligner:
+    """Results of recent frames, looked up by ``(stream_id, epoch, pts)``.
+
+    A frame matches the result with exactly its PTS in the same stream and
+    epoch, or else the result nearest in time within ``tolerance_s`` (results
+    may be sampled at a lower rate than the video: the nearest is the one to
+    draw). Frames of one epoch never match results of another. Memory is
+    bounded: at most ``max_results`` per stream, oldest epochs and oldest
+    results going first.
+    """
+
+    def __init__(self, tolerance_s: float = 0.02, max_results: int = 4096) -> None:
+        self.tolerance_s = tolerance_s
+        self.max_results = max_results
+        self._streams: dict[str, dict[int, _Epoch]] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, result: ResultRecord) -> None:
+        epochs = self._streams.setdefault(result.stream_id, {})
+        ep = epochs.setdefault(result.epoch, _Epoch())
+        if result.pts not in ep.results:
+            bisect.insort(ep.pts, result.pts)
+            self._counts[result.stream_id] = self._counts.get(result.stream_id, 0) + 1
+        ep.results[result.pts] = result
+        while self._counts[result.stream_id] > self.max_results:
+            self._evict(result.stream_id)
+
+    def _evict(self, stream_id: str) -> None:
+        epochs = self._streams[stream_id]
+        oldest = min(epochs)
+        ep = epochs[oldest]
+        del ep.results[ep.pts.pop(0)]
+        self._counts[stream_id] -= 1
+        if not ep.pts:
+            del epochs[oldest]
+
+    def match(
+        self,
+        stream_id: str,
+        epoch: int,
+        pts: int,
+        time_base: Fraction | tuple[int, int] | None = None,
+    ) -> ResultRecord | None:
+        """The result for this frame, or the nearest within the tolerance, or None.
+
+        ``time_base`` is the frame's; give it when it may differ from the results'.
+        """
+        ep = self._streams.get(stream_id, {}).get(epoch)
+        if ep is None or not ep.pts:
+            return None
+        some = ep.results[ep.pts[0]]
+        result_tb = Fraction(*some.time_base)
+        frame_tb = _as_fraction(time_base) or result_tb
+        target = pts * frame_tb / result_tb
+        exact = ep.results.get(int(target)) if target.denominator == 1 else None
+        if exact is not None:
+            return exact
+        i = bisect.bisect_left(ep.pts, target)
+        best = min(
+            (ep.pts[j] for j in (i - 1, i) if 0 <= j < len(ep.pts)),
+            key=lambda p: abs(p - target),
+        )
+        if abs(best - target) * result_tb <= self.tolerance_s:
+            return ep.results[best]
+        return None
+
+    def __len__(self) -> int:
+        return sum(self._counts.values())
