@@ -28,6 +28,9 @@ from ingest.routing import WorkerPool, routing_router
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+SNAPSHOT_S = 0.2
+"""Workers' snapshot interval: a re-homed track survives if snapshot age + outage
+stays under the tracker's max_lost_s (1 s by default)."""
 
 
 @dataclass
@@ -83,6 +86,7 @@ async def running_fleet(
     settings = settings.model_copy(update={"ingest_url": ingest_url})
     local = LocalProvider(settings.local, env_hook=env_hook)
     orch = Orchestrator(settings, provider=provider or local)
+    orch.fleet.worker_env = {"FRAMERELAY_WORKER_SNAPSHOT_INTERVAL_S": str(SNAPSHOT_S)}
     stop = asyncio.Event()
     loop = asyncio.create_task(orch.run(stop))
     try:

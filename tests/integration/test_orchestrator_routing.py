@@ -4,6 +4,7 @@ snapshot travels, track ids continue, and no stream is served twice at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
 
     moved_at, resumed = asyncio.run(main())
     workers = [r.worker_id for r in records]
-    switches = sum(1 for a, b in zip(workers, workers[1:], strict=False) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(workers) if a != b)
     assert switches == 1, workers  # never back and forth: one worker at a time
     assert resumed == 1
     before = {d.tracker_id for r in records[:moved_at] for d in r.detections if d.tracker_id > 0}
