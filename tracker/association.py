@@ -71,7 +71,7 @@ def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
         return rows, cols
     row_count = np.bincount(rows)
     col_count = np.bincount(cols)
-    if row_count.max() == 1 and col_count.max() == 1:
+    if not np.count_nonzero(row_count > 1) and not np.count_nonzero(col_count > 1):
         return rows, cols
     if row_count.size * col_count.size <= _DENSE_CELLS:
         cost = np.zeros((row_count.size, col_count.size))

@@ -85,6 +85,11 @@ def _expand(xyxy: F64, ratio: float) -> F64:
     return np.concatenate([xyxy[:, 0:2] - pad, xyxy[:, 2:4] + pad], axis=1)
 
 
+def _any(mask: Mask) -> bool:
+    """``mask.any()``, about four times cheaper on the small arrays used here."""
+    return bool(np.count_nonzero(mask))
+
+
 class SortFamilyTracker:
     """Base of the registered trackers; subclasses set ``name`` and ``settings_model``."""
 
@@ -185,7 +190,7 @@ class SortFamilyTracker:
         if dt > 0.0 and len(self.tracks):
             tr = self.tracks
             expired = t - tr.t_obs > self.settings.max_lost_s  # e.g. after a stall
-            if expired.any():
+            if _any(expired):
                 tr.keep(~expired)
             tr.mean, tr.cov = kalman.predict(tr.mean, tr.cov, dt, self._noise)
         self._t = max(self._t, t)
@@ -201,14 +206,14 @@ class SortFamilyTracker:
         among candidates ``c`` with ``iou >= thr`` and ``score > thr``."""
         rows = rows & self._free
         cols = cols & (self._match < 0)
-        if c.rows.size == 0 or not rows.any() or not cols.any():
+        if c.rows.size == 0 or not _any(rows) or not _any(cols):
             return
         ok = rows[c.rows]
         ok &= cols[c.cols]
         ok &= c.iou >= thr
         if c.score is not c.iou:
             ok &= c.score > thr
-        if not ok.any():
+        if not _any(ok):
             return
         r, d = assign(c.rows[ok], c.cols[ok], c.score[ok] - thr)
         self._match[d] = r
@@ -245,7 +250,7 @@ class SortFamilyTracker:
         if s.recovery:
             rows = np.nonzero(self._free & confirmed)[0]
             cols = f.high & (match < 0)
-            if rows.size and cols.any():
+            if rows.size and _any(cols):
                 boxes = tr.obs[rows]
                 if s.recovery_buffer > 0:
                     boxes = _expand(boxes, s.recovery_buffer)
@@ -292,7 +297,7 @@ class SortFamilyTracker:
             promote = (status == TENTATIVE) & (tr.hits[rows] >= self.settings.min_hits)
             tr.status[rows] = TRACKED  # lost ones are back; tentative ones are promoted or
             tr.status[rows[(status == TENTATIVE) & ~promote]] = TENTATIVE  # stay tentative
-            if promote.any():
+            if _any(promote):
                 self._confirm(rows[promote])
             found = tr.track_id[rows]
             found[f.conf[dets] < self.settings.report_threshold] = 0
@@ -312,7 +317,7 @@ class SortFamilyTracker:
         tr = self.tracks
         mean, cov = kalman.update(tr.mean[rows], tr.cov[rows], z, self._noise)
         back = status == LOST
-        if self.settings.reupdate and back.any():
+        if self.settings.reupdate and _any(back):
             gap = now - tr.t_obs[rows]
             back &= gap > 0
             obs = tr.obs[rows[back]]
@@ -336,7 +341,7 @@ class SortFamilyTracker:
         # two-slot lag: the anchor is always between one and two windows old
         anchors = tr.anchors
         due = now - anchors[rows, 1, 2] >= self.settings.direction_window_s
-        if due.any():
+        if _any(due):
             roll = rows[due]
             anchors[roll, 0] = anchors[roll, 1]
             anchors[roll, 1, :2] = f.z[dets[due], :2]
@@ -353,12 +358,12 @@ class SortFamilyTracker:
         tr, s = self.tracks, self.settings
         status = tr.status
         newly_lost = unmatched & (status == TRACKED)
-        if newly_lost.any():
+        if _any(newly_lost):
             status[newly_lost] = LOST
             tr.mean[newly_lost, kalman.DIM + 2 :] = 0.0  # stop growing/shrinking while unseen
         limit = np.where(status == TENTATIVE, s.tentative_max_gap_s, s.max_lost_s)
         drop = unmatched & (now - tr.t_obs > limit)
-        if drop.any():
+        if _any(drop):
             tr.keep(~drop)
 
     def _start(self, f: _Frame, dets: I64, now: float) -> I64:
