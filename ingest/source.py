@@ -265,23 +265,37 @@ class AVSource:
     def _next_packet(
         self, packets: Iterator[Packet[VideoStream]], stop: threading.Event
     ) -> Packet[VideoStream] | None:
-        """The next packet, None at the end; read failures become SourceErrors."""
+        """The next packet, None at the end; read failures become SourceErrors.
+
+        A read that took the whole read timeout is a stall even when it returns
+        a packet: on the first timeout FFmpeg's RTSP demuxer hands out what its
+        depacketizer still held, and only the *next* read raises, so without
+        this check a stall would be noticed after twice the read timeout.
+        """
         spec = self.spec
+        started = time.monotonic()
         try:
-            return next(packets)
+            packet = next(packets)
         except StopIteration:
             return None
         except av.error.ExitError:
             if stop.is_set():
                 return None
-            raise SourceStalled(
-                f"{spec.display} stalled: no data for {spec.read_timeout_s:g} s (read_timeout_s)"
-            ) from None
+            raise self._stalled() from None
         except (av.error.FFmpegError, OSError) as exc:
             if not spec.network:  # a damaged file: count it and end like EOF
                 self._on_error()
                 return None
             raise SourceLost(f"lost {spec.display}: {spec.reason(exc)}") from None
+        if spec.network and time.monotonic() - started >= spec.read_timeout_s:
+            raise self._stalled()
+        return packet
+
+    def _stalled(self) -> SourceStalled:
+        spec = self.spec
+        return SourceStalled(
+            f"{spec.display} stalled: no data for {spec.read_timeout_s:g} s (read_timeout_s)"
+        )
 
 
 class _NoFrameWatch:

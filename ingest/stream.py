@@ -114,6 +114,8 @@ class IngestStream:
         self.source_fps = 0.0
         self.source_info: Opened | None = None
         self.last_frame_at: float | None = None
+        self.retry_delay_s: float | None = None
+        """The backoff delay of the last failure (RECONNECTING: the wait before this attempt)."""
         self.sender_idle = asyncio.Event()
         """Set while no tunnel sender task serves this stream (a sender sends CLOSE as it ends)."""
         self.sender_idle.set()
@@ -248,6 +250,7 @@ class IngestStream:
         else:
             self._count("open_error")
         self._count("reconnects")
+        self.retry_delay_s = delay_s
         self.error = self.last_error = str(error)
         if self.state is not StreamState.RECONNECTING:
             self._record(StreamState.RECONNECTING, self.error)

@@ -5,9 +5,10 @@ the Debian GStreamer packages (see ``scripts/services.sh``); the project venv
 does not. Tests drive it through :class:`tests.support.servers.RtspServer`.
 
     /usr/bin/python3 tests/support/rtsp_server.py --port 8554 --clip clip.mp4 \
-        [--mount /cam] [--user U --password P]
+        [--mount /cam] [--codec h264|mpeg4] [--user U --password P]
 
-The clip must be H.264 in MP4. Frames are sent at their real rate (the RTP
+The clip is an MP4 holding H.264 (``--codec h264``, the default) or MPEG-4
+Part 2 (``--codec mpeg4``, like the sample clips). Frames are sent at their real rate (the RTP
 sink is synchronised to the clock), like a camera. Prints ``READY <port>``
 once it listens.
 """
@@ -24,16 +25,19 @@ gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
 from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
 
+PAYLOADERS = {
+    "h264": "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1",
+    "mpeg4": "mpeg4videoparse ! rtpmp4vpay name=pay0 pt=96 config-interval=1",
+}
+
 
 def build_server(args: argparse.Namespace) -> GstRtspServer.RTSPServer:
     server = GstRtspServer.RTSPServer()
     server.set_address("127.0.0.1")
     server.set_service(str(args.port))
     factory = GstRtspServer.RTSPMediaFactory()
-    factory.set_launch(
-        f'( filesrc location="{args.clip}" ! qtdemux ! h264parse '
-        "! rtph264pay name=pay0 pt=96 config-interval=1 )"
-    )
+    payloader = PAYLOADERS[args.codec]
+    factory.set_launch(f'( filesrc location="{args.clip}" ! qtdemux ! {payloader} )')
     factory.set_shared(True)
     if args.user:
         auth = GstRtspServer.RTSPAuth()
@@ -55,6 +59,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--clip", required=True)
     parser.add_argument("--mount", default="/cam")
+    parser.add_argument("--codec", choices=sorted(PAYLOADERS), default="h264")
     parser.add_argument("--user", default="")
     parser.add_argument("--password", default="")
     args = parser.parse_args()

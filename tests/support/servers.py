@@ -53,6 +53,9 @@ def _end(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 class RtspServer:
@@ -64,9 +67,16 @@ class RtspServer:
     """
 
     def __init__(
-        self, clip: Path, port: int | None = None, *, user: str = "", password: str = ""
+        self,
+        clip: Path,
+        port: int | None = None,
+        *,
+        codec: str = "h264",
+        user: str = "",
+        password: str = "",
     ) -> None:
         self.clip = clip
+        self.codec = codec
         self.port = port or free_port()
         self.user, self.password = user, password
         self.proc: subprocess.Popen[bytes] | None = None
@@ -80,7 +90,8 @@ class RtspServer:
     def start(self, timeout_s: float = 20.0) -> RtspServer:
         if shutil.which(SYSTEM_PYTHON) is None:
             raise RuntimeError(f"{SYSTEM_PYTHON} missing: run scripts/services.sh")
-        args = [SYSTEM_PYTHON, str(RTSP_SCRIPT), "--port", str(self.port), "--clip", str(self.clip)]
+        args = [SYSTEM_PYTHON, str(RTSP_SCRIPT), "--port", str(self.port), "--clip", str(self.clip),
+                "--codec", self.codec]  # fmt: skip
         if self.user:
             args += ["--user", self.user, "--password", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
