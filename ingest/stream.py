@@ -19,8 +19,9 @@ connected, dropped before encoding); ``prepared`` (encoded) of which
 ``replaced`` (superseded in the mailbox by a newer frame while waiting for a
 credit: the worker or the network is slower than the sampling rate) and
 ``sent``; after sending ``results``, ``disconnected``, ``timeout``,
-``worker_error``. Failures: ``decode_error`` (corrupt packets skipped),
-``encode_error``, ``open_error``, ``stall`` (read timeout), ``source_lost``
+``worker_error``. Failures: ``decode_error`` (packets the decoder rejected,
+skipped), ``corrupt`` (frames the decoder flagged as damaged and concealed;
+kept and counted), ``encode_error``, ``open_error``, ``stall`` (read timeout), ``source_lost``
 (disconnect, live end-of-file), ``reconnects``.
 """
 
@@ -75,7 +76,7 @@ class Outgoing:
 COUNTERS = (
     "decoded", "no_pts", "sampled_out", "no_credit", "prepared", "sent", "results", "replaced",
     "decode_error", "encode_error", "disconnected", "timeout", "worker_error",
-    "open_error", "stall", "source_lost", "reconnects",
+    "corrupt", "open_error", "stall", "source_lost", "reconnects",
 )  # fmt: skip
 
 
@@ -263,6 +264,8 @@ class IngestStream:
             self.error = None
             self._record(StreamState.RUNNING, "decoding")
         self._count("decoded")
+        if item.frame.is_corrupt:
+            self._count("corrupt")
         self._offer(item)
         self._taken += 1
         return not (self.config.max_frames and self._taken >= self.config.max_frames)

@@ -63,6 +63,7 @@ class StreamStatus(BaseModel):
     disconnected: int
     timeout: int
     worker_error: int
+    corrupt: int
     open_error: int
     stall: int
     source_lost: int

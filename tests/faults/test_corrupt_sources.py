@@ -1,0 +1,98 @@
+"""Acceptance 5: truncated and bit-flipped H.264 files (MP4, MPEG-TS, raw Annex B).
+
+Every damaged stream either keeps going with its errors counted or ends
+cleanly (STOPPED, or FAILED with a clear error when nothing can be read),
+while a healthy live stream on the same ingest and worker keeps its rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from framerelay.results import ResultRecord
+from ingest.service import IngestService
+from ingest.settings import IngestSettings, StreamConfig
+from ingest.stream import IngestStream, StreamState
+from tests.integration.worker_harness import running_worker
+from tests.support.harness import wait_for
+from tests.support.media import Media
+
+pytestmark = pytest.mark.integration
+GOOD_FPS = 5.0
+
+
+def _bad_streams(media: Media) -> list[StreamConfig]:
+    files = {
+        "trunc-mp4": media.truncated("mp4"),
+        "trunc-ts": media.truncated("ts"),
+        "flip-mp4": media.bitflipped("mp4"),
+        "flip-ts": media.bitflipped("ts"),
+        "flip-h264": media.bitflipped("h264"),
+    }
+    return [StreamConfig(id=sid, url=str(path), fps=5) for sid, path in files.items()]
+
+
+def test_damaged_files_are_counted_and_end_cleanly_beside_a_healthy_stream(
+    media: Media, secret: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    good_results: list[float] = []
+
+    def on_result(record: ResultRecord) -> None:
+        if record.stream_id == "good":
+            good_results.append(time.monotonic())
+
+    async def main() -> tuple[dict[str, IngestStream], str, float, float]:
+        async with running_worker(secret) as (_worker, url):
+            service = IngestService(
+                IngestSettings(worker_url=url, token_secrets=secret, worker_id="gpu-a")
+            )
+            service.bus.tap(on_result)
+            stop = asyncio.Event()
+            task = asyncio.create_task(service.run(stop))
+            good = StreamConfig(
+                id="good", url=str(media.short("mp4")), fps=GOOD_FPS, realtime=True, loop=True
+            )
+            service.add_stream(good)
+            await wait_for(lambda: len(good_results) > 0, 20, "good results")
+            started = time.monotonic()
+            bad = [service.add_stream(cfg) for cfg in _bad_streams(media)]
+            await wait_for(lambda: all(s.finished for s in bad), 60, "damaged streams to end")
+            await asyncio.sleep(max(0.0, started + 6.0 - time.monotonic()))
+            ended = time.monotonic()
+            streams = dict(service.streams)
+            good_state = streams["good"].state.value  # before the service stops it
+            stop.set()
+            await task
+        return streams, good_state, started, ended
+
+    streams, good_state, started, ended = asyncio.run(main())
+    c = {sid: s.counters for sid, s in streams.items()}
+    for sid, s in streams.items():
+        print(f"\n{sid}: {s.state.value} error={s.error} " + " ".join(
+            f"{k}={v}" for k, v in s.counters.items() if v
+        ))  # fmt: skip
+
+    trunc_mp4 = streams["trunc-mp4"]
+    assert trunc_mp4.state is StreamState.FAILED  # its index (moov) is gone: clear error
+    assert "cannot open" in str(trunc_mp4.error) and "Invalid data" in str(trunc_mp4.error)
+    assert streams["trunc-ts"].state is StreamState.STOPPED
+    assert 0 < c["trunc-ts"]["decoded"] < 250 and c["trunc-ts"]["sent"] == c["trunc-ts"]["results"]
+    assert streams["flip-mp4"].state is StreamState.STOPPED and c["flip-mp4"]["decode_error"] > 0
+    assert streams["flip-ts"].state is StreamState.STOPPED and c["flip-ts"]["corrupt"] > 0
+    assert c["flip-ts"]["results"] > 0
+    assert streams["flip-h264"].state is StreamState.STOPPED  # no PTS at all: all dropped
+    assert c["flip-h264"]["no_pts"] == c["flip-h264"]["decoded"] > 0
+
+    good = streams["good"]
+    assert good_state == "RUNNING" and good.error is None
+    rate = sum(1 for t in good_results if started <= t < ended) / (ended - started)
+    print(f"\nhealthy stream during the damaged ones: {rate:.2f} results/s (target {GOOD_FPS})")
+    assert rate >= 0.8 * GOOD_FPS
+    assert c["good"]["decode_error"] == c["good"]["corrupt"] == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("stream trunc-mp4 failed"), errors
