@@ -309,7 +309,9 @@ class SortFamilyTracker:
             self._age(unmatched, now)
         born = np.nonzero(f.high & (match < 0) & (f.conf >= self.settings.new_track_threshold))[0]
         if born.size:
-            ids[born] = self._start(f, born, now)
+            started = self._start(f, born, now)
+            started[f.conf[born] < self.settings.report_threshold] = -1
+            ids[born] = started
         return ids
 
     def _correct(self, rows: I64, status: NDArray[np.int8], z: F64, now: float) -> None:
