@@ -224,10 +224,10 @@ class SortFamilyTracker:
     ) -> _Candidates:
         """Pairs of track ``boxes`` and detections with IoU >= ``gate`` (and same class)."""
         iou = iou_matrix(boxes, f.xyxy)
-        pr, pc = np.nonzero(iou >= gate)
+        pr, pc = np.nonzero(iou >= gate)  # intp, i.e. int64 here
         values = iou[pr, pc]
-        pr = pr.astype(np.int64) if rows is None else rows[pr]
-        pc = pc.astype(np.int64)
+        if rows is not None:
+            pr = rows[pr]
         if self.settings.class_aware:
             same = self.tracks.class_id[pr] == f.cls[pc]
             pr, pc, values = pr[same], pc[same], values[same]
@@ -294,9 +294,10 @@ class SortFamilyTracker:
             status = tr.status[rows]
             self._correct(rows, status, f.z[dets], now)
             self._observe(rows, f, dets, now)
-            promote = (status == TENTATIVE) & (tr.hits[rows] >= self.settings.min_hits)
-            tr.status[rows] = TRACKED  # lost ones are back; tentative ones are promoted or
-            tr.status[rows[(status == TENTATIVE) & ~promote]] = TENTATIVE  # stay tentative
+            tentative = status == TENTATIVE
+            promote = tentative & (tr.hits[rows] >= self.settings.min_hits)
+            # lost tracks are back; tentative ones are promoted or stay tentative
+            tr.status[rows] = np.where(tentative ^ promote, TENTATIVE, TRACKED)
             if _any(promote):
                 self._confirm(rows[promote])
             found = tr.track_id[rows]
