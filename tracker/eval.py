@@ -83,6 +83,7 @@ class EvalResult:
     misses: int
     frames_per_s: float
     us_per_update: float
+    us_per_update_median: float
 
 
 # --------------------------------------------------------------------- detections
@@ -268,6 +269,7 @@ def evaluate_frames(
         misses=int(m["num_misses"]),
         frames_per_s=len(frames) / total if total > 0 else float("inf"),
         us_per_update=1e6 * total / max(1, len(frames)),
+        us_per_update_median=1e6 * float(np.median(seconds)) if seconds else 0.0,
     )
 
 
