@@ -43,6 +43,23 @@ def wait_port(port: int, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
+def wait_listening(port: int, timeout_s: float) -> None:
+    """Wait for a LISTEN socket on ``port`` without connecting to it (``ffmpeg -listen 1``
+    serves exactly one client: a probe connection would use it up)."""
+    deadline = time.monotonic() + timeout_s
+    want = f":{port:04X} "
+    while True:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table, encoding="ascii") as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if (fields[1] + " ").endswith(want) and fields[3] == "0A":
+                        return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on port {port} after {timeout_s} s")
+        time.sleep(0.05)
+
+
 def _end(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -146,7 +163,7 @@ def rtmp_server(clip: Path) -> Iterator[str]:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_port(port, 10 * TIMEOUT_FACTOR)
+        wait_listening(port, 10 * TIMEOUT_FACTOR)
         yield url
     finally:
         _end(proc, signal.SIGKILL)

@@ -1,0 +1,119 @@
+"""Every kind of source the ingest reads, each from a real server on loopback:
+RTSP over UDP, RTSP with credentials (never logged), HTTP progressive, HLS, RTMP."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from ingest.settings import StreamConfig
+from ingest.stream import IngestStream, Outgoing, StreamState
+from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.harness import standalone, wait_for
+from tests.support.media import Media
+from tests.support.servers import RtspServer, http_server, rtmp_server
+
+pytestmark = pytest.mark.integration
+PASSWORD = "s3cr3t:/@pw"  # needs quoting in a URL
+
+
+def _collect(cfg: StreamConfig, frames: int, timeout_s: float = 20) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        started = time.monotonic()
+        async with standalone(cfg) as (stream, got):
+            first = await wait_for(lambda: len(got) >= 1, timeout_s, f"{cfg.id}: a frame")
+            await wait_for(
+                lambda: len(got) >= frames or stream.finished, timeout_s, f"{cfg.id}: frames"
+            )
+            return _figures(stream, list(got), first - started)
+
+    return asyncio.run(main())
+
+
+def _figures(stream: IngestStream, got: list[Outgoing], first_s: float) -> dict[str, Any]:
+    info = stream.source_info
+    assert info is not None
+    return {
+        "first_frame_s": first_s,
+        "frames": len(got),
+        "format": info.format,
+        "wrap_bits": info.wrap_bits,
+        "codec": info.codec,
+        "state": stream.state,
+        "epochs": {o.epoch for o in got},
+        "monotonic": all(a.pts < b.pts for a, b in itertools.pairwise(got)),
+        "live": stream.spec.live,
+        "describe": stream.describe(),
+    }
+
+
+def test_rtsp_over_udp(media: Media) -> None:  # noqa: F811
+    with RtspServer(media.h264_clip()) as cam:
+        cam.start()
+        fig = _collect(StreamConfig(id="udp", url=cam.url, rtsp_transport="udp"), 10)
+    print(f"\nRTSP/UDP: first frame after {fig['first_frame_s']:.2f} s")
+    assert fig["frames"] >= 10 and fig["monotonic"] and fig["live"] and fig["codec"] == "h264"
+
+
+def test_http_progressive_file_and_hls(media: Media) -> None:  # noqa: F811
+    # built before the server serves their folder; the MP4 has its index first (a
+    # simple static server cannot answer the range requests a trailing index needs)
+    clip = media.h264_clip()
+    media.hls()
+    with http_server(media.root) as base:
+        mp4 = _collect(StreamConfig(id="http", url=f"{base}/{clip.name}", fps=0), 250)
+        hls = _collect(StreamConfig(id="hls", url=f"{base}/hls/index.m3u8", fps=0), 250)
+    assert mp4["frames"] >= 250 and mp4["state"] is StreamState.RUNNING and not mp4["live"]
+    assert hls["frames"] == 250 and hls["state"] is StreamState.STOPPED
+    assert hls["format"] == "hls" and hls["wrap_bits"] == 33  # MPEG-TS segments: 33-bit PTS
+    assert mp4["monotonic"] and hls["monotonic"] and hls["epochs"] == {0}
+
+
+def test_rtmp(media: Media) -> None:  # noqa: F811
+    with rtmp_server(media.short("mp4")) as url:
+        fig = _collect(StreamConfig(id="rtmp", url=url, fps=5), 5)
+    print(f"\nRTMP: first frame after {fig['first_frame_s']:.2f} s")
+    assert fig["live"] and fig["format"] == "flv" and fig["wrap_bits"] == 32
+    assert fig["frames"] >= 5 and fig["monotonic"]
+    assert fig["first_frame_s"] < 4.0  # FLV probing alone took ~5 s before analyzeduration
+
+
+@pytest.mark.parametrize("how", ["url", "fields"])
+def test_rtsp_credentials_work_and_never_show(
+    media: Media,  # noqa: F811
+    how: str,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with RtspServer(media.h264_clip(), user="cam", password=PASSWORD) as cam:
+        cam.start()
+        rest = cam.url.removeprefix("rtsp://")
+
+        def config(sid: str, password: str) -> StreamConfig:
+            if how == "url":
+                return StreamConfig(id=sid, url=f"rtsp://cam:{quote(password, safe='')}@{rest}")
+            return StreamConfig(id=sid, url=cam.url, username="cam", password=password)
+
+        good = _collect(config("good", PASSWORD), 3)
+
+        async def refused() -> dict[str, object]:
+            cfg = config("bad", PASSWORD + "-wrong")
+            async with standalone(cfg) as (stream, _):
+                await wait_for(lambda: stream.counters["open_error"] >= 2, 10, "refusals")
+                return stream.describe() | {"history": list(stream.history)}
+
+        bad = asyncio.run(refused())
+    assert good["frames"] >= 3 and good["describe"]["source"].startswith("rtsp://")
+    assert bad["state"] == "RECONNECTING" and "Unauthorized" in str(bad["error"])
+    out, err = capfd.readouterr()
+    seen = caplog.text + out + err + repr(good["describe"]) + repr(bad)
+    for secret in (PASSWORD, quote(PASSWORD, safe=""), "s3cr3t"):
+        assert secret not in seen
+    assert "Unauthorized" in caplog.text  # the reason is logged, the password is not
