@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import av
 from av.video.stream import VideoStream
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
-from ingest.settings import StreamConfig, redact_url
+from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 
 LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
 """URL schemes whose end-of-file means a disconnect (the camera is still there)."""
@@ -88,6 +88,15 @@ def _with_credentials(url: str, username: str, password: str | None) -> str:
     return f"{scheme}://{userinfo}@{rest}"
 
 
+def _userinfo_password(url: str) -> list[str]:
+    """The password written in ``scheme://user:password@host``, raw and unquoted."""
+    if not url_has_userinfo(url):
+        return []
+    userinfo = url.partition("://")[2].split("/", 1)[0].rsplit("@", 1)[0]
+    _, sep, password = userinfo.partition(":")
+    return [password, unquote(password)] if sep and password else []
+
+
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
     """Where and how to read a stream (built from a :class:`StreamConfig`)."""
@@ -121,8 +130,7 @@ class SourceSpec:
             url = _with_credentials(url, config.username, password)
             if password:
                 secrets += [password, quote(password, safe="")]
-        if _USERINFO.search(url):
-            secrets.append(url)
+        secrets += _userinfo_password(config.url)
         live = config.live if config.live is not None else scheme in LIVE_SCHEMES
         options = dict(PROTOCOL_DEFAULTS.get(scheme, {}))
         if scheme in ("rtsp", "rtsps"):
@@ -148,6 +156,7 @@ class SourceSpec:
 
     def scrub(self, text: str) -> str:
         """``text`` (an FFmpeg message, a traceback) without credentials."""
+        text = text.replace(self.url, redact(self.url))
         for secret in sorted(self.secrets, key=len, reverse=True):
             text = text.replace(secret, "***")
         return _USERINFO.sub(r"\1***@", text)
