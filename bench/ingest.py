@@ -155,7 +155,7 @@ async def run_realtime(clip: str, streams: int, seconds: float) -> dict[str, Any
     takers = [asyncio.create_task(take(s)) for s in live]
     for s in live:
         s.start(*MODEL_INPUT)
-    await asyncio.sleep(3.0)  # warm-up: open, first GOP
+    await asyncio.sleep(5.0)  # warm-up: open, first GOP, catch-up of the start
     d0, c0, t0 = [s.counters["decoded"] for s in live], time.process_time(), time.monotonic()
     await asyncio.sleep(seconds)
     d1, c1, t1 = [s.counters["decoded"] for s in live], time.process_time(), time.monotonic()
