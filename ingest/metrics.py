@@ -10,7 +10,7 @@ with it) registered on the ingest's private ``CollectorRegistry``:
 * ``framerelay_ingest_stream_source_events_total{stream,event}`` -
   ``open_error``, ``stall``, ``source_lost``, ``reconnects``;
 * ``framerelay_ingest_stream_epoch``, ``..._inflight``, ``..._credits``,
-  ``..._last_frame_age_seconds`` (per stream);
+  ``..._last_frame_age_seconds``, ``..._lag_seconds`` (per stream);
 * ``framerelay_ingest_tunnel_connected`` and ``..._tunnel_connects_total``.
 """
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ingest.service import IngestService
 
 SOURCE_EVENTS = ("open_error", "stall", "source_lost", "reconnects")
+"""Counters of the source rather than of frames."""
 FRAME_REASONS = tuple(c for c in COUNTERS if c not in SOURCE_EVENTS)
 
 
@@ -60,6 +61,7 @@ class StreamCollector:
                 ("inflight", "Frames sent and not answered yet"),
                 ("credits", "Frames allowed in flight"),
                 ("last_frame_age_seconds", "Seconds since the last decoded frame"),
+                ("lag_seconds", "Live sources: how far decoding is behind the source"),
             )
         }
         now = time.monotonic()
@@ -73,6 +75,8 @@ class StreamCollector:
             gauges["epoch"].add_metric([sid], stream.epoch)
             gauges["inflight"].add_metric([sid], len(stream.window.inflight))
             gauges["credits"].add_metric([sid], stream.window.limit)
+            if stream.lag_s is not None:
+                gauges["lag_seconds"].add_metric([sid], stream.lag_s)
             if stream.last_frame_at is not None:
                 gauges["last_frame_age_seconds"].add_metric([sid], now - stream.last_frame_at)
         yield from (state, frames, events, *gauges.values())

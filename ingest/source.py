@@ -186,9 +186,17 @@ class Decoded:
 class AVSource:
     """A PyAV-decoded video source. One instance per stream; blocking."""
 
-    def __init__(self, spec: SourceSpec, on_decode_error: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: SourceSpec,
+        on_decode_error: Callable[[], None] | None = None,
+        on_skip: Callable[[], None] | None = None,
+    ) -> None:
         self.spec = spec
         self._on_error = on_decode_error or (lambda: None)
+        self._on_skip = on_skip or (lambda: None)
+        self.catchup: Catchup | None = None
+        """The current session's lag tracker (live sources)."""
 
     def session(
         self,
@@ -253,11 +261,16 @@ class AVSource:
         """Decode until the end (True) or until stopped (False)."""
         pacer = _Pacer() if self.spec.pace else None
         watch = _NoFrameWatch(self.spec)
+        catchup = Catchup(tb) if self.spec.live else None
+        self.catchup = catchup
         packets = container.demux(stream)
         while not stop.is_set():
             packet = self._next_packet(packets, stop)
             if packet is None:
                 return not stop.is_set()
+            if catchup is not None and catchup.skips(packet):
+                self._on_skip()
+                continue
             try:
                 frames = packet.decode()
             except av.error.FFmpegError:
@@ -305,6 +318,48 @@ class AVSource:
         return SourceStalled(
             f"{spec.display} stalled: no data for {spec.read_timeout_s:g} s (read_timeout_s)"
         )
+
+
+class Catchup:
+    """Keeps a live source from falling behind: skip non-key frames while decoding lags.
+
+    The lag is how much later than the earliest arrival seen a packet arrives,
+    measured against its PTS: ``(now - pts) - min(now - pts)``. The reference
+    creeps forward by ``DRIFT`` seconds per second so that clock drift between
+    camera and ingest is not taken for lag. Above ``HIGH_S`` only key frames
+    are decoded (the other packets are dropped undecoded, counted ``behind``);
+    below ``LOW_S`` decoding resumes at the next key frame, so no frame is
+    decoded from a missing reference.
+    """
+
+    HIGH_S = 1.0
+    LOW_S = 0.25
+    DRIFT = 1e-3
+
+    def __init__(self, tb: Fraction) -> None:
+        self._tb = tb
+        self._ref: float | None = None
+        self._at = 0.0
+        self.lag_s = 0.0
+        self.skipping = False
+
+    def skips(self, packet: Packet[VideoStream]) -> bool:
+        """Track the lag with this packet; True if it is to be dropped undecoded."""
+        if packet.pts is not None:
+            now = time.monotonic()
+            offset = now - float(packet.pts * self._tb)
+            ref = self._ref
+            if ref is None or offset < ref:
+                ref = offset
+            else:
+                ref = min(offset, ref + self.DRIFT * (now - self._at))
+            self._ref, self._at = ref, now
+            self.lag_s = offset - ref
+        if not self.skipping and self.lag_s > self.HIGH_S:
+            self.skipping = True
+        elif self.skipping and packet.is_keyframe and self.lag_s < self.LOW_S:
+            self.skipping = False
+        return self.skipping and not packet.is_keyframe
 
 
 class _NoFrameWatch:

@@ -21,8 +21,10 @@ credit: the worker or the network is slower than the sampling rate) and
 ``sent``; after sending ``results``, ``disconnected``, ``timeout``,
 ``worker_error``. Failures: ``decode_error`` (packets the decoder rejected,
 skipped), ``corrupt`` (frames the decoder flagged as damaged and concealed;
-kept and counted), ``encode_error``, ``open_error``, ``stall`` (read timeout), ``source_lost``
-(disconnect, live end-of-file), ``reconnects``.
+kept and counted), ``behind`` (live: packets dropped undecoded to catch up
+with the source, see :class:`ingest.source.Catchup`), ``encode_error``,
+``open_error``, ``stall`` (read timeout), ``source_lost`` (disconnect, live
+end-of-file), ``reconnects``.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Outgoing:
 COUNTERS = (
     "decoded", "no_pts", "sampled_out", "no_credit", "prepared", "sent", "results", "replaced",
     "decode_error", "encode_error", "disconnected", "timeout", "worker_error",
-    "corrupt", "open_error", "stall", "source_lost", "reconnects",
+    "corrupt", "behind", "open_error", "stall", "source_lost", "reconnects",
 )  # fmt: skip
 
 
@@ -131,6 +133,7 @@ class IngestStream:
         self._sampler = Sampler(config.fps)
         self._seq = 0
         self._taken = 0
+        self._source: AVSource | None = None
         self._record(StreamState.STARTING, "created")
 
     @property
@@ -155,6 +158,12 @@ class IngestStream:
     @property
     def slot_empty(self) -> bool:
         return self.slot.empty()
+
+    @property
+    def lag_s(self) -> float | None:
+        """Live sources: how far decoding is behind the source's own clock."""
+        catchup = self._source.catchup if self._source is not None else None
+        return None if catchup is None else catchup.lag_s
 
     @property
     def alive(self) -> bool:
@@ -201,7 +210,12 @@ class IngestStream:
     # -- decode thread ------------------------------------------------------
 
     def _run(self) -> None:
-        source = AVSource(self.spec, on_decode_error=lambda: self._count("decode_error"))
+        source = AVSource(
+            self.spec,
+            on_decode_error=lambda: self._count("decode_error"),
+            on_skip=lambda: self._count("behind"),
+        )
+        self._source = source
         cfg = self.config
         runner = SourceRunner(
             source,
@@ -336,6 +350,7 @@ class IngestStream:
             "codec": info.codec if info else None,
             "source_fps": round(self.source_fps, 3),
             "last_frame_age_s": None if age is None else round(age, 3),
+            "lag_s": None if self.lag_s is None else round(self.lag_s, 3),
             "credits": self.window.limit,
             "inflight": len(self.window.inflight),
             **self.counters,

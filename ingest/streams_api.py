@@ -48,6 +48,7 @@ class StreamStatus(BaseModel):
     codec: str | None
     source_fps: float
     last_frame_age_s: float | None
+    lag_s: float | None = Field(description="Live: how far decoding is behind the source.")
     credits: int
     inflight: int
     decoded: int
@@ -64,6 +65,7 @@ class StreamStatus(BaseModel):
     timeout: int
     worker_error: int
     corrupt: int
+    behind: int
     open_error: int
     stall: int
     source_lost: int

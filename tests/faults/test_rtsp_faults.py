@@ -23,6 +23,7 @@ import pytest
 from framerelay.results import ResultRecord
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
+from ingest.source import Catchup, Decoded
 from ingest.stream import IngestStream, StreamState
 from tests.conftest import CAMPUS, TIMEOUT_FACTOR
 from tests.integration.worker_harness import running_worker
@@ -187,3 +188,38 @@ def test_camera_back_with_another_codec_and_size(camera: RtspServer) -> None:
     sizes = {o.epoch: (o.prepared.letterbox.src_w, o.prepared.letterbox.src_h) for o in got}
     assert sizes == {0: (320, 240), 1: (640, 480)}
     assert stream.source_info is not None and stream.source_info.codec == "mpeg4"
+
+
+class SlowStream(IngestStream):
+    """Processing takes 100 ms a frame: a 25 fps camera is 2.5x too fast for it."""
+
+    def on_frame(self, item: Decoded) -> bool:
+        time.sleep(0.1)
+        return super().on_frame(item)
+
+
+def test_a_live_stream_too_fast_to_process_never_falls_behind(camera: RtspServer) -> None:
+    cfg = StreamConfig(id="cam", url=camera.url, fps=5)
+
+    async def main() -> dict[str, Any]:
+        camera.start()
+        async with standalone(cfg, kind=SlowStream) as (stream, got):
+            await wait_for(lambda: len(got) >= 1, 20, "first frames")
+            lags: list[float] = []
+            for _ in range(120):  # 12 s: without catching up the lag would reach ~7 s
+                await asyncio.sleep(0.1)
+                lags.append(stream.lag_s or 0.0)
+            return {
+                "max_lag_s": max(lags),
+                "last_lag_s": lags[-1],
+                "behind": stream.counters["behind"],
+                "decoded": stream.counters["decoded"],
+                "state": stream.state.value,
+            }
+
+    fig = asyncio.run(main())
+    print(f"\ncatch-up figures: {fig}")
+    # above HIGH_S only key frames (1 per s here) are decoded, so the lag peaks
+    # at HIGH_S plus about one GOP of slow processing
+    assert fig["max_lag_s"] < Catchup.HIGH_S + 1.5 * TIMEOUT_FACTOR
+    assert fig["behind"] > 0 and fig["state"] == "RUNNING"

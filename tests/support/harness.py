@@ -34,10 +34,12 @@ async def _consume(stream: IngestStream, into: list[Outgoing]) -> None:
 
 @contextlib.asynccontextmanager
 async def standalone(
-    config: StreamConfig, size: tuple[int, int] = (416, 416)
+    config: StreamConfig,
+    size: tuple[int, int] = (416, 416),
+    kind: type[IngestStream] = IngestStream,
 ) -> AsyncIterator[tuple[IngestStream, list[Outgoing]]]:
     """A started stream whose every offered frame is collected (as if sent at once)."""
-    stream = IngestStream(config, asyncio.get_running_loop(), 4)
+    stream = kind(config, asyncio.get_running_loop(), 4)
     stream.start(*size)
     got: list[Outgoing] = []
     consumer = asyncio.create_task(_consume(stream, got))
