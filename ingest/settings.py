@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from framerelay.wire import STREAM_ID
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
+SENSITIVE_OPTIONS = ("header", "auth", "key", "token", "pass", "cookie", "secret")
+"""FFmpeg options whose values the API masks (e.g. ``headers``, ``cookies``)."""
 
 
 class StreamConfig(BaseModel):
@@ -31,6 +33,7 @@ class StreamConfig(BaseModel):
     url: str = Field(
         min_length=1,
         max_length=4096,
+        repr=False,  # may hold user:password@
         description="Anything PyAV opens: file path, rtsp://, rtmp://, http(s)://, HLS .m3u8. "
         "Credentials may be given as user:password@ (never logged).",
     )
@@ -66,6 +69,7 @@ class StreamConfig(BaseModel):
     )
     options: dict[str, str] = Field(
         default_factory=dict,
+        repr=False,  # may hold headers or keys
         max_length=32,
         description="Extra FFmpeg options for av.open (they override the per-protocol defaults).",
     )
@@ -107,6 +111,10 @@ class StreamConfig(BaseModel):
         data = self.model_dump(mode="json")
         data["url"] = redact_url(self.url)
         data["password"] = "***" if self.password is not None else None
+        data["options"] = {
+            k: "***" if any(word in k for word in SENSITIVE_OPTIONS) else v
+            for k, v in self.options.items()
+        }
         return data
 
     def stored(self) -> dict[str, Any]:

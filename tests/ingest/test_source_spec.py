@@ -126,3 +126,13 @@ def test_file_store_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None
         assert await memory.load() == [cfg]
 
     asyncio.run(main())
+
+
+def test_repr_and_answers_hide_url_credentials_and_sensitive_options() -> None:
+    cfg = StreamConfig(
+        id="s", url="https://u:pw1@h/x", options={"headers": "X-Key: k3y", "user_agent": "fr"}
+    )
+    assert "pw1" not in repr(cfg) and "k3y" not in repr(cfg)
+    public = json.dumps(cfg.public())
+    assert "pw1" not in public and "k3y" not in public and '"user_agent": "fr"' in public
+    assert "k3y" in json.dumps(cfg.stored())
