@@ -101,6 +101,7 @@ class Recorder:
             await self._commit(consumer)
             self.sidecars.close()
             await client.aclose()
+            self.counts.update({f"redis_{k}": v for k, v in consumer.counts.items()})
 
     async def _ensure_group(self, consumer: ResultConsumer, stop: asyncio.Event) -> None:
         delay = 0.2
