@@ -130,7 +130,7 @@ class FrameLog:
         near.sort(key=lambda e: abs(e.wall(e.pts[len(e.pts) // 2]) - t))
         for ep in near:
             hit = ep.exact(record)
-            if hit is not None:
+            if hit is not None and abs(ep.wall(hit[0]) - t) <= self.window_s:
                 self.exact_hits += 1
                 return Placement(hit[1], hit[2], _tb(ep.tb), True)
         if not final and now < t + self.window_s:
