@@ -1,0 +1,348 @@
+"""Results fan-out: the WebSocket hub to 1/10/100 subscribers, and Redis, vs raw redis-py.
+
+    python bench/fanout.py [--seconds 5] [--results results.jsonl]
+
+Real results of the sample clip (from ``framerelay demo --out``, made here when
+``--results`` is not given) are published as fast as they are taken and at a
+camera-like 25/s:
+
+* **hub**: a hub process (the real ``ResultHub`` behind uvicorn, auth on) and
+  N WebSocket subscribers in this process. Throughput = results/s each
+  subscriber receives when the publisher goes flat out (the hub drops the
+  oldest for subscribers that fall behind: drops are reported); added delay =
+  subscriber receive time - publish time at 25 results/s.
+* **redis**: the real ``RedisPublisher`` (PUBLISH + XADD per result,
+  pipelined) against a private redis-server; added delay = a pub/sub
+  subscriber's receive time - offer time.
+* **ceiling**: raw redis-py pipelined PUBLISH (and PUBLISH+XADD) of the same
+  JSON on the same server, batches of the publisher's size.
+
+Prints ratios to the ceiling and writes ``bench/results/fanout.json``. Not
+run by the tests. The subscribers share this process, so at 100 they measure
+this machine's client side as much as the hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import connect
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from framerelay.auth import TokenSigner  # noqa: E402
+from framerelay.results import ResultRecord  # noqa: E402
+from ingest.bus import ResultBus  # noqa: E402
+from ingest.redis_bus import RedisKeys, RedisPublisher  # noqa: E402
+from ingest.redis_bus import connect as redis_connect  # noqa: E402
+
+STREAM = "cam-1"
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+# --- the hub process ---------------------------------------------------------------
+
+
+async def serve_hub(records_path: Path, queue_size: int) -> None:
+    """The hub process: serve, and publish on command (one JSON line per run on stdin)."""
+    from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
+
+    from ingest.hub import api_server, build_hub, results_router
+    from ingest.settings import IngestSettings, ResultsSettings
+
+    lines = records_path.read_text().splitlines()  # noqa: ASYNC240 - once, at start
+    records = [ResultRecord.model_validate_json(x).model_copy(update={"stream_id": STREAM})
+               for x in lines]  # fmt: skip
+    limits = ResultsSettings(queue_size=queue_size, ping_interval_s=0)
+    secret = os.environ["FRAMERELAY_TOKEN_SECRETS"]
+    settings = IngestSettings(token_secrets=secret, api_port=0, results=limits)
+    bus = ResultBus()
+    app = FastAPI()
+    app.include_router(results_router(build_hub(bus, settings, CollectorRegistry())))
+    server, sock = api_server(app, settings)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for it
+        await asyncio.sleep(0.01)
+    print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        cmd = json.loads(line)  # {"rate": r, "seconds": s}
+        sent = await publish(bus, records, cmd["rate"], cmd["seconds"])
+        print(json.dumps({"published": sent, "dropped": bus.dropped}), flush=True)
+    server.should_exit = True
+    await task
+
+
+async def publish(bus: ResultBus, records: list[ResultRecord], rate: float, seconds: float) -> int:
+    """At ``rate``/s (0: as fast as the loop allows, yielding every 16 results)."""
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        now = time.time()
+        bus.publish(records[n % len(records)].model_copy(update={"received_at": now}))
+        n += 1
+        if rate > 0:
+            await asyncio.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+        elif n % 16 == 0:
+            await asyncio.sleep(0)
+    return n
+
+
+# --- subscribers --------------------------------------------------------------------
+
+
+async def subscriber(url: str, token: str, out: dict[str, Any], ready: asyncio.Event) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with connect(url, additional_headers=headers, compression=None, proxy=None,
+                       max_queue=1024) as ws:  # fmt: skip
+        await ws.recv()  # subscribed
+        ready.set()
+        async for raw in ws:
+            now = time.time()
+            text = str(raw)
+            i = text.find('"received_at":')
+            if i >= 0 and out["measuring"]:
+                sent = float(text[i + 14 : text.index(",", i)])
+                out["delays"].append((now - sent) * 1000)
+                out["count"] += 1
+
+
+async def hub_run(hub: subprocess.Popen[str], port: int, token: str, n: int, rate: float,
+                  seconds: float) -> dict[str, Any]:  # fmt: skip
+    url = f"ws://127.0.0.1:{port}/v1/results?stream={STREAM}"
+    stats: list[dict[str, Any]] = [{"delays": [], "count": 0, "measuring": False} for _ in range(n)]
+    events = [asyncio.Event() for _ in range(n)]
+    pairs = zip(stats, events, strict=True)
+    tasks = [asyncio.create_task(subscriber(url, token, s, e)) for s, e in pairs]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
+    for s in stats:
+        s["measuring"] = True
+    assert hub.stdin is not None and hub.stdout is not None
+    hub.stdin.write(json.dumps({"rate": rate, "seconds": seconds}) + "\n")
+    hub.stdin.flush()
+    done = json.loads(await asyncio.to_thread(hub.stdout.readline))
+    published = done["published"] / seconds
+    await asyncio.sleep(0.5)  # the tail in flight
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    delays = [d for s in stats for d in s["delays"]]
+    per_sub = sum(s["count"] for s in stats) / n / seconds
+    return {"subscribers": n, "rate": rate, "results_per_s_per_subscriber": per_sub,
+            "messages_per_s": per_sub * n, "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99),
+            "published_per_s": published, "hub_dropped_total": done["dropped"]}  # fmt: skip
+
+
+def bench_hub(records: Path, seconds: float, counts: list[int]) -> list[dict[str, Any]]:
+    secret = secrets.token_urlsafe(32)
+    env = {**os.environ, "FRAMERELAY_TOKEN_SECRETS": secret}
+    hub = subprocess.Popen([sys.executable, __file__, "--serve-hub", str(records)], env=env,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert hub.stdout is not None
+    port = json.loads(hub.stdout.readline())["port"]
+    token = TokenSigner([secret]).mint("bench", [f"stream:{STREAM}"], 3600)
+    rows = []
+    try:
+        for n in counts:
+            for rate in (25.0, 0.0):
+                row = asyncio.run(hub_run(hub, port, token, n, rate, seconds))
+                rows.append(row)
+                print(f"hub  {n:3d} subs  {'max' if not rate else f'{rate:.0f}/s':>5}  "
+                      f"{row['results_per_s_per_subscriber']:8.0f} results/s/sub  "
+                      f"{row['messages_per_s']:8.0f} msg/s  p50 {row['p50_ms']:6.2f} ms  "
+                      f"p99 {row['p99_ms']:6.2f} ms", flush=True)  # fmt: skip
+    finally:
+        if hub.stdin:
+            hub.stdin.close()  # the hub process ends at the end of its input
+        try:
+            hub.wait(20)
+        except subprocess.TimeoutExpired:
+            hub.send_signal(signal.SIGKILL)
+            hub.wait(5)
+        if hub.stdout:
+            hub.stdout.close()
+    return rows
+
+
+# --- Redis --------------------------------------------------------------------------
+
+
+async def redis_publisher(url: str, records: list[ResultRecord], n: int) -> dict[str, Any]:
+    bus, client = ResultBus(), redis_connect(url)
+    pub = RedisPublisher(client, RedisKeys("bench"), bus.ids, buffer=n + 1)
+    bus.observe(pub.offer)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    t0 = time.perf_counter()
+    for i in range(n):
+        bus.publish(records[i % len(records)])
+        if i % 256 == 0:
+            await asyncio.sleep(0)
+    while pub.counts["stored"] < n:  # noqa: ASYNC110 - polling a counter
+        await asyncio.sleep(0.001)
+    took = time.perf_counter() - t0
+    stop.set()
+    await task
+    await client.aclose()
+    return {"results": n, "results_per_s": n / took}
+
+
+async def redis_delay(
+    url: str, records: list[ResultRecord], rate: float, seconds: float
+) -> dict[str, Any]:
+    bus, client, reader = ResultBus(), redis_connect(url), redis_connect(url)
+    pub = RedisPublisher(client, RedisKeys("delay"), bus.ids)
+    bus.observe(pub.offer)
+    ps = reader.pubsub()
+    await ps.subscribe(RedisKeys("delay").channel(STREAM))
+    await ps.get_message(timeout=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    delays: list[float] = []
+
+    async def listen() -> None:
+        while True:
+            msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1)
+            if msg is not None:
+                sent = json.loads(msg["data"])["received_at"]
+                delays.append((time.time() - sent) * 1000)
+
+    listener = asyncio.create_task(listen())
+    await publish(bus, [r.model_copy(update={"stream_id": STREAM}) for r in records], rate, seconds)
+    await asyncio.sleep(0.5)
+    listener.cancel()
+    stop.set()
+    await asyncio.gather(task, listener, return_exceptions=True)
+    await ps.aclose()
+    await client.aclose()
+    await reader.aclose()
+    return {"rate": rate, "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99), "n": len(delays)}
+
+
+async def raw_ceiling(url: str, payload: str, n: int, batch: int, xadd: bool) -> float:
+    client = redis_connect(url)
+    t0 = time.perf_counter()
+    for start in range(0, n, batch):
+        pipe = client.pipeline(transaction=False)
+        for _ in range(min(batch, n - start)):
+            pipe.publish("raw:live", payload)
+            if xadd:
+                pipe.xadd("raw:results", {"r": payload}, maxlen=100_000, approximate=True)
+        await pipe.execute()
+    took = time.perf_counter() - t0
+    await client.aclose()
+    return n / took
+
+
+def bench_redis(records: list[ResultRecord], n: int, seconds: float) -> dict[str, Any]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return {"skipped": "redis-server not installed"}
+    work = Path(tempfile.mkdtemp(prefix="fanout-redis-"))
+    with socket_port() as port:
+        pass
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(work)],
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        time.sleep(0.5)
+        payload = records[0].model_dump_json()
+        raw_pub = asyncio.run(raw_ceiling(url, payload, n, 256, xadd=False))
+        raw_both = asyncio.run(raw_ceiling(url, payload, n, 256, xadd=True))
+        ours = asyncio.run(redis_publisher(url, records, n))
+        live = asyncio.run(redis_delay(url, records, 25.0, seconds))
+        flat = asyncio.run(redis_delay(url, records, 0.0, seconds))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    return {"raw_publish_per_s": raw_pub, "raw_publish_xadd_per_s": raw_both,
+            "publisher_results_per_s": ours["results_per_s"],
+            "ratio_to_raw_publish": ours["results_per_s"] / raw_pub,
+            "ratio_to_raw_publish_xadd": ours["results_per_s"] / raw_both,
+            "delay_at_25_per_s": live, "delay_flat_out": flat,
+            "payload_bytes": len(payload)}  # fmt: skip
+
+
+class socket_port:
+    def __enter__(self) -> int:
+        import socket
+
+        self.s = socket.socket()
+        self.s.bind(("127.0.0.1", 0))
+        return int(self.s.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.s.close()
+
+
+def make_results() -> Path:
+    out = Path(tempfile.mkdtemp(prefix="fanout-")) / "results.jsonl"
+    subprocess.run([sys.executable, "-m", "framerelay", "demo", "--quiet", "--out", str(out)],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--results", type=Path, help="JSONL results (default: run the demo)")
+    parser.add_argument("--subscribers", default="1,10,100")
+    parser.add_argument("--redis-results", type=int, default=50_000)
+    parser.add_argument("--serve-hub", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--queue-size", type=int, default=256)
+    args = parser.parse_args()
+    if args.serve_hub:
+        asyncio.run(serve_hub(args.serve_hub, args.queue_size))
+        return
+    path = args.results or make_results()
+    records = [ResultRecord.model_validate_json(x) for x in path.read_text().splitlines()]
+    records = [r.model_copy(update={"stream_id": STREAM}) for r in records]
+    counts = [int(x) for x in args.subscribers.split(",")]
+    hub = bench_hub(path, args.seconds, counts)
+    red = bench_redis(records, args.redis_results, args.seconds)
+    report = {
+        "machine": {"cpus": os.cpu_count()},
+        "seconds": args.seconds,
+        "hub": hub,
+        "redis": red,
+    }
+    if "raw_publish_per_s" in red:
+        print(f"redis raw pipelined PUBLISH        {red['raw_publish_per_s']:9.0f} msg/s (ceiling)")
+        print(f"redis raw pipelined PUBLISH+XADD   {red['raw_publish_xadd_per_s']:9.0f} msg/s")
+        print(f"RedisPublisher (PUBLISH+XADD)      {red['publisher_results_per_s']:9.0f} results/s"
+              f"  = {red['ratio_to_raw_publish']:.2f}x raw PUBLISH, "
+              f"{red['ratio_to_raw_publish_xadd']:.2f}x raw PUBLISH+XADD")  # fmt: skip
+        for k in ("delay_at_25_per_s", "delay_flat_out"):
+            d = red[k]
+            print(f"redis live delay ({k[6:]}): p50 {d['p50_ms']:.2f} ms  p99 {d['p99_ms']:.2f} ms")
+        for row in hub:
+            if row["rate"] == 0:
+                print(f"hub {row['subscribers']:3d} subs flat out: "
+                      f"{row['messages_per_s'] / red['raw_publish_per_s']:.2f}x raw PUBLISH "
+                      f"(messages delivered/s)")  # fmt: skip
+    out = ROOT / "bench" / "results" / "fanout.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
