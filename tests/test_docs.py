@@ -15,14 +15,15 @@ from deploy.settings import (
 )
 from gpu_worker.detectors.base import OnnxDetectorSettings
 from gpu_worker.settings import WorkerSettings
-from ingest.settings import IngestSettings, StreamConfig
+from ingest.recording.settings import RecorderSettings
+from ingest.settings import IngestSettings, ResultsSettings, StreamConfig
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _names(model: type[BaseModel], prefix: str) -> list[str]:
-    skip = {"token_secrets", "detector", "type", "runpod", "local", "kubernetes"}
+    skip = {"token_secrets", "detector", "type", "runpod", "local", "kubernetes", "results"}
     return [prefix + n.upper() if prefix else n for n in model.model_fields if n not in skip]
 
 
@@ -32,6 +33,12 @@ def _names(model: type[BaseModel], prefix: str) -> list[str]:
     + _names(OnnxDetectorSettings, "FRAMERELAY_WORKER_DETECTOR__")
     + _names(IngestSettings, "FRAMERELAY_INGEST_")
     + _names(StreamConfig, "")
+    + _names(ResultsSettings, "FRAMERELAY_INGEST_RESULTS__")
+    + [
+        n
+        for n in _names(RecorderSettings, "FRAMERELAY_RECORD_")
+        if n != "FRAMERELAY_RECORD_REDIS_URL"
+    ]
     + _names(OrchestratorSettings, "FRAMERELAY_ORCH_")
     + _names(RunPodSettings, "FRAMERELAY_ORCH_RUNPOD__")
     + _names(LocalSettings, "FRAMERELAY_ORCH_LOCAL__")
@@ -42,6 +49,7 @@ def _names(model: type[BaseModel], prefix: str) -> list[str]:
 def test_every_setting_is_documented(name: str) -> None:
     short = name.replace("_TLS_KEY", "_TLS_CERT").replace("_TLS_CLIENT_KEY", "_TLS_CLIENT_CERT")
     short = short.replace("_API_PORT", "_API_HOST").replace("read_timeout_s", "open_timeout_s")
+    short = short.replace("RECORD_READ_TIMEOUT_S", "RECORD_OPEN_TIMEOUT_S")
     assert f"`{name}`" in README or f"`{short}`" in README, f"{name} missing from README"
 
 
