@@ -164,10 +164,14 @@ class ResultHub:
         self.active = 0
 
     def authorize(self, sub: Subscription, authorization: str | None) -> Claims | None:
-        """Check the token against every stream asked for; :class:`Refused` if not."""
+        """Check the token against every stream asked for, then capacity; :class:`Refused`."""
+        claims = self._claims(sub, authorization)
         if self.active >= self.config.max_subscribers:
             raise Refused("capacity", f"the hub serves at most {self.config.max_subscribers} "
                           "subscribers; try again later")  # fmt: skip
+        return claims
+
+    def _claims(self, sub: Subscription, authorization: str | None) -> Claims | None:
         if self.signer is None:
             return None
         scopes = [f"stream:{s}" for s in sub.streams] or ["stream:*"]
