@@ -258,3 +258,35 @@ def test_redis_kill9_and_restart(
         asyncio.run(main())
     finally:
         server.stop()
+
+
+def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
+    records: list[ResultRecord], tmp_path: Path
+) -> None:
+    from prometheus_client import CollectorRegistry
+    from websockets.asyncio.client import connect as ws_connect
+
+    from framerelay.schemas import SERVER_MESSAGE, ResultMessage, SubscribedMessage
+    from ingest.hub import HubConfig, ResultHub
+    from ingest.settings import IngestSettings, ResultsSettings
+    from tests.results.support import serving
+
+    async def body(bus: ResultBus, pub: RedisPublisher) -> tuple[Any, list[str], list[str]]:
+        bus.resize_history(5)  # the hub itself remembers only the last 5
+        ids = [bus.push(r).id for r in records[:40]]
+        await wait_async(lambda: pub.counts["stored"] == 40, 10, "40 stored")
+        hub = ResultHub(bus, signer=None, config=HubConfig(resume_max=100),
+                        registry=CollectorRegistry(), durable=pub.read_after)  # fmt: skip
+        settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
+        async with serving(hub, settings) as url:
+            query = f"{url}?stream={records[0].stream_id}&resume={records[0].stream_id}@{ids[9]}"
+            async with ws_connect(query, proxy=None) as ws:
+                first = SERVER_MESSAGE.validate_json(await ws.recv())
+                got = [SERVER_MESSAGE.validate_json(await ws.recv()) for _ in range(30)]
+        assert all(isinstance(m, ResultMessage) for m in got)
+        return first, ids, [m.id for m in got if isinstance(m, ResultMessage)]
+
+    with redis_server(tmp_path) as server:
+        first, ids, got = asyncio.run(_run_with_publisher(server.url, body))
+    assert isinstance(first, SubscribedMessage) and first.durable
+    assert got == ids[10:40]  # 25 from Redis, the last 5 from memory, in order, once
