@@ -7,8 +7,10 @@ result's PTS is exactly the PTS of a recorded frame: that is the match
 so the wall clock picks the recorder epoch: the one that was recording within
 ``window_s`` of the result's ``captured_at``. Where no frame has the result's
 PTS (readers with their own timestamp origin, e.g. separate RTSP sessions), the
-frame nearest in wall-clock time within ``nearest_s`` is used (``exact``
-false) - but only as long as no result ever matched exactly: once timestamps
+frame nearest in wall-clock time within ``NEAREST_S`` gives a PTS offset; once
+one offset has most votes for a pair of (ingest, recorder) epochs, results are
+placed with it, so clock jitter cannot move them a frame (``exact`` false) -
+but only as long as no result ever matched exactly: once timestamps
 are known to be shared, a result without its frame (recorded while the
 recorder was down, or lost in a crash) goes to a gap file rather than onto a
 neighbouring frame. A result whose time was not recorded at all goes to a gap
@@ -22,6 +24,7 @@ A recorder epoch's wall clock is modelled as ``origin + pts x time_base`` with
 from __future__ import annotations
 
 import bisect
+import collections
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -29,6 +32,8 @@ from framerelay.results import ResultRecord
 from ingest.recording.segmenter import FrameEvent
 
 NEAREST_S = 0.5
+LOCK_VOTES = 5  # an offset needs this many votes ...
+LOCK_LEAD = 1.5  # ... and this many times the runner-up's
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ GAP = Placement(None, None, None, False)
 
 @dataclass(slots=True)
 class _Epoch:
+    number: int
     tb: Fraction
     wrap: int
     origin: float = float("inf")
@@ -74,12 +80,16 @@ class _Epoch:
             self.wall(self.pts[-1]) + margin
         )
 
+    def ticks(self, record: ResultRecord) -> Fraction:
+        """The result's PTS in this epoch's time base (exact where it can be)."""
+        return record.pts * Fraction(*record.time_base) / self.tb
+
+    def at(self, pts: int) -> tuple[int, str, int] | None:
+        return self.frames.get(pts % self.wrap if self.wrap else pts)
+
     def exact(self, record: ResultRecord) -> tuple[int, str, int] | None:
-        ticks = record.pts * Fraction(*record.time_base) / self.tb
-        if ticks.denominator != 1:
-            return None
-        key = int(ticks) % self.wrap if self.wrap else int(ticks)
-        return self.frames.get(key)
+        ticks = self.ticks(record)
+        return self.at(int(ticks)) if ticks.denominator == 1 else None
 
     def nearest(self, t: float, within: float) -> tuple[int, str, int] | None:
         target = (t - self.origin) / float(self.tb)
@@ -101,10 +111,11 @@ class FrameLog:
         self._epochs: dict[int, _Epoch] = {}
         self.latest_wall = 0.0
         self.exact_hits = 0
+        self._votes: dict[tuple[int, int], collections.Counter[int]] = {}
 
     def open_epoch(self, epoch: int, tb: Fraction, wrap_bits: int | None) -> None:
         if epoch not in self._epochs:
-            self._epochs[epoch] = _Epoch(tb, 1 << wrap_bits if wrap_bits else 0)
+            self._epochs[epoch] = _Epoch(epoch, tb, 1 << wrap_bits if wrap_bits else 0)
 
     def add(self, ev: FrameEvent) -> None:
         self._epochs[ev.epoch].add(ev.pts, ev.wall, ev.segment, ev.seg_pts)
@@ -136,10 +147,25 @@ class FrameLog:
         if not final and now < t + self.window_s:
             return None  # the frame may still come
         for ep in near if not self.exact_hits else ():
-            hit = ep.nearest(t, NEAREST_S)
+            hit = self._by_offset(ep, record)
             if hit is not None:
                 return Placement(hit[1], hit[2], _tb(ep.tb), False)
         return GAP
+
+    def _by_offset(self, ep: _Epoch, record: ResultRecord) -> tuple[int, str, int] | None:
+        """Unshared timestamps: each result votes for the PTS offset its nearest frame (by
+        wall clock) implies; once one offset clearly wins for this pair of epochs, every
+        result is placed with it, so jitter in the clocks cannot move it a frame."""
+        hit = ep.nearest(record.captured_at, NEAREST_S)
+        if hit is None:
+            return None
+        ticks = round(ep.ticks(record))
+        votes = self._votes.setdefault((record.epoch, ep.number), collections.Counter())
+        votes[hit[0] - ticks] += 1
+        (offset, n), *rest = votes.most_common(2)
+        if n >= LOCK_VOTES and n >= LOCK_LEAD * (rest[0][1] if rest else 0):
+            return ep.at(ticks + offset) or hit
+        return hit
 
     def prune(self, now: float) -> None:
         """Forget frames older than the horizon (and epochs left empty)."""

@@ -85,6 +85,19 @@ def test_unshared_timestamps_fall_back_to_the_nearest_frame_by_wall_clock() -> N
     assert gap is not None and gap.segment is None
 
 
+def test_unshared_timestamps_lock_onto_one_offset_despite_clock_jitter() -> None:
+    log = FrameLog(window_s=2.0)
+    frames(log, 0, 500_000, T0, 500)  # 20 s; true offset: +500000 ticks
+    jitter = [0.0, 0.03, -0.025, 0.01, 0.0, 0.028, -0.03, 0.0, 0.015, -0.01] * 4
+    offsets = []
+    for k, j in enumerate(jitter):  # results at 5 fps; capture times off by up to 30 ms
+        frame = 10 + 5 * k
+        hit = log.place(record(frame * 3600, T0 + frame * 0.04 + j), now=T0 + 60)
+        assert hit is not None and hit.seg_pts is not None and not hit.exact
+        offsets.append(hit.seg_pts - frame * 3600)
+    assert set(offsets[10:]) == {500_000}  # locked: no frame slips once the votes are in
+
+
 def test_old_frames_are_forgotten() -> None:
     log = FrameLog(window_s=2.0, horizon_s=5.0)
     frames(log, 0, 0, T0, 250)
