@@ -22,6 +22,7 @@ from ingest.hub import ResultHub, api_server, build_hub, results_router
 from ingest.jsonl import JsonlWriter
 from ingest.metrics import register_stream_metrics
 from ingest.redis_bus import publisher_from_settings
+from ingest.routing import routing_router
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import build_store
@@ -50,6 +51,7 @@ def create_app(
         return {"status": "ok"}
 
     app.include_router(streams_router(service))
+    app.include_router(routing_router(service.pool, adopt=service.adopt_stream))
     app.include_router(results_router(hub))
     return app
 

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
@@ -101,6 +101,7 @@ class WorkerPool:
         self.streams: dict[str, IngestStream] = {}
         self.where: dict[str, str] = {}
         self.moves = 0
+        self._adopted: dict[str, Snapshot | None] = {}
         self._runs: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
 
@@ -127,9 +128,24 @@ class WorkerPool:
     def add_stream(self, config: StreamConfig) -> IngestStream:
         stream = self.streams.get(config.id)
         if stream is None:
-            stream = IngestStream(config, asyncio.get_running_loop(), self.max_inflight)
+            stream = IngestStream(
+                config,
+                asyncio.get_running_loop(),
+                self.max_inflight,
+                link_up=lambda sid=config.id: self._link_up(sid),  # type: ignore[misc]
+            )
             self.streams[config.id] = stream
+            stream.launch()
         return stream
+
+    def adopt(self, stream: IngestStream, snapshot: Snapshot | None) -> None:
+        """Take over a running stream (detached from another client) and its snapshot."""
+        self.streams[stream.id] = stream
+        self._adopted[stream.id] = snapshot
+
+    def _link_up(self, stream_id: str) -> bool:
+        client = self.clients.get(self.where.get(stream_id, ""))
+        return client is not None and client.connected.is_set()
 
     async def move(self, stream_id: str, worker_id: str, url: str) -> bool:
         """Send ``stream_id`` to ``worker_id`` (at ``url``); False if already there."""
@@ -140,7 +156,7 @@ class WorkerPool:
             old = self.where.get(stream_id)
             if old == worker_id and self.clients[old].url == url:
                 return False
-            snapshot: Snapshot | None = None
+            snapshot: Snapshot | None = self._adopted.pop(stream_id, None)
             if old is not None and old in self.clients:
                 detached = await self.clients[old].detach(stream_id)
                 snapshot = detached[1] if detached else None
@@ -200,11 +216,20 @@ class Assignment(BaseModel):
     stream: StreamConfig | None = None
 
 
-def routing_router(pool: WorkerPool) -> APIRouter:
+def routing_router(
+    pool: WorkerPool,
+    adopt: Callable[[str], Awaitable[tuple[IngestStream, Snapshot | None] | None]] | None = None,
+) -> APIRouter:
+    """The orchestrator's endpoints. ``adopt(stream_id)`` hands over a stream the
+    ingest runs on its default worker, so the orchestrator can place it too."""
     router = APIRouter()
 
     @router.put("/v1/streams/{stream_id}/worker")
     async def assign(stream_id: str, body: Assignment) -> dict[str, Any]:
+        if stream_id not in pool.streams and adopt is not None:
+            taken = await adopt(stream_id)
+            if taken is not None:
+                pool.adopt(*taken)
         if stream_id not in pool.streams:
             if body.stream is None or body.stream.id != stream_id:
                 raise HTTPException(404, f"unknown stream {stream_id!r}: send its definition")

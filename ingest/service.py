@@ -7,6 +7,10 @@ them at runtime and persist the change first: when the store fails nothing
 changes. Removing a stream stops its decode thread, lets the last frames in
 flight come back (bounded), sends CLOSE so the worker frees its session, and
 forgets every per-stream state of the ingest.
+
+Streams run on the default worker (``worker_url``) unless the orchestrator
+places them: ``pool`` (:mod:`ingest.routing`) holds one tunnel per worker it
+named and moves streams between them live, with their session snapshots.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from framerelay.errors import ConfigError, FramerelayError
 from framerelay.results import ResultRecord
 from framerelay.settings import split_secrets
 from ingest.bus import ResultBus
+from ingest.routing import RoutedTunnelClient, Snapshot, WorkerPool
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.source import SourceSpec
 from ingest.store import StreamStore
 from ingest.stream import IngestStream
-from ingest.tunnel_client import TunnelClient, client_ssl_context
+from ingest.tunnel_client import client_ssl_context
 
 log = logging.getLogger(__name__)
 TOKEN_TTL_S = 3600.0
@@ -60,17 +65,23 @@ class IngestService:
         self.store = store
         self.bus = ResultBus()
         self._credentials = token_provider(settings)
-        ctx = None
-        if settings.worker_url.startswith("wss://"):
-            ctx = client_ssl_context(
-                str(settings.tls_ca) if settings.tls_ca else None,
-                str(settings.tls_client_cert) if settings.tls_client_cert else None,
-                str(settings.tls_client_key) if settings.tls_client_key else None,
-            )
-        self.client = TunnelClient(
+        ctx = client_ssl_context(
+            str(settings.tls_ca) if settings.tls_ca else None,
+            str(settings.tls_client_cert) if settings.tls_client_cert else None,
+            str(settings.tls_client_key) if settings.tls_client_key else None,
+        )
+        self.client = RoutedTunnelClient(
             settings.worker_url,
             self._token,
             self.bus.publish,
+            ssl_context=ctx if settings.worker_url.startswith("wss://") else None,
+            frame_timeout_s=settings.frame_timeout_s,
+            reconnect_max_s=settings.reconnect_max_s,
+        )
+        self.pool = WorkerPool(
+            self._token_for,
+            self.bus.publish,
+            max_inflight=settings.max_inflight,
             ssl_context=ctx,
             frame_timeout_s=settings.frame_timeout_s,
             reconnect_max_s=settings.reconnect_max_s,
@@ -81,14 +92,23 @@ class IngestService:
         self._retiring: set[asyncio.Task[None]] = set()
 
     def _token(self) -> str:
+        return self._token_for(self.settings.worker_id)
+
+    def _token_for(self, worker_id: str) -> str:
+        """A fixed token (it must grant every worker used), or one minted per connect."""
         if isinstance(self._credentials, str):
             return self._credentials
-        scope = [f"worker:{self.settings.worker_id}"]
-        return self._credentials.mint("ingest", scope, TOKEN_TTL_S)
+        return self._credentials.mint("ingest", [f"worker:{worker_id}"], TOKEN_TTL_S)
 
     @property
     def streams(self) -> dict[str, IngestStream]:
-        return self.client.streams
+        """Every stream: on the default worker, or placed by the orchestrator."""
+        return {**self.client.streams, **self.pool.streams}
+
+    async def adopt_stream(self, stream_id: str) -> tuple[IngestStream, Snapshot | None] | None:
+        """Hand a default-worker stream over to the pool (the orchestrator places it)."""
+        async with self._changing:
+            return await self.client.detach(stream_id)
 
     def add_stream(self, config: StreamConfig, *, first_epoch: int = 0) -> IngestStream:
         """Start a stream now (not persisted; see :meth:`create_stream`)."""
@@ -135,6 +155,11 @@ class IngestService:
     async def remove_stream(self, stream_id: str) -> None:
         """Forget a stream (in the store too), stop it and free its state on both sides."""
         async with self._changing:
+            if stream_id in self.pool.streams:  # placed by the orchestrator
+                if self.store is not None:
+                    await self.store.delete(stream_id)
+                await self.pool.remove(stream_id)
+                return
             stream = self._get(stream_id)
             if self.store is not None:
                 await self.store.delete(stream_id)
@@ -195,3 +220,4 @@ class IngestService:
                 await asyncio.to_thread(stream.join, JOIN_TIMEOUT_S)
             if self._retiring:
                 await asyncio.wait(set(self._retiring), timeout=JOIN_TIMEOUT_S)
+            await self.pool.aclose()

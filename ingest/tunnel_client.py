@@ -65,6 +65,8 @@ class TunnelClient:
         """Latest session snapshot per stream; sent back in OPEN on (re)connect."""
         self.hello: wire.Hello | None = None
         self.connected = asyncio.Event()
+        self._wanted = asyncio.Event()
+        """Set once a stream was added: no tunnel is opened before there is work."""
         self.connects = 0
         self.last_error: str | None = None
         self._ws: ClientConnection | None = None
@@ -77,6 +79,7 @@ class TunnelClient:
         """Add a stream (optionally resuming a session snapshot taken elsewhere);
         it starts flowing as soon as a worker is connected."""
         self.streams[stream.id] = stream
+        self._wanted.set()
         if snapshot is not None:
             self.snapshots[stream.id] = snapshot
         if self.hello is not None:
@@ -88,6 +91,9 @@ class TunnelClient:
         """Connect, pump, reconnect; returns when ``stop`` is set."""
         delay = 0.25
         while not stop.is_set():
+            if not self._wanted.is_set():
+                await _first(self._wanted, stop)
+                continue
             started = time.monotonic()
             try:
                 await self._connect_once(stop)
@@ -306,3 +312,13 @@ class TunnelClient:
             header.code,
             header.message,
         )
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until any of ``events`` is set."""
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

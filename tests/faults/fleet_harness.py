@@ -1,6 +1,7 @@
 """A whole fleet on this machine for the fault tests: the orchestrator (in
 process, real Redis under a unique key prefix), the local provider (real
-worker processes), and an ingest (ingest.routing behind its real HTTP API)."""
+worker processes), and a real ingest service behind its real HTTP API (the
+orchestrator places streams through ``PUT /v1/streams/{id}/worker``)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from deploy.providers.base import Provider
 from deploy.providers.local import LocalProvider
 from deploy.service import Orchestrator
 from deploy.settings import LocalSettings, OrchestratorSettings, TierConfig
-from framerelay.auth import TokenSigner
 from framerelay.results import ResultRecord
-from ingest.routing import WorkerPool, routing_router
+from ingest.app import create_app
+from ingest.routing import WorkerPool
+from ingest.service import IngestService
+from ingest.settings import IngestSettings
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -77,12 +80,13 @@ async def running_fleet(
     env_hook: Callable[[PodSpec], dict[str, str]] | None = None,
     provider: Provider | None = None,
 ) -> AsyncIterator[Fleet]:
-    signer = TokenSigner([secret])
     records: list[ResultRecord] = []
-    pool = WorkerPool(lambda w: signer.mint("ingest", [f"worker:{w}"], 600), records.append)
-    app = FastAPI()
-    app.include_router(routing_router(pool))
-    server, serve_task, ingest_url = await _serve(app)
+    # No default worker: every stream is placed by the orchestrator.
+    ingest = IngestService(IngestSettings(token_secrets=secret, worker_url="ws://127.0.0.1:9/none"))
+    ingest.bus.tap(records.append)
+    ingest_stop = asyncio.Event()
+    ingest_task = asyncio.create_task(ingest.run(ingest_stop))
+    server, serve_task, ingest_url = await _serve(create_app(ingest))
     settings = settings.model_copy(update={"ingest_url": ingest_url})
     local = LocalProvider(settings.local, env_hook=env_hook)
     orch = Orchestrator(settings, provider=provider or local)
@@ -90,11 +94,12 @@ async def running_fleet(
     stop = asyncio.Event()
     loop = asyncio.create_task(orch.run(stop))
     try:
-        yield Fleet(orch, local, pool, records)
+        yield Fleet(orch, local, ingest.pool, records)
     finally:
         stop.set()
         await asyncio.wait_for(loop, 30)
-        await pool.aclose()
+        ingest_stop.set()
+        await asyncio.wait_for(ingest_task, 30)
         await orch.store.clear()
         await orch.aclose()
         server.should_exit = True
