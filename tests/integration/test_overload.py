@@ -1,8 +1,9 @@
 """Acceptance: latency is bounded, never queued.
 
-One stream alone (real-time paced, every frame) gives the unloaded p99. Then
-four such streams, each at the clip's 25 fps, share one CPU worker that
-sustains well under the 100 fps offered: over 60 s the p99 of the last 20 s
+The worker's capacity is measured first (one file read as fast as possible,
+every frame). One stream alone (real-time paced, every frame) gives the
+unloaded p99. Then enough such streams (each at the clip's 25 fps) to offer
+about 4x the capacity share the worker for 60 s: the p99 of the last 20 s
 stays within 1.2x the p99 of the first 20 s, p99 stays below
 1.5 x streams x unloaded p99, and the excess shows up as counted drops.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -19,17 +21,18 @@ from framerelay.results import ResultRecord
 from gpu_worker.launcher import LocalWorker
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
-from tests.conftest import CLIP
+from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-STREAMS = 4
+CLIP_FPS = 25.0
+OVERLOAD = 4.0
 
 
 async def _run(
-    url: str, secret: str, streams: int, seconds: float
+    url: str, secret: str, streams: int, seconds: float, realtime: bool = True
 ) -> tuple[list[tuple[float, float]], dict[str, dict[str, int]]]:
     configs = [
-        StreamConfig(id=f"cam-{i}", url=str(CLIP), fps=0, realtime=True, loop=True)
+        StreamConfig(id=f"cam-{i}", url=str(CLIP), fps=0, realtime=realtime, loop=True)
         for i in range(streams)
     ]
     settings = IngestSettings(
@@ -57,35 +60,53 @@ def _p99(samples: list[tuple[float, float]], start: float, end: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(local_worker: LocalWorker, secret: str) -> dict[str, object]:
-    alone, alone_counts = asyncio.run(_run(local_worker.url, secret, 1, 22))
-    loaded, loaded_counts = asyncio.run(_run(local_worker.url, secret, STREAMS, 62))
+def one_thread_worker(secret: str) -> Iterator[LocalWorker]:
+    """Ingest and worker share this machine's cores here (across clouds they do not):
+    one inference thread keeps the worker's speed from depending on how many
+    streams the ingest decodes next to it."""
+    worker = LocalWorker(
+        secret, worker_id="test-worker", args=["--model", str(MODEL), "--threads", "1"]
+    )
+    worker.start(timeout_s=120 * TIMEOUT_FACTOR)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(one_thread_worker: LocalWorker, secret: str) -> dict[str, object]:
+    url = one_thread_worker.url
+    flat_out, _ = asyncio.run(_run(url, secret, 1, 10, realtime=False))
+    done = [t for t, _ in flat_out]
+    capacity = (len(done) - 1) / (done[-1] - done[0])
+    streams = min(8, max(4, round(OVERLOAD * capacity / CLIP_FPS)))
+    alone, alone_counts = asyncio.run(_run(url, secret, 1, 22))
+    loaded, loaded_counts = asyncio.run(_run(url, secret, streams, 62))
     return {
-        "alone": alone,
-        "alone_counts": alone_counts,
-        "loaded": loaded,
-        "loaded_counts": loaded_counts,
-    }
+        "capacity": capacity, "streams": streams, "alone": alone, "alone_counts": alone_counts,
+        "loaded": loaded, "loaded_counts": loaded_counts,
+    }  # fmt: skip
 
 
 def test_latency_does_not_grow_under_overload(runs: dict[str, object]) -> None:
+    streams: int = runs["streams"]  # type: ignore[assignment]
+    capacity: float = runs["capacity"]  # type: ignore[assignment]
     alone: list[tuple[float, float]] = runs["alone"]  # type: ignore[assignment]
     loaded: list[tuple[float, float]] = runs["loaded"]  # type: ignore[assignment]
     t0 = alone[0][0]
     unloaded_p99 = _p99(alone, t0 + 2, t0 + 22)
     l0 = loaded[0][0]
     first, last = _p99(loaded, l0, l0 + 20), _p99(loaded, l0 + 40, l0 + 60)
-    offered = STREAMS * 25.0
+    offered = streams * CLIP_FPS
     served = sum(1 for t, _ in loaded if l0 <= t < l0 + 60) / 60
     print(
         f"\nunloaded p99 {unloaded_p99:.1f} ms; loaded p99 first 20 s {first:.1f} ms, last 20 s "
-        f"{last:.1f} ms (ratio {last / first:.2f}); bound 1.5 x {STREAMS} x unloaded = "
-        f"{1.5 * STREAMS * unloaded_p99:.1f} ms; offered {offered:.0f} fps, served "
-        f"{served:.1f} fps ({offered / served:.1f}x over capacity)"
+        f"{last:.1f} ms (ratio {last / first:.2f}); bound 1.5 x {streams} x unloaded = "
+        f"{1.5 * streams * unloaded_p99:.1f} ms; capacity {capacity:.1f} fps, {streams} streams "
+        f"offered {offered:.0f} fps, served {served:.1f} fps ({offered / served:.1f}x)"
     )
     assert last <= 1.2 * first
-    assert max(first, last) < 1.5 * STREAMS * unloaded_p99
-    assert offered / served > 2.0
+    assert max(first, last) < 1.5 * streams * unloaded_p99
+    assert offered / served > 3.0
 
 
 def test_excess_is_counted_drops_not_a_queue(runs: dict[str, object]) -> None:
