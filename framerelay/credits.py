@@ -1,19 +1,20 @@
 """Per-stream credit window: at most N frames of a stream in flight (sans-I/O).
 
 The sender asks ``can_send``; ``sent`` takes a credit, ``completed`` (a result
-or an error for that frame came back) returns it.
+or an error for that frame came back) returns it. The window follows::
 
-Credits cover the *network*, not the worker::
+    N = ceil(fps x own_round_trip - slack)        clamped to [1, cap]
 
-    N = 1 + ceil(fps x network_rtt)        clamped to [1, cap]
-
-where ``network_rtt`` is the frame's round trip minus the time it spent inside
-the worker (which the worker reports). One frame is being processed while the
-next ``fps x network_rtt`` frames are on the wire, so a stream reaches its
-target rate whenever the worker keeps up. When the worker is overloaded,
-slower processing does *not* earn a stream more credits: more frames in flight
-would only make queues and batches longer, so latency would climb instead of
-the excess turning into counted drops (newest frame wins at the sender).
+where ``own_round_trip`` is the frame's round trip minus the time it spent
+waiting for *other* frames at the worker (its queue wait, and the share of a
+batched inference that belongs to its batch-mates), as the worker reports. So
+N covers the network and the frame's own processing: a stream reaches its
+target rate whenever the worker keeps up, across any RTT. When the worker is
+overloaded, waiting behind other streams does *not* earn a stream more
+credits: more frames in flight would only make queues and batches longer, so
+latency would climb instead of the excess turning into counted drops (the
+newest frame wins at the sender). ``slack`` (a tenth of a frame interval)
+keeps measurement noise on loopback from doubling the window.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-_NOISE = 0.05  # fraction of a frame interval ignored as measurement noise
+SLACK = 0.1
 
 
 @dataclass(slots=True)
@@ -30,7 +31,7 @@ class CreditWindow:
 
     cap: int = 4
     limit: int = 1
-    net_rtt_s: float | None = None
+    own_rtt_s: float | None = None
     alpha: float = 0.2
     inflight: dict[int, float] = field(default_factory=dict)
 
@@ -54,27 +55,28 @@ class CreditWindow:
             )
         self.inflight[seq] = now
 
-    def completed(self, seq: int, now: float, worker_s: float | None = None) -> float | None:
+    def completed(self, seq: int, now: float, waited_s: float | None = None) -> float | None:
         """Frame ``seq`` came back; returns its round trip, or None if unknown.
 
-        ``worker_s``: the time the worker says the frame spent inside it; the
-        rest of the round trip is the network, which sizes the window.
+        ``waited_s``: how long the worker says the frame waited for other
+        frames (queue + batch-mates); the rest of the round trip sizes the
+        window. ``None`` (an error reply, no timings) leaves the estimate alone.
         """
         sent_at = self.inflight.pop(seq, None)
         if sent_at is None:
             return None
         rtt = max(0.0, now - sent_at)
-        if worker_s is not None:
-            net = max(0.0, rtt - worker_s)
-            prev = self.net_rtt_s
-            self.net_rtt_s = net if prev is None else prev + self.alpha * (net - prev)
+        if waited_s is not None:
+            own = max(0.0, rtt - waited_s)
+            prev = self.own_rtt_s
+            self.own_rtt_s = own if prev is None else prev + self.alpha * (own - prev)
         return rtt
 
     def resize(self, fps: float) -> int:
-        """Set ``limit = 1 + ceil(fps x network_rtt)`` within [1, cap]; returns it."""
-        if fps > 0 and self.net_rtt_s is not None:
-            extra = max(0, math.ceil(fps * self.net_rtt_s - _NOISE))
-            self.limit = max(1, min(self.cap, 1 + extra))
+        """Set ``limit = ceil(fps x own_rtt - slack)`` within [1, cap]; returns it."""
+        if fps > 0 and self.own_rtt_s is not None:
+            wanted = math.ceil(fps * self.own_rtt_s - SLACK)
+            self.limit = max(1, min(self.cap, wanted))
         return self.limit
 
     def expire(self, now: float, timeout_s: float) -> list[int]:
@@ -89,3 +91,11 @@ class CreditWindow:
         n = len(self.inflight)
         self.inflight.clear()
         return n
+
+
+def waited_s(timings: dict[str, float]) -> float:
+    """From a result's timings: how long the frame waited for other frames at the
+    worker (its queue wait, and its batch-mates' share of a batched inference)."""
+    batch = max(timings.get("batch", 1.0), 1.0)
+    infer = timings.get("infer_ms", 0.0)
+    return (timings.get("queue_ms", 0.0) + infer * (batch - 1) / batch) / 1000

@@ -90,6 +90,8 @@ class IngestService:
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self.started = asyncio.Event()
+        """Set once ``run`` has loaded and started the configured and stored streams."""
 
     def _token(self) -> str:
         return self._token_for(self.settings.worker_id)
@@ -194,6 +196,7 @@ class IngestService:
             except FramerelayError as exc:
                 log.error("stream %s not started: %s", cfg.id, exc)
         self._pending = []
+        self.started.set()
         client_stop = asyncio.Event()
         client = asyncio.create_task(self.client.run(client_stop), name="tunnel-client")
         try:

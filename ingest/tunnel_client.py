@@ -22,6 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
 from framerelay import wire
+from framerelay.credits import waited_s
 from framerelay.errors import AuthError, ConfigError, ProtocolError
 from framerelay.results import ResultRecord
 from ingest.handoff import SlotClosed
@@ -278,9 +279,7 @@ class TunnelClient:
         if stream is None:
             return
         det = wire.unpack_detections(header.n, payload)
-        worker_ms = header.timings.get("worker_ms")
-        worker_s = worker_ms / 1000 if worker_ms is not None else None
-        rtt = stream.window.completed(header.seq, time.monotonic(), worker_s)
+        rtt = stream.window.completed(header.seq, time.monotonic(), waited_s(header.timings))
         if not stream.lossless:
             stream.window.resize(stream.sampling_fps)
         stream.credit.set()

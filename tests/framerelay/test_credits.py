@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framerelay.credits import CreditWindow
+from framerelay.credits import CreditWindow, waited_s
 
 
 def test_at_most_limit_in_flight() -> None:
@@ -24,23 +24,36 @@ def test_unknown_completion_is_ignored() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fps", "rtt", "in_worker", "cap", "limit"),
+    ("fps", "rtt", "waited", "cap", "limit"),
     [
-        (25, 0.021, 0.020, 4, 1),  # loopback: one frame in flight is enough
-        (25, 0.100, 0.020, 4, 3),  # 80 ms network at 25 fps: 1 + 2
-        (5, 0.100, 0.020, 4, 2),  # 80 ms network at 5 fps: 1 + 1
-        (25, 1.000, 0.020, 4, 4),  # capped
-        (25, 0.500, 0.499, 4, 1),  # a slow worker earns no extra credit
+        (25, 0.024, 0.0, 4, 1),  # loopback, 20 ms inference: one frame in flight
+        (25, 0.100, 0.0, 4, 3),  # 80 ms network + 20 ms at 25 fps
+        (5, 0.100, 0.0, 4, 1),  # the same at 5 fps
+        (25, 0.043, 0.0, 4, 1),  # within the slack of one frame interval
+        (25, 1.000, 0.0, 4, 4),  # capped
+        (25, 0.500, 0.476, 4, 1),  # waiting behind other streams earns no credit
         (0, 0.500, 0.0, 4, 1),  # unknown rate: keep the current limit
     ],
 )
-def test_resize_covers_the_network_not_the_worker(
-    fps: float, rtt: float, in_worker: float, cap: int, limit: int
+def test_resize_follows_the_frames_own_round_trip(
+    fps: float, rtt: float, waited: float, cap: int, limit: int
 ) -> None:
     w = CreditWindow(cap=cap, limit=1, alpha=1.0)
     w.sent(0, 0.0)
-    w.completed(0, rtt, worker_s=in_worker)
+    w.completed(0, rtt, waited_s=waited)
     assert w.resize(fps) == limit
+
+
+@pytest.mark.parametrize(
+    ("timings", "waited"),
+    [
+        ({}, 0.0),
+        ({"queue_ms": 30.0, "infer_ms": 20.0, "batch": 1.0}, 0.030),
+        ({"queue_ms": 10.0, "infer_ms": 40.0, "batch": 4.0}, 0.040),
+    ],
+)
+def test_waited_counts_queue_and_batch_mates(timings: dict[str, float], waited: float) -> None:
+    assert waited_s(timings) == pytest.approx(waited)
 
 
 def test_expire_and_abandon_return_credits() -> None:

@@ -26,7 +26,8 @@ SECRET = "not-a-real-secret-but-long-enough"
 
 
 def _settings() -> IngestSettings:
-    # a worker that is not there: the tunnel keeps retrying, streams still run
+    # a worker that is not there: once a stream exists the tunnel keeps retrying;
+    # streams still run
     return IngestSettings(
         worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel", token_secrets=SECRET
     )
@@ -40,7 +41,7 @@ async def running(store: StreamStore) -> AsyncIterator[tuple[IngestService, http
     transport = httpx.ASGITransport(app=create_app(service))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://ingest") as http:
-            await wait_for(lambda: service.client.last_error is not None, 10, "tunnel attempt")
+            await wait_for(service.started.is_set, 10, "service start")
             yield service, http
     finally:
         stop.set()
