@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,28 +96,42 @@ def render_metrics(status: dict[str, Any]) -> bytes:
     return bytes(generate_latest(reg))
 
 
-def create_app(orch: Orchestrator) -> FastAPI:  # noqa: C901 - a route table
+def create_app(orch: Orchestrator) -> FastAPI:
     app = FastAPI(title="framerelay orchestrator", version="1")
-    store = orch.store
+    app.include_router(_fleet_router(orch))
+    app.include_router(_pods_router(orch))
+    app.include_router(_streams_router(orch))
+    return app
 
-    @app.get("/healthz")
+
+def _fleet_router(orch: Orchestrator) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "leader": orch.leader, "ticks": orch.ticks}
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics() -> Response:
         body = render_metrics(await fleet_status(orch))
         return Response(body, media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/fleet")
+    @router.get("/v1/fleet")
     async def fleet() -> dict[str, Any]:
         return await fleet_status(orch)
 
-    @app.get("/v1/pods")
+    return router
+
+
+def _pods_router(orch: Orchestrator) -> APIRouter:
+    router = APIRouter()
+    store = orch.store
+
+    @router.get("/v1/pods")
     async def pods() -> list[dict[str, Any]]:
         return list((await fleet_status(orch))["pods"])
 
-    @app.post("/v1/pods", status_code=202)
+    @router.post("/v1/pods", status_code=202)
     async def create_pod(body: NewPod) -> dict[str, Any]:
         if orch.settings.tier(body.tier) is None:
             names = [t.name for t in orch.settings.tiers]
@@ -125,7 +139,7 @@ def create_app(orch: Orchestrator) -> FastAPI:  # noqa: C901 - a route table
         floor = await store.raise_floor(body.tier, 1)
         return {"tier": body.tier, "floor": floor, "note": "created on the next reconcile pass"}
 
-    @app.delete("/v1/pods/{name}")
+    @router.delete("/v1/pods/{name}")
     async def terminate_pod(name: str) -> dict[str, Any]:
         rec = (await store.pods()).get(name)
         if rec is None:
@@ -137,24 +151,31 @@ def create_app(orch: Orchestrator) -> FastAPI:  # noqa: C901 - a route table
         orch.fleet.event("terminated_by_operator", name)
         return {"terminated": name}
 
-    @app.get("/v1/streams")
+    return router
+
+
+def _streams_router(orch: Orchestrator) -> APIRouter:
+    router = APIRouter()
+    store = orch.store
+
+    @router.get("/v1/streams")
     async def streams() -> list[dict[str, Any]]:
         return list((await fleet_status(orch))["streams"])
 
-    @app.post("/v1/streams", status_code=201)
+    @router.post("/v1/streams", status_code=201)
     async def add_stream(spec: StreamSpec) -> StreamSpec:
         if spec.id in await store.streams():
             raise HTTPException(409, f"stream {spec.id!r} exists; remove it first")
         await store.put_stream(spec)
         return spec
 
-    @app.delete("/v1/streams/{stream_id}")
+    @router.delete("/v1/streams/{stream_id}")
     async def rm_stream(stream_id: str) -> dict[str, str]:
         if not await store.del_stream(stream_id):
             raise HTTPException(404, f"no stream {stream_id!r}")
         return {"removed": stream_id}
 
-    @app.post("/v1/streams/{stream_id}/move")
+    @router.post("/v1/streams/{stream_id}/move")
     async def move_stream(stream_id: str, body: Move) -> dict[str, str]:
         spec = (await store.streams()).get(stream_id)
         rec = (await store.pods()).get(body.worker)
@@ -165,4 +186,4 @@ def create_app(orch: Orchestrator) -> FastAPI:  # noqa: C901 - a route table
         await store.set_pin(stream_id, body.worker)
         return {"stream": stream_id, "worker": body.worker, "note": "moves on the next pass"}
 
-    return app
+    return router
