@@ -15,6 +15,14 @@ def percentile(values: Iterable[float], q: float) -> float:
     return float(np.percentile(arr, q)) if arr.size else float("nan")
 
 
+DROP_REASONS = ("no_credit", "behind", "replaced", "disconnected", "timeout", "worker_error")
+"""Decoded frames that never got a result (sampling by design is not a drop)."""
+
+
+def _drops(stream: IngestStream) -> int:
+    return sum(stream.counters[k] for k in DROP_REASONS)
+
+
 class Progress:
     """Rolling totals across streams for a one-line progress display."""
 
@@ -26,11 +34,7 @@ class Progress:
     def line(self, streams: Sequence[IngestStream]) -> str:
         now = time.monotonic()
         total = {k: sum(s.counters[k] for s in streams) for k in ("decoded", "sent", "results")}
-        drops = sum(
-            s.counters[k]
-            for s in streams
-            for k in ("replaced", "disconnected", "timeout", "worker_error")
-        )
+        drops = sum(_drops(s) for s in streams)
         fps = (total["results"] - self._last_results) / max(now - self._last_t, 1e-6)
         self._last_t, self._last_results = now, total["results"]
         lat = [v for s in streams for v in list(s.latency_ms)[-500:]]
@@ -55,7 +59,7 @@ def summary_table(
     rows = [head, "-" * len(head)]
     for s in streams:
         c = s.counters
-        drops = c["replaced"] + c["disconnected"] + c["timeout"] + c["worker_error"]
+        drops = _drops(s)
         lat = list(s.latency_ms)
         cells = (
             s.id[:14], s.state.value[:8], c["decoded"], c["prepared"], c["sent"], c["results"],
@@ -65,16 +69,7 @@ def summary_table(
         rows.append(
             "  ".join(str(v).rjust(w) for v, (_, w) in zip(cells, SUMMARY_COLUMNS, strict=True))
         )
-    reasons = (
-        "sampled_out",
-        "no_pts",
-        "replaced",
-        "decode_error",
-        "encode_error",
-        "disconnected",
-        "timeout",
-        "worker_error",
-    )
+    reasons = ("sampled_out", "no_pts", *DROP_REASONS, "decode_error", "encode_error", "corrupt")
     for s in streams:
         nonzero = {k: s.counters[k] for k in reasons if s.counters[k]}
         if nonzero or s.error:
