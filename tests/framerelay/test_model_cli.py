@@ -7,12 +7,8 @@ Models are untrained, built offline: formats and shapes, not accuracy.
 
 from __future__ import annotations
 
-import atexit
-import os
 import shutil
-import socket
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -26,28 +22,12 @@ from onnx import TensorProto, helper, numpy_helper
 from framerelay.cli import main
 from framerelay.geometry import Letterbox
 from gpu_worker.detectors import ModelInput, load_detector, settings_for_model
-from gpu_worker.detectors.ultralytics_backend import configure_offline
+from tests.support.ultralytics import TORCH_ONNX_DEPRECATIONS, NetworkGuard, import_ultralytics
 
-# Ultralytics reads these once, when it is first imported: set them first.
-_CONFIG_DIR = tempfile.mkdtemp(prefix="framerelay-yolo-config-")
-atexit.register(shutil.rmtree, _CONFIG_DIR, True)
-configure_offline(Path(_CONFIG_DIR))
-
-SKIP_REASON = (
-    "the [ultralytics] extra is not installed: "
-    "pip install -e '.[cpu,dev,ultralytics]' torch==2.14.1 torchvision==0.29.1"
-)
-# Ultralytics exports through torch's TorchScript-based ONNX exporter, which
-# torch >= 2.9 deprecates; nothing here can choose the exporter. Ultralytics
-# itself ignores torch.jit.TracerWarning at import (a static-shape export
-# compares shapes while tracing); pytest's "error" filter would undo that.
+# Ultralytics itself ignores torch.jit.TracerWarning at import (a static-shape
+# export compares shapes while tracing); pytest's "error" filter would undo that.
 pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:You are using the legacy TorchScript-based ONNX export:DeprecationWarning"
-    ),
-    pytest.mark.filterwarnings(
-        r"ignore:The feature will be removed\. Please remove usage:DeprecationWarning:torch\.onnx"
-    ),
+    *(pytest.mark.filterwarnings(f) for f in TORCH_ONNX_DEPRECATIONS),
     pytest.mark.filterwarnings(
         "ignore:Converting a tensor to a Python boolean might cause the trace to be incorrect"
     ),
@@ -57,30 +37,12 @@ NAMES = tuple(f"thing{i}" for i in range(80))
 
 
 @pytest.fixture(autouse=True)
-def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[NetworkGuard]:
     """Refuse, record and fail on any lookup or connection beyond loopback."""
-    attempts: list[str] = []
-    real_getaddrinfo, real_connect = socket.getaddrinfo, socket.socket.connect
-
-    def local(host: Any) -> bool:
-        return str(host) in {"", "localhost", "::1"} or str(host).startswith("127.")
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if not local(host):
-            attempts.append(f"getaddrinfo({host!r})")
-            raise socket.gaierror(socket.EAI_NONAME, "network disabled in tests")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    def connect(sock: socket.socket, address: Any) -> None:
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and not local(address[0]):
-            attempts.append(f"connect({address!r})")
-            raise OSError("network disabled in tests")
-        real_connect(sock, address)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    yield attempts
-    assert attempts == [], f"the CLI reached for the network: {attempts}"
+    guard = NetworkGuard()
+    guard.install(monkeypatch)
+    yield guard
+    assert guard.attempts == [], f"the CLI reached for the network: {guard.attempts}"
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -203,13 +165,7 @@ def test_export_without_the_extra_names_the_install_command(
 
 @pytest.fixture(scope="module")
 def ultralytics() -> ModuleType:
-    omp = os.environ.get("OMP_NUM_THREADS")
-    try:
-        pytest.importorskip("torch", reason=SKIP_REASON)
-        return pytest.importorskip("ultralytics", reason=SKIP_REASON)
-    finally:
-        if omp is None:  # Ultralytics sets 1 at import; keep it from later tests
-            os.environ.pop("OMP_NUM_THREADS", None)
+    return import_ultralytics()
 
 
 @pytest.fixture(scope="module")

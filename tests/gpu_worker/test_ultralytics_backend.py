@@ -8,11 +8,8 @@ extra is not installed; the error path for a missing extra runs everywhere.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 import pytest
@@ -35,27 +31,13 @@ from gpu_worker.detectors import (
     load_detector,
     settings_for_model,
 )
-from gpu_worker.detectors.ultralytics_backend import (
-    INSTALL_HINT,
-    UltralyticsDetector,
-    configure_offline,
+from gpu_worker.detectors.ultralytics_backend import INSTALL_HINT, UltralyticsDetector
+from tests.support.ultralytics import (
+    TORCH_ONNX_DEPRECATIONS,
+    NetworkGuard,
+    import_ultralytics,
 )
 
-# Ultralytics reads these once, when it is first imported: set them first.
-_CONFIG_DIR = tempfile.mkdtemp(prefix="framerelay-yolo-config-")
-atexit.register(shutil.rmtree, _CONFIG_DIR, True)
-configure_offline(Path(_CONFIG_DIR))
-
-SKIP_REASON = (
-    "the [ultralytics] extra is not installed: "
-    "pip install -e '.[cpu,dev,ultralytics]' torch==2.14.1 torchvision==0.29.1"
-)
-# Ultralytics exports through torch's TorchScript-based ONNX exporter, which
-# torch >= 2.9 deprecates; nothing here can choose the exporter.
-TORCH_ONNX_DEPRECATIONS = (
-    "ignore:You are using the legacy TorchScript-based ONNX export:DeprecationWarning",
-    r"ignore:The feature will be removed\. Please remove usage:DeprecationWarning:torch\.onnx",
-)
 pytestmark = [pytest.mark.filterwarnings(f) for f in TORCH_ONNX_DEPRECATIONS]
 IMGSZ = 320
 SEED = 2  # weights for which every test image has boxes scoring > 0.5 (checked below)
@@ -66,60 +48,12 @@ SOURCE = (1280, 720)
 # --- no network --------------------------------------------------------------
 
 
-def _is_local(host: object) -> bool:
-    text = host.decode() if isinstance(host, bytes) else str(host)
-    return text in {"", "localhost", "::1"} or text.startswith("127.")
-
-
-class NetworkGuard:
-    """Refuses, and records, every DNS lookup or connection beyond loopback."""
-
-    def __init__(self) -> None:
-        self.attempts: list[str] = []
-
-    def install(self, mp: pytest.MonkeyPatch) -> None:
-        real_getaddrinfo = socket.getaddrinfo
-        real_connect = socket.socket.connect
-        real_connect_ex = socket.socket.connect_ex
-
-        def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-            if not _is_local(host):
-                self.attempts.append(f"getaddrinfo({host!r})")
-                raise socket.gaierror(socket.EAI_NONAME, "network disabled in tests")
-            return real_getaddrinfo(host, *args, **kwargs)
-
-        def refuse(sock: socket.socket, address: Any) -> None:
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_local(address[0]):
-                self.attempts.append(f"connect({address!r})")
-                raise OSError("network disabled in tests")
-
-        def connect(sock: socket.socket, address: Any) -> None:
-            refuse(sock, address)
-            real_connect(sock, address)
-
-        def connect_ex(sock: socket.socket, address: Any) -> int:
-            refuse(sock, address)
-            return real_connect_ex(sock, address)
-
-        mp.setattr(socket, "getaddrinfo", getaddrinfo)
-        mp.setattr(socket.socket, "connect", connect)
-        mp.setattr(socket.socket, "connect_ex", connect_ex)
-
-
 IMPORT_GUARD = NetworkGuard()
 
 
 @pytest.fixture(scope="module")
 def ultralytics() -> ModuleType:
-    with pytest.MonkeyPatch.context() as mp:
-        IMPORT_GUARD.install(mp)
-        omp = os.environ.get("OMP_NUM_THREADS")
-        try:
-            pytest.importorskip("torch", reason=SKIP_REASON)
-            return pytest.importorskip("ultralytics", reason=SKIP_REASON)
-        finally:
-            if omp is None:  # Ultralytics sets 1 at import; keep it from later tests
-                os.environ.pop("OMP_NUM_THREADS", None)
+    return import_ultralytics(IMPORT_GUARD)
 
 
 @pytest.fixture(autouse=True)
