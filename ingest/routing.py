@@ -28,7 +28,6 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
-from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
 from framerelay.results import ResultRecord
@@ -38,45 +37,7 @@ from ingest.tunnel_client import TunnelClient
 
 log = logging.getLogger(__name__)
 Snapshot = tuple[wire.SessionClock, bytes]
-CLOSE_TIMEOUT_S = 2.0
 STOP_TIMEOUT_S = 5.0
-
-
-class RoutedTunnelClient(TunnelClient):
-    """A tunnel client that can let one stream go without stopping it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-
-    async def _stream_task(self, ws: Any, stream: IngestStream) -> None:
-        task = asyncio.current_task()
-        assert task is not None  # noqa: S101 - always inside a task
-        self._tasks[stream.id] = task
-        try:
-            await super()._stream_task(ws, stream)
-        finally:
-            if self._tasks.get(stream.id) is task:
-                del self._tasks[stream.id]
-
-    async def detach(self, stream_id: str) -> tuple[IngestStream, Snapshot | None] | None:
-        """Stop sending ``stream_id`` here; returns it with its latest snapshot."""
-        stream = self.streams.pop(stream_id, None)
-        snapshot = self.snapshots.pop(stream_id, None)
-        if stream is None:
-            return None
-        task = self._tasks.pop(stream_id, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        ws = self._ws
-        if ws is not None:
-            with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await ws.send(wire.encode(wire.Close(stream_id=stream_id)))
-        stream.counters["disconnected"] += stream.window.abandon()
-        stream.credit.set()
-        return stream, snapshot
 
 
 class WorkerPool:
@@ -97,7 +58,7 @@ class WorkerPool:
         self.max_inflight = max_inflight
         self._ssl = ssl_context
         self._timeouts = (frame_timeout_s, reconnect_max_s)
-        self.clients: dict[str, RoutedTunnelClient] = {}
+        self.clients: dict[str, TunnelClient] = {}
         self.streams: dict[str, IngestStream] = {}
         self.where: dict[str, str] = {}
         self.moves = 0
@@ -105,11 +66,11 @@ class WorkerPool:
         self._runs: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
 
-    def _client(self, worker_id: str, url: str) -> RoutedTunnelClient:
+    def _client(self, worker_id: str, url: str) -> TunnelClient:
         client = self.clients.get(worker_id)
         if client is not None and client.url == url:
             return client
-        client = RoutedTunnelClient(
+        client = TunnelClient(
             url,
             lambda: self._token_for(worker_id),
             self._on_result,

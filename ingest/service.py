@@ -24,12 +24,12 @@ from framerelay.errors import ConfigError, FramerelayError
 from framerelay.results import ResultRecord
 from framerelay.settings import split_secrets
 from ingest.bus import ResultBus
-from ingest.routing import RoutedTunnelClient, Snapshot, WorkerPool
+from ingest.routing import Snapshot, WorkerPool
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.source import SourceSpec
 from ingest.store import StreamStore
 from ingest.stream import IngestStream
-from ingest.tunnel_client import client_ssl_context
+from ingest.tunnel_client import TunnelClient, client_ssl_context
 
 log = logging.getLogger(__name__)
 TOKEN_TTL_S = 3600.0
@@ -70,7 +70,7 @@ class IngestService:
             str(settings.tls_client_cert) if settings.tls_client_cert else None,
             str(settings.tls_client_key) if settings.tls_client_key else None,
         )
-        self.client = RoutedTunnelClient(
+        self.client = TunnelClient(
             settings.worker_url,
             self._token,
             self.bus.publish,

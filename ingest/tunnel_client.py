@@ -31,6 +31,7 @@ from ingest.stream import IngestStream
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 15.0
 SEND_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 2.0
 DRAIN_POLL_S = 0.05
 
 
@@ -72,6 +73,8 @@ class TunnelClient:
         self.last_error: str | None = None
         self._ws: ClientConnection | None = None
         self._senders: set[asyncio.Task[None]] = set()
+        self._serving: dict[str, asyncio.Task[Any]] = {}
+        """The sender task serving each stream (so one stream can be let go)."""
         self._failed: asyncio.Future[None] | None = None
 
     def add(
@@ -195,10 +198,37 @@ class TunnelClient:
         # Tells the stream when a sender serves it: IngestService.remove_stream/update_stream
         # wait for ``stream.sender_idle`` (last results, CLOSE sent) before forgetting it.
         stream.sender_started()
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving[stream.id] = task
         try:
             await self._stream_task(ws, stream)
         finally:
+            if self._serving.get(stream.id) is task:
+                del self._serving[stream.id]
             stream.sender_stopped()
+
+    async def detach(
+        self, stream_id: str
+    ) -> tuple[IngestStream, tuple[wire.SessionClock, bytes] | None] | None:
+        """Stop sending ``stream_id`` here without stopping the stream; returns it
+        with its latest session snapshot (to resume it on another worker)."""
+        stream = self.streams.pop(stream_id, None)
+        snapshot = self.snapshots.pop(stream_id, None)
+        if stream is None:
+            return None
+        task = self._serving.pop(stream_id, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        ws = self._ws
+        if ws is not None:
+            with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await ws.send(wire.encode(wire.Close(stream_id=stream_id)))
+        stream.counters["disconnected"] += stream.window.abandon()
+        stream.credit.set()
+        return stream, snapshot
 
     async def _stream_task(self, ws: ClientConnection, stream: IngestStream) -> None:
         await ws.send(self._open_message(stream))
