@@ -21,7 +21,6 @@ import logging
 
 from framerelay.auth import TokenSigner
 from framerelay.errors import ConfigError, FramerelayError
-from framerelay.results import ResultRecord
 from framerelay.settings import split_secrets
 from ingest.bus import ResultBus
 from ingest.routing import Snapshot, WorkerPool
@@ -86,7 +85,6 @@ class IngestService:
             frame_timeout_s=settings.frame_timeout_s,
             reconnect_max_s=settings.reconnect_max_s,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
@@ -181,9 +179,6 @@ class IngestService:
             task = asyncio.create_task(asyncio.to_thread(stream.join, JOIN_TIMEOUT_S * 4))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
-
-    def publish(self, record: ResultRecord) -> None:
-        self.bus.publish(record)
 
     async def run(self, stop: asyncio.Event, *, until_finished: bool = False) -> None:
         """Run until ``stop`` (or, with ``until_finished``, until every source ended)."""

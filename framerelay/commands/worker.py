@@ -55,7 +55,11 @@ _DETECTOR = {
 
 def build_settings(args: argparse.Namespace) -> Any:
     """Environment first, then command-line options on top."""
-    from gpu_worker.detectors import OnnxDetectorSettings, settings_for_model
+    from gpu_worker.detectors import (
+        OnnxDetectorSettings,
+        UltralyticsDetectorSettings,
+        settings_for_model,
+    )
     from gpu_worker.settings import WorkerSettings
 
     top = {k: getattr(args, k) for k in _TOP if getattr(args, k) is not None}
@@ -70,13 +74,9 @@ def build_settings(args: argparse.Namespace) -> Any:
     same_kind = (model.suffix == ".pt") == (current.type == "ultralytics")
     fields = current.model_dump(exclude={"type", "model"}) if same_kind else {}
     fields.update(det)
-    if model.suffix == ".pt":
-        onnx_only = set(OnnxDetectorSettings.model_fields) - {"model", "type"}
-        fields = {k: v for k, v in fields.items() if k not in onnx_only or k in _COMMON}
+    kind = UltralyticsDetectorSettings if model.suffix == ".pt" else OnnxDetectorSettings
+    fields = {k: v for k, v in fields.items() if k in kind.model_fields}  # e.g. no ORT threads
     return settings.model_copy(update={"detector": settings_for_model(model, **fields)})
-
-
-_COMMON = ("confidence_threshold", "nms_iou", "max_detections", "max_batch")
 
 
 def run(args: argparse.Namespace) -> int:
