@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from deploy.models import PRIORITY_ORDER, StreamSpec
 
-_EPS = 1e-9
+EPS = 1e-9
 
 
 @dataclass(slots=True)
@@ -41,7 +41,7 @@ class Slot:
         return self.cost_per_hr / self.capacity if self.capacity > 0 else math.inf
 
     def fits(self, demand: float) -> bool:
-        return self.used + demand <= self.capacity + _EPS
+        return self.used + demand <= self.capacity + EPS
 
 
 @dataclass(slots=True)
@@ -56,36 +56,41 @@ class Placement:
         return {s: v for s, v in out.items() if v[0] != v[1]}
 
 
-def allowed(stream: StreamSpec, slot: Slot, batch_pinned: bool = False) -> bool:
+def allowed(stream: StreamSpec, spot: bool, batch_only: bool, batch_pinned: bool = False) -> bool:
     """Policy: critical never on spot; batch-only workers take batch streams only; with
     ``batch_pinned`` (a batch-only tier exists) batch streams run only there."""
-    if stream.priority == "critical" and slot.spot:
+    if stream.priority == "critical" and spot:
         return False
-    if slot.batch_only:
+    if batch_only:
         return stream.priority == "batch"
     return not (batch_pinned and stream.priority == "batch")
+
+
+def _allowed(stream: StreamSpec, slot: Slot, batch_pinned: bool) -> bool:
+    return allowed(stream, slot.spot, slot.batch_only, batch_pinned)
 
 
 def demand(stream: StreamSpec, model_costs: Mapping[str, float]) -> float:
     return stream.fps * model_costs.get(stream.model, 1.0)
 
 
-def _order(streams: Iterable[StreamSpec], costs: Mapping[str, float]) -> list[StreamSpec]:
+def by_priority(streams: Iterable[StreamSpec], costs: Mapping[str, float]) -> list[StreamSpec]:
+    """Critical first, then standard, then batch; larger demand first (first-fit decreasing)."""
     return sorted(streams, key=lambda s: (PRIORITY_ORDER[s.priority], -demand(s, costs), s.id))
 
 
 def _best(stream: StreamSpec, need: float, slots: list[Slot], pin: bool) -> Slot | None:
-    fitting = [s for s in slots if allowed(stream, s, pin) and s.fits(need)]
+    fitting = [s for s in slots if _allowed(stream, s, pin) and s.fits(need)]
     if not fitting:
         return None
     return min(fitting, key=lambda s: (s.unit_cost, s.capacity - s.used - need, s.name))
 
 
 def _keep(stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot], pin: bool) -> bool:
-    if slot is None or not allowed(stream, slot, pin) or not slot.fits(need):
+    if slot is None or not _allowed(stream, slot, pin) or not slot.fits(need):
         return False
-    limit = slot.unit_cost - _EPS
-    return not any(s.unit_cost < limit and s.fits(need) and allowed(stream, s, pin) for s in slots)
+    limit = slot.unit_cost - EPS
+    return not any(s.unit_cost < limit and s.fits(need) and _allowed(stream, s, pin) for s in slots)
 
 
 def place(
@@ -103,13 +108,13 @@ def place(
     """
     by_name = {s.name: s for s in slots}
     pins = pins or {}
-    ordered = _order(streams, model_costs)
+    ordered = by_priority(streams, model_costs)
     result = Placement()
     pending: list[StreamSpec] = []
     for stream in ordered:  # pass 1: keep what may stay
         need = demand(stream, model_costs)
         pinned = by_name.get(pins.get(stream.id, ""))
-        if pinned is not None and allowed(stream, pinned, batch_pinned) and pinned.fits(need):
+        if pinned is not None and _allowed(stream, pinned, batch_pinned) and pinned.fits(need):
             pinned.used += need
             result.assign[stream.id] = pinned.name
             continue
@@ -129,10 +134,3 @@ def place(
         best.used += need
         result.assign[stream.id] = best.name
     return result
-
-
-def workers_needed(total_demand: float, per_worker: float, utilization: float) -> int:
-    """Workers to carry ``total_demand`` at ``utilization`` of ``per_worker`` each."""
-    if total_demand <= 0:
-        return 0
-    return math.ceil(total_demand / (per_worker * utilization) - _EPS)

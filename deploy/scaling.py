@@ -1,22 +1,32 @@
 """How many workers each tier should have now: schedule and demand.
 
-``target = min(max_workers, max(warm_target(schedule), workers for the demand
-routed to the tier))``. Demand is routed like placement routes streams:
-critical to on-demand tiers only, batch to batch-only tiers when there are
-any (and only while one may run), everything else to the cheapest tier per
-unit of capacity (spot when cheaper), overflowing to the next tier when a
-tier is at ``max_workers``.
+The scaler packs the streams onto a *planned* fleet the way placement packs
+them onto the real one, stream by stream (a stream cannot be split across
+workers, so fluid ``total fps / capacity`` arithmetic under-provisions when
+streams do not divide a worker evenly):
+
+1. Each runnable tier starts with the workers its schedule keeps warm anyway
+   (``warm_target``): they are paid for, so they are filled first.
+2. Streams go in priority order (critical first), largest demand first, to
+   the cheapest planned worker with room that policy allows (critical never
+   on spot; batch only on batch-only tiers when there are any), best fit.
+3. A stream that fits nowhere opens a worker in the cheapest allowed tier
+   below ``max_workers`` (per unit of capacity; spot first on a tie, then the
+   order tiers are listed in).
+
+A stream larger than one worker, or with every allowed tier full, opens
+nothing; placement reports it as unplaced.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from zoneinfo import ZoneInfo
 
-from deploy.models import PRIORITY_ORDER, PodRecord, StreamSpec
-from deploy.placement import demand as stream_demand
-from deploy.placement import workers_needed
+from deploy.models import PodRecord, StreamSpec
+from deploy.placement import EPS, allowed, by_priority, demand
 from deploy.providers.base import GpuPrice
 from deploy.schedule import may_run, warm_target
 from deploy.settings import OrchestratorSettings, TierConfig
@@ -42,38 +52,46 @@ def unit_price(tier: TierConfig, prices: Mapping[str, GpuPrice], capacity: float
     return usd / capacity if capacity > 0 else math.inf
 
 
-def _allowed(stream: StreamSpec, tier: TierConfig, batch_pinned: bool) -> bool:
-    if stream.priority == "critical" and tier.spot:
-        return False
-    if tier.batch_only:
-        return stream.priority == "batch"
-    return not (batch_pinned and stream.priority == "batch")
+@dataclass(slots=True)
+class _Planned:
+    """One worker of the planned fleet."""
+
+    tier: TierConfig
+    rank: tuple[float, bool, int]
+    room: float
+    used: float = 0.0
 
 
-def route_demand(
+def plan_workers(
     settings: OrchestratorSettings,
     streams: Iterable[StreamSpec],
     capacity: Mapping[str, float],
     prices: Mapping[str, GpuPrice],
-    runnable: set[str],
-) -> dict[str, float]:
-    """Demand (fps units) each tier should carry."""
-    tiers = [t for t in settings.tiers if t.name in runnable]
-    order = sorted(
-        tiers, key=lambda t: (unit_price(t, prices, capacity[t.name]), not t.spot, t.name)
-    )
-    batch_pinned = any(t.batch_only for t in settings.tiers)
-    room = {t.name: t.max_workers * capacity[t.name] * settings.target_utilization for t in tiers}
-    load = dict.fromkeys(room, 0.0)
-    for s in sorted(streams, key=lambda s: (PRIORITY_ORDER[s.priority], s.id)):
-        need = stream_demand(s, settings.model_costs)
-        options = [t for t in order if _allowed(s, t, batch_pinned)]
-        chosen = next((t for t in options if load[t.name] + need <= room[t.name]), None)
-        if chosen is None and options:
-            chosen = options[-1]
-        if chosen is not None:
-            load[chosen.name] += need
-    return load
+    warm: Mapping[str, int],
+) -> dict[str, int]:
+    """Workers per tier (tiers in ``warm``: the runnable ones) to carry ``streams``."""
+    index = {t.name: i for i, t in enumerate(settings.tiers)}
+    tiers = [t for t in settings.tiers if t.name in warm]
+    rank = {t.name: (unit_price(t, prices, capacity[t.name]), not t.spot, index[t.name])
+            for t in tiers}  # fmt: skip
+    room = {t.name: capacity[t.name] * settings.target_utilization for t in tiers}
+    planned = [_Planned(t, rank[t.name], room[t.name]) for t in tiers for _ in range(warm[t.name])]
+    count = {t.name: warm[t.name] for t in tiers}
+    pinned = any(t.batch_only for t in settings.tiers)
+    by_rank = sorted(tiers, key=lambda t: rank[t.name])
+    for stream in by_priority(streams, settings.model_costs):
+        need = demand(stream, settings.model_costs)
+        ok = [t for t in by_rank if allowed(stream, t.spot, t.batch_only, pinned)]
+        names = {t.name for t in ok}
+        fits = [p for p in planned if p.tier.name in names and p.used + need <= p.room + EPS]
+        if fits:
+            min(fits, key=lambda p: (p.rank, p.room - p.used - need)).used += need
+            continue
+        tier = next((t for t in ok if count[t.name] < t.max_workers and need <= room[t.name]), None)
+        if tier is not None:
+            planned.append(_Planned(tier, rank[tier.name], room[tier.name], need))
+            count[tier.name] += 1
+    return count
 
 
 def tier_targets(
@@ -85,13 +103,10 @@ def tier_targets(
 ) -> dict[str, int]:
     tz = ZoneInfo(settings.timezone)
     capacity = {t.name: per_worker(settings, t, pods.values()) for t in settings.tiers}
-    runnable = {t.name for t in settings.tiers if may_run(t, now, tz) and t.max_workers > 0}
-    load = route_demand(settings, streams, capacity, prices, runnable)
-    out: dict[str, int] = {}
-    for t in settings.tiers:
-        if t.name not in runnable:
-            out[t.name] = 0
-            continue
-        need = workers_needed(load.get(t.name, 0.0), capacity[t.name], settings.target_utilization)
-        out[t.name] = min(t.max_workers, max(warm_target(t, now, tz), need))
-    return out
+    warm = {
+        t.name: min(t.max_workers, warm_target(t, now, tz))
+        for t in settings.tiers
+        if may_run(t, now, tz) and t.max_workers > 0
+    }
+    planned = plan_workers(settings, streams, capacity, prices, warm)
+    return {t.name: planned.get(t.name, 0) for t in settings.tiers}

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from deploy.cost import CostTotals, PaidPod, accrue
 from deploy.models import StreamSpec, parse_pod_name, pod_name
-from deploy.placement import Slot, place, workers_needed
+from deploy.placement import Slot, place
 from deploy.providers.base import GpuPrice
 from deploy.scaling import tier_targets
 from deploy.schedule import may_run, warm_target
@@ -104,9 +104,46 @@ def test_scaling_targets_route_demand_by_price_and_policy() -> None:
     prices = {"NVIDIA RTX A4000": GpuPrice("NVIDIA RTX A4000", 0.32, 0.2, 0.13, 0.1)}
     work = streams(4, "critical") + streams(10, "standard")  # 20 + 50 fps at 16 per worker
     targets = tier_targets(settings, work, {}, prices, at(0, 12))
-    # spot takes 6 x 5 fps (room 2 x 20 x 0.8 = 32); 4 standard overflow: od carries 40 fps
+    # 3 streams of 5 fps per worker (room 20 x 0.8 = 16): critical needs 2 od workers, the
+    # second has room for 2 standard; spot (max 2) takes 6; the last 2 overflow to a third od
     assert targets == {"od": 3, "spot": 2}
-    assert workers_needed(0, 20, 0.8) == 0 and workers_needed(16, 20, 0.8) == 1
+    assert tier_targets(settings, [], {}, prices, at(0, 12)) == {"od": 1, "spot": 0}
+
+
+PRICES = {"NVIDIA RTX A4000": GpuPrice("NVIDIA RTX A4000", 0.32, 0.2, 0.13, 0.1)}
+
+
+def test_scaling_counts_whole_streams_not_fluid_fps() -> None:
+    # 16 x 5 fps = 80 fps = 5 workers of 16 fps in fluid arithmetic, but only 3 whole
+    # streams fit one worker: 6 are needed or a stream stays unplaced
+    settings = OrchestratorSettings(
+        tiers=[TierConfig(name="spot", spot=True, max_workers=10, capacity_fps=20)]
+    )
+    assert tier_targets(settings, streams(16, "standard"), {}, PRICES, at(0, 12)) == {"spot": 6}
+
+
+def test_scaling_fills_warm_workers_before_opening_new_ones() -> None:
+    # all on-demand at one price: the day tier's warm worker and the critical worker's spare
+    # room carry standard streams before any overflow worker opens (no idle paid worker)
+    day = Window(start=dt.time(7), end=dt.time(19), min_warm=1)
+    settings = OrchestratorSettings(
+        tiers=[
+            TierConfig(name="critical", min_warm=1, max_workers=2, capacity_fps=20),
+            TierConfig(name="day", max_workers=6, capacity_fps=20, windows=(day,)),
+            TierConfig(name="overflow", max_workers=4, capacity_fps=20),
+        ],
+    )  # fmt: skip
+    work = streams(2, "critical") + streams(16, "standard")  # 18 streams, 3 per worker
+    targets = tier_targets(settings, work, {}, PRICES, at(0, 12))
+    assert sum(targets.values()) == 6  # the minimum: ceil(18 / 3)
+    # equal prices: new workers go to the tier listed first that has room
+    assert targets == {"critical": 2, "day": 4, "overflow": 0}
+
+
+def test_scaling_opens_nothing_for_a_stream_larger_than_a_worker() -> None:
+    settings = OrchestratorSettings(tiers=[TierConfig(name="od", max_workers=4, capacity_fps=20)])
+    huge = [StreamSpec(id="huge", url="x", fps=30)]
+    assert tier_targets(settings, huge, {}, PRICES, at(0, 12)) == {"od": 0}
 
 
 def test_cost_accrual_and_saving() -> None:
