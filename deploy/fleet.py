@@ -13,6 +13,11 @@ moment:
   terminated; two pods with one name are a duplicate and one is terminated.
 * A pod that vanished (spot preemption) or exited (process died) loses its
   streams at once; placement re-homes them on the next healthy worker.
+* A failed create is retried after ``create_backoff_s``, doubling per failure
+  in a row. "No capacity anywhere allowed" also holds the whole tier at the
+  pods it has for that long, so the scaler sends its demand to the next
+  allowed tier (spot gone: on-demand carries the standard streams until spot
+  can be had again, then placement moves them back and the extra drains).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from deploy.health import Probe, Prober
 from deploy.ingest_link import IngestLink
 from deploy.models import PodInfo, PodRecord, PodSpec, PodStatus, parse_pod_name, pod_name
 from deploy.placement import Slot, place
-from deploy.providers.base import GpuPrice, Provider, ProviderError
+from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderError
 from deploy.scaling import tier_targets
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.store import Store
@@ -54,6 +59,8 @@ class Fleet:
     prices: dict[str, GpuPrice] = field(default_factory=dict)
     targets: dict[str, int] = field(default_factory=dict)
     unplaced: list[str] = field(default_factory=list)
+    blocked: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """tier -> (no create before this time, "no capacity" answers in a row)."""
     _acked: dict[str, str | None] = field(default_factory=dict)
 
     @property
@@ -109,7 +116,8 @@ class Fleet:
     ) -> None:
         if info is None:
             if rec.provider_id is None:
-                await self._create(rec)  # an intent that never reached the provider
+                if rec.retry_at is None or now >= rec.retry_at:
+                    await self._create(pods, rec)  # an intent that never reached the provider
                 return
             kind = "preempted" if rec.spot else "vanished"
             await self._lose(pods, rec, now, kind, count_failure=not rec.spot)
@@ -231,7 +239,12 @@ class Fleet:
 
     async def _scale(self, pods: dict[str, PodRecord], now: float) -> None:
         streams = list((await self.store.streams()).values())
-        self.targets = tier_targets(self.settings, streams, pods, self.prices, now)
+        limits = {
+            tier: sum(r.tier == tier and r.provider_id is not None for r in pods.values())
+            for tier, (until, _) in self.blocked.items()
+            if now < until
+        }
+        self.targets = tier_targets(self.settings, streams, pods, self.prices, now, limits)
         for name, floor in (await self.store.floors()).items():
             cfg = self.settings.tier(name)
             if cfg is not None and floor > 0:
@@ -256,6 +269,9 @@ class Fleet:
         await self._finish_drains(pods, draining, now)
 
     async def _grow(self, tier: TierConfig, pods: dict[str, PodRecord], n: int, now: float) -> None:
+        if now < self.blocked.get(tier.name, (0.0, 0))[0]:
+            self.counters["create_deferred"] += 1
+            return
         since = now - self.settings.replacement_window_s
         if await self.store.replacements_since(tier.name, since) >= self.settings.max_replacements:
             self.counters["budget_blocked_create"] += 1
@@ -270,7 +286,7 @@ class Fleet:
             )  # fmt: skip
             await self.store.put_pod(rec)  # intent first, then the provider
             pods[rec.name] = rec
-            await self._create(rec)
+            await self._create(pods, rec)
 
     async def _shrink(self, active: list[PodRecord], n: int, now: float) -> None:
         assigned = await self.store.assignments()
@@ -307,20 +323,44 @@ class Fleet:
             secret_env={"FRAMERELAY_TOKEN_SECRETS": secrets} if secrets else {},
         )  # fmt: skip
 
-    async def _create(self, rec: PodRecord) -> None:
+    def _backoff(self, failures: int) -> float:
+        base, most = self.settings.create_backoff_s, self.settings.create_backoff_max_s
+        return float(min(most, base * 2 ** min(failures - 1, 30)))
+
+    async def _create(self, pods: dict[str, PodRecord], rec: PodRecord) -> None:
+        now = self.clock.now()
         try:
             info = await self.provider.create(self._spec(rec))
-        except ProviderError as exc:
-            rec.last_error = str(exc)[:500]
-            await self.store.put_pod(rec)
-            self.event("create_failed", rec.name, error=rec.last_error)
+        except NoCapacityError as exc:
+            await self._no_capacity(pods, rec, now, exc)
             return
+        except ProviderError as exc:  # the pod may exist: keep the intent, retry later
+            rec.create_failures += 1
+            wait = self._backoff(rec.create_failures)
+            rec.retry_at, rec.last_error = now + wait, str(exc)[:500]
+            await self.store.put_pod(rec)
+            self.event("create_failed", rec.name, error=rec.last_error, retry_in_s=wait)
+            return
+        self.blocked.pop(rec.tier, None)
+        rec.create_failures, rec.retry_at, rec.last_error = 0, None, None
         rec.provider_id, rec.state = info.id, "running"
         rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type
         rec.ondemand_per_hr = self._ondemand(rec)
         rec.tunnel_url, rec.http_url = info.tunnel_url, info.http_url
         await self.store.put_pod(rec)
         self.event("created", rec.name, id=info.id, gpu=info.gpu_type, usd_hr=info.cost_per_hr)
+
+    async def _no_capacity(
+        self, pods: dict[str, PodRecord], rec: PodRecord, now: float, exc: NoCapacityError
+    ) -> None:
+        """Every allowed option said "no capacity", so no pod exists: drop the intent and hold
+        the tier at what it has for a while (its demand goes to the next allowed tier)."""
+        failures = self.blocked.get(rec.tier, (0.0, 0))[1] + 1
+        wait = self._backoff(failures)
+        self.blocked[rec.tier] = (now + wait, failures)
+        self.event("no_capacity", rec.name, tier=rec.tier, error=str(exc)[:500], retry_in_s=wait)
+        await self.store.del_pod(rec.name)
+        pods.pop(rec.name, None)
 
     # -- placement and cost ----------------------------------------------------
 

@@ -106,6 +106,8 @@ class PodRecord(BaseModel):
     last_canary: float | None = None
     last_error: str | None = Field(None, max_length=500)
     draining_since: float | None = None
+    create_failures: int = Field(0, ge=0)
+    retry_at: float | None = None
 
 
 def pod_name(fleet: str, tier: str, slot: int, gen: int) -> str:

@@ -15,7 +15,9 @@ streams do not divide a worker evenly):
    order tiers are listed in).
 
 A stream larger than one worker, or with every allowed tier full, opens
-nothing; placement reports it as unplaced.
+nothing; placement reports it as unplaced. ``limits`` caps tiers below their
+``max_workers`` (a tier that just answered "no capacity" is held at the pods
+it has, so its demand goes to the next allowed tier).
 """
 
 from __future__ import annotations
@@ -68,15 +70,18 @@ def plan_workers(
     capacity: Mapping[str, float],
     prices: Mapping[str, GpuPrice],
     warm: Mapping[str, int],
+    limits: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Workers per tier (tiers in ``warm``: the runnable ones) to carry ``streams``."""
+    limits = limits or {}
     index = {t.name: i for i, t in enumerate(settings.tiers)}
     tiers = [t for t in settings.tiers if t.name in warm]
     rank = {t.name: (unit_price(t, prices, capacity[t.name]), not t.spot, index[t.name])
             for t in tiers}  # fmt: skip
     room = {t.name: capacity[t.name] * settings.target_utilization for t in tiers}
-    planned = [_Planned(t, rank[t.name], room[t.name]) for t in tiers for _ in range(warm[t.name])]
-    count = {t.name: warm[t.name] for t in tiers}
+    most = {t.name: min(t.max_workers, limits.get(t.name, t.max_workers)) for t in tiers}
+    count = {t.name: min(warm[t.name], most[t.name]) for t in tiers}
+    planned = [_Planned(t, rank[t.name], room[t.name]) for t in tiers for _ in range(count[t.name])]
     pinned = any(t.batch_only for t in settings.tiers)
     by_rank = sorted(tiers, key=lambda t: rank[t.name])
     for stream in by_priority(streams, settings.model_costs):
@@ -87,7 +92,7 @@ def plan_workers(
         if fits:
             min(fits, key=lambda p: (p.rank, p.room - p.used - need)).used += need
             continue
-        tier = next((t for t in ok if count[t.name] < t.max_workers and need <= room[t.name]), None)
+        tier = next((t for t in ok if count[t.name] < most[t.name] and need <= room[t.name]), None)
         if tier is not None:
             planned.append(_Planned(tier, rank[tier.name], room[tier.name], need))
             count[tier.name] += 1
@@ -100,6 +105,7 @@ def tier_targets(
     pods: Mapping[str, PodRecord],
     prices: Mapping[str, GpuPrice],
     now: float,
+    limits: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     tz = ZoneInfo(settings.timezone)
     capacity = {t.name: per_worker(settings, t, pods.values()) for t in settings.tiers}
@@ -108,5 +114,5 @@ def tier_targets(
         for t in settings.tiers
         if may_run(t, now, tz) and t.max_workers > 0
     }
-    planned = plan_workers(settings, streams, capacity, prices, warm)
+    planned = plan_workers(settings, streams, capacity, prices, warm, limits)
     return {t.name: planned.get(t.name, 0) for t in settings.tiers}

@@ -138,6 +138,10 @@ class OrchestratorSettings(BaseSettings):
     unhealthy_after: int = Field(2, ge=1, description="Consecutive failures before replacing.")
     startup_grace_s: float = Field(900.0, gt=0, description="Time a new pod has to get ready.")
     drain_timeout_s: float = Field(120.0, ge=0, description="Most a draining pod is kept.")
+    create_backoff_s: float = Field(
+        10.0, gt=0, description="Wait after a failed create (doubling per failure in a row)."
+    )
+    create_backoff_max_s: float = Field(600.0, gt=0, description="Longest wait between creates.")
     max_replacements: int = Field(3, ge=0, description="Restart budget per tier and window.")
     replacement_window_s: float = Field(600.0, gt=0)
     target_utilization: float = Field(0.8, gt=0, le=1, description="Fill workers to this share.")
