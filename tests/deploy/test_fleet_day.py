@@ -36,5 +36,13 @@ def test_simulated_day_cost_and_policy() -> None:
     assert spot["preemptions"] == 3 and spot["events"]["preempted"] == 3
     assert spot["unplaced_stream_steps"] == 0 and base["unplaced_stream_steps"] == 0
     assert spot["cost"]["stream_hours"] == pytest.approx(base["cost"]["stream_hours"], rel=0.02)
+    # the baselines are not padded: the same-schedule on-demand run rents no more pod-hours
+    # than the spot run, and the static fleet is the fewest workers for the peak (18 streams
+    # at 3 per worker)
+    assert base["cost"]["pod_hours"] <= spot["cost"]["pod_hours"] + 0.5
+    assert out["ondemand_always_on_workers"] == 6
     assert out["saving_vs_ondemand_same_schedule"] > 0.5
     assert out["saving_vs_ondemand_always_on"] >= 0.6
+    ratios = [r["spot_ratio"] for r in out["price_sensitivity"]]
+    savings = [r["saving_vs_ondemand_always_on"] for r in out["price_sensitivity"]]
+    assert ratios == sorted(ratios) and savings == sorted(savings, reverse=True)
