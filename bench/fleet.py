@@ -181,7 +181,8 @@ async def simulate(
             await provider.aclose()
             await redis.aclose()
     return {"cost": cost.as_dict(), "fleet_usd": cost.fleet_usd, "preemptions": preempted,
-            "unplaced_stream_steps": violations, "peak_pods": peak, "events": events, "pods_by_hour": hourly}  # fmt: skip
+            "unplaced_stream_steps": violations, "peak_pods": peak, "events": events,
+            "pods_by_hour": hourly}  # fmt: skip
 
 
 def _saving(cost: float, base: float) -> float:
@@ -194,9 +195,11 @@ def price_sensitivity(cost: dict[str, Any], always_on_pod_h: float) -> list[dict
     out = []
     for ratio in (PRICES[GPU][3] / PRICES[GPU][0], 0.45, 0.57, 0.65):
         paid = ondemand_h + cost["spot_pod_hours"] * ratio  # in on-demand pod-hours
-        out.append({"spot_ratio": round(ratio, 3),
-                    "saving_vs_ondemand_always_on": _saving(paid, always_on_pod_h),
-                    "saving_vs_ondemand_same_schedule": _saving(paid, cost["pod_hours"])})  # fmt: skip
+        out.append({
+            "spot_ratio": round(ratio, 3),
+            "saving_vs_ondemand_always_on": _saving(paid, always_on_pod_h),
+            "saving_vs_ondemand_same_schedule": _saving(paid, cost["pod_hours"]),
+        })  # fmt: skip
     return out
 
 
