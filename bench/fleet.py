@@ -214,9 +214,7 @@ async def run_day(step_s: float = STEP_S) -> dict[str, Any]:
         "ondemand_always_on_workers": static,
         "ondemand_always_on_usd": round(always_on, 4),
         "saving_vs_ondemand_always_on": _saving(with_spot["fleet_usd"], always_on),
-        "saving_vs_ondemand_same_schedule": _saving(
-            with_spot["fleet_usd"], on_demand["fleet_usd"]
-        ),
+        "saving_vs_ondemand_same_schedule": _saving(with_spot["fleet_usd"], on_demand["fleet_usd"]),
         "price_sensitivity": price_sensitivity(with_spot["cost"], static * 24.0),
         "step_s": step_s,
         "prices_usd_per_gpu_hr": {"secure": PRICES[GPU][0], "community_spot": PRICES[GPU][3]},

@@ -78,7 +78,7 @@ def runs(one_thread_worker: LocalWorker, secret: str) -> dict[str, object]:
     flat_out, _ = asyncio.run(_run(url, secret, 1, 10, realtime=False))
     done = [t for t, _ in flat_out]
     capacity = (len(done) - 1) / (done[-1] - done[0])
-    streams = min(8, max(4, round(OVERLOAD * capacity / CLIP_FPS)))
+    streams = min(16, max(4, round(OVERLOAD * capacity / CLIP_FPS)))
     alone, alone_counts = asyncio.run(_run(url, secret, 1, 22))
     loaded, loaded_counts = asyncio.run(_run(url, secret, streams, 62))
     return {
