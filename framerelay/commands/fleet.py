@@ -18,11 +18,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st.set_defaults(func=_status)
 
 
+def _held(tier: dict[str, Any]) -> str:
+    wait = tier.get("no_capacity_retry_in_s")
+    return f"no capacity: next try in {wait:.0f} s" if wait else "-"
+
+
 def render(status: dict[str, Any]) -> str:
     tiers = table(
         [(t["name"], "spot" if t["spot"] else "on-demand", t["target"], t["pods"], t["ready"],
-          t["draining"]) for t in status["tiers"]],
-        ("TIER", "KIND", "TARGET", "PODS", "READY", "DRAINING"),
+          t["draining"], _held(t)) for t in status["tiers"]],
+        ("TIER", "KIND", "TARGET", "PODS", "READY", "DRAINING", "NOTE"),
     )  # fmt: skip
     pods = table(
         [(p["name"], p["state"], "yes" if p["ready"] else "no", f"{p['cost_per_hr']:.3f}",

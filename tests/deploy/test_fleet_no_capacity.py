@@ -16,14 +16,16 @@ import pytest
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
+from deploy.api import fleet_status
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet
 from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
 from deploy.models import StreamSpec
 from deploy.providers.runpod import RunPodProvider
+from deploy.service import Orchestrator
 from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig
-from deploy.store import Store
+from framerelay.commands.fleet import render
 from tests.deploy.runpod_contract import ContractState, running_contract_server
 
 pytestmark = pytest.mark.integration
@@ -32,7 +34,7 @@ TICK_S = 2.0
 
 
 @asynccontextmanager
-async def fleet_on_contract(state: ContractState, clock: FakeClock) -> AsyncIterator[Fleet]:
+async def fleet_on_contract(state: ContractState, clock: FakeClock) -> AsyncIterator[Orchestrator]:
     tiers = [
         TierConfig(name="ondemand", min_warm=1, max_workers=4, capacity_fps=20, gpu_types=(GPU,)),
         TierConfig(name="spot", spot=True, max_workers=4, capacity_fps=20, gpu_types=(GPU,),
@@ -44,18 +46,18 @@ async def fleet_on_contract(state: ContractState, clock: FakeClock) -> AsyncIter
         create_backoff_max_s=40, drain_timeout_s=0,
     )  # fmt: skip
     with running_contract_server(state) as base:
-        redis = Redis.from_url("redis://127.0.0.1:6379/0")
-        store = Store(redis, settings.key_prefix)
         provider = RunPodProvider(
             RunPodSettings(api_key=SecretStr(state.api_key), base_url=base, backoff_s=0.01)
         )
-        fleet = Fleet(settings, provider, store, StatusProber(20), NullIngestLink(), clock)
+        orch = Orchestrator(
+            settings, provider=provider, prober=StatusProber(20), ingest=NullIngestLink(),
+            clock=clock, redis=Redis.from_url("redis://127.0.0.1:6379/0"),
+        )  # fmt: skip
         try:
-            yield fleet
+            yield orch
         finally:
-            await store.clear()
-            await provider.aclose()
-            await redis.aclose()
+            await orch.store.clear()
+            await orch.aclose()
 
 
 def spot_posts(state: ContractState) -> int:
@@ -71,7 +73,8 @@ def test_no_spot_capacity_falls_back_to_on_demand_then_returns_to_spot() -> None
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
         state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
         state.faults.no_capacity.add((GPU, "COMMUNITY"))
-        async with fleet_on_contract(state, clock) as fleet:
+        async with fleet_on_contract(state, clock) as orch:
+            fleet = orch.fleet
             for i in range(6):  # 6 x 5 fps: 3 per worker at 80 % of 20 fps
                 await fleet.store.put_stream(StreamSpec(id=f"std-{i}", url="rtsp://x", fps=5))
             for _ in range(30):  # 60 s of 2 s passes with no spot to be had
@@ -84,6 +87,10 @@ def test_no_spot_capacity_falls_back_to_on_demand_then_returns_to_spot() -> None
             on = await placement(fleet)
             assert set(on.values()) == {"ondemand"} and len(on) == 6
             assert len(await fleet.store.pods()) == 2  # ondemand carries all six
+            status = await fleet_status(orch)
+            spot = next(t for t in status["tiers"] if t["name"] == "spot")
+            assert 0 < spot["no_capacity_retry_in_s"] <= 40
+            assert "no capacity: next try in" in render(status)
 
             state.faults.no_capacity.clear()  # spot is back
             for _ in range(30):
