@@ -15,6 +15,14 @@ credits: more frames in flight would only make queues and batches longer, so
 latency would climb instead of the excess turning into counted drops (the
 newest frame wins at the sender). ``slack`` (a tenth of a frame interval)
 keeps measurement noise on loopback from doubling the window.
+
+The window also never *grows* while the worker is the bottleneck: when the
+stream's frames wait at the worker (smoothed) longer than a frame interval
+(and at least ``BUSY_FLOOR_S``), more frames in flight could only queue there.
+This matters where the frame's own round trip is inflated by CPU contention
+rather than by the network (ingest and worker sharing cores): without it a
+stream's window flips from 1 to 2 and every overloaded stream's latency
+doubles. It shrinks as usual.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 SLACK = 0.1
+BUSY_FLOOR_S = 0.05
 
 
 @dataclass(slots=True)
@@ -32,6 +41,7 @@ class CreditWindow:
     cap: int = 4
     limit: int = 1
     own_rtt_s: float | None = None
+    waited_s: float | None = None
     alpha: float = 0.2
     inflight: dict[int, float] = field(default_factory=dict)
 
@@ -68,14 +78,24 @@ class CreditWindow:
         rtt = max(0.0, now - sent_at)
         if waited_s is not None:
             own = max(0.0, rtt - waited_s)
-            prev = self.own_rtt_s
-            self.own_rtt_s = own if prev is None else prev + self.alpha * (own - prev)
+            self.own_rtt_s = self._smooth(self.own_rtt_s, own)
+            self.waited_s = self._smooth(self.waited_s, waited_s)
         return rtt
 
+    def _smooth(self, prev: float | None, value: float) -> float:
+        return value if prev is None else prev + self.alpha * (value - prev)
+
+    def worker_busy(self, fps: float) -> bool:
+        """Frames wait at the worker longer than a frame interval: it is the bottleneck."""
+        return self.waited_s is not None and self.waited_s > max(1.0 / fps, BUSY_FLOOR_S)
+
     def resize(self, fps: float) -> int:
-        """Set ``limit = ceil(fps x own_rtt - slack)`` within [1, cap]; returns it."""
+        """Set ``limit = ceil(fps x own_rtt - slack)`` within [1, cap], not above the current
+        limit while the worker is busy; returns it."""
         if fps > 0 and self.own_rtt_s is not None:
             wanted = math.ceil(fps * self.own_rtt_s - SLACK)
+            if wanted > self.limit and self.worker_busy(fps):
+                wanted = self.limit
             self.limit = max(1, min(self.cap, wanted))
         return self.limit
 

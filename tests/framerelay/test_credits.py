@@ -32,6 +32,8 @@ def test_unknown_completion_is_ignored() -> None:
         (25, 0.043, 0.0, 4, 1),  # within the slack of one frame interval
         (25, 1.000, 0.0, 4, 4),  # capped
         (25, 0.500, 0.476, 4, 1),  # waiting behind other streams earns no credit
+        (25, 0.150, 0.080, 4, 1),  # own 70 ms (a busy CPU) while the worker queues: no growth
+        (25, 0.150, 0.030, 4, 3),  # own 120 ms, a short queue: the network, grow
         (0, 0.500, 0.0, 4, 1),  # unknown rate: keep the current limit
     ],
 )
@@ -54,6 +56,16 @@ def test_resize_follows_the_frames_own_round_trip(
 )
 def test_waited_counts_queue_and_batch_mates(timings: dict[str, float], waited: float) -> None:
     assert waited_s(timings) == pytest.approx(waited)
+
+
+def test_a_busy_worker_lets_the_window_shrink_but_not_grow() -> None:
+    w = CreditWindow(cap=4, limit=3, alpha=1.0)
+    w.sent(0, 0.0)
+    w.completed(0, 0.100, waited_s=0.090)  # own 10 ms: one frame covers it
+    assert w.worker_busy(25) and w.resize(25) == 1
+    w.sent(1, 1.0)
+    w.completed(1, 1.0 + 0.200, waited_s=0.0)  # queue gone, 200 ms of network
+    assert not w.worker_busy(25) and w.resize(25) == 4
 
 
 def test_expire_and_abandon_return_credits() -> None:
