@@ -11,7 +11,7 @@ Ingest and worker share this machine's two cores, and a 1-thread worker runs
 50-110 fps depending on the CPU, so 4x can take up to 18 streams of 25 fps.
 Unpinned, that many streams' decoding competes with the worker for its core
 and the p99 swings with the CPU share (12 streams: last/first p99 0.95-2.06
-over 10 runs; 16: up to 2.18), which measures the box, not the pipeline.
+over 9 runs; 16: up to 2.18), which measures the box, not the pipeline.
 Across clouds ingest and worker never share cores, so where the machine has
 two or more, the worker's threads are pinned to the last core and the
 ingest's (this process) to the others for the runs.
