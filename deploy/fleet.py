@@ -36,6 +36,7 @@ from deploy.models import PodInfo, PodRecord, PodSpec, PodStatus, parse_pod_name
 from deploy.placement import Slot, place
 from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderError
 from deploy.scaling import tier_targets
+from deploy.schedule import in_window
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.store import Store
 
@@ -77,12 +78,12 @@ class Fleet:
         now = self.clock.now()
         self.prices.update(await self.provider.prices())
         pods = await self.store.pods()
+        await self._account(pods, now)  # the interval since the last pass, as it was
         actual = await self._actual()
         await self._reconcile(pods, actual, now)
         await self._health(pods, actual, now)
         await self._scale(pods, now)
         await self._place(pods)
-        await self._account(pods, now)
 
     # -- reconcile -------------------------------------------------------------
 
@@ -365,10 +366,14 @@ class Fleet:
     # -- placement and cost ----------------------------------------------------
 
     def _slots(self, pods: dict[str, PodRecord]) -> list[Slot]:
-        slots = []
+        """Ready workers; a batch-only tier's take streams only inside its windows (its
+        workers warm up ``lead_s`` early, but batch work starts when the window opens)."""
+        now, slots = self.clock.now(), []
         for rec in pods.values():
             tier = self.settings.tier(rec.tier)
             if tier is None or not rec.ready or rec.state != "running":
+                continue
+            if tier.batch_only and not in_window(tier, now, self.tz):
                 continue
             cap = tier.capacity_fps or rec.capacity_fps or self.settings.default_capacity_fps
             cap *= self.settings.target_utilization

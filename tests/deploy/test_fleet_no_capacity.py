@@ -24,7 +24,7 @@ from deploy.ingest_link import NullIngestLink
 from deploy.models import StreamSpec
 from deploy.providers.runpod import RunPodProvider
 from deploy.service import Orchestrator
-from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig
+from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig, Window
 from framerelay.commands.fleet import render
 from tests.deploy.runpod_contract import ContractState, running_contract_server
 
@@ -33,16 +33,20 @@ GPU = "NVIDIA RTX A4000"
 TICK_S = 2.0
 
 
+TIERS = (
+    TierConfig(name="ondemand", min_warm=1, max_workers=4, capacity_fps=20, gpu_types=(GPU,)),
+    TierConfig(name="spot", spot=True, max_workers=4, capacity_fps=20, gpu_types=(GPU,),
+               cloud_types=("COMMUNITY",)),
+)  # fmt: skip
+
+
 @asynccontextmanager
-async def fleet_on_contract(state: ContractState, clock: FakeClock) -> AsyncIterator[Orchestrator]:
-    tiers = [
-        TierConfig(name="ondemand", min_warm=1, max_workers=4, capacity_fps=20, gpu_types=(GPU,)),
-        TierConfig(name="spot", spot=True, max_workers=4, capacity_fps=20, gpu_types=(GPU,),
-                   cloud_types=("COMMUNITY",)),
-    ]  # fmt: skip
+async def fleet_on_contract(
+    state: ContractState, clock: FakeClock, tiers: tuple[TierConfig, ...] = TIERS
+) -> AsyncIterator[Orchestrator]:
     settings = OrchestratorSettings(
-        provider="runpod", tiers=tiers, key_prefix=f"test-nocap-{state.api_key}:",
-        token_secrets=SecretStr("x" * 32), tick_s=TICK_S, create_backoff_s=10,
+        provider="runpod", tiers=list(tiers), key_prefix=f"test-nocap-{state.api_key}:",
+        token_secrets=SecretStr("x" * 32), tick_s=TICK_S, create_backoff_s=10, timezone="UTC",
         create_backoff_max_s=40, drain_timeout_s=0,
     )  # fmt: skip
     with running_contract_server(state) as base:
@@ -103,5 +107,30 @@ def test_no_spot_capacity_falls_back_to_on_demand_then_returns_to_spot() -> None
             pods = await fleet.store.pods()
             assert sorted(p.tier for p in pods.values()) == ["ondemand", "spot"]
             assert fleet.counters["terminated_drained"] == 1 and not fleet.unplaced
+
+    asyncio.run(main())
+
+
+def test_batch_workers_warm_up_before_their_window_but_batch_starts_with_it() -> None:
+    night = Window(days=(0, 1, 2, 3, 4, 5, 6), start=dt.time(20), end=dt.time(6), min_warm=1)
+    tiers = (
+        TierConfig(name="ondemand", min_warm=1, max_workers=2, capacity_fps=20, gpu_types=(GPU,)),
+        TierConfig(name="batch", spot=True, batch_only=True, max_workers=2, capacity_fps=20,
+                   gpu_types=(GPU,), cloud_types=("COMMUNITY",), windows=(night,), lead_s=900),
+    )  # fmt: skip
+
+    async def main() -> None:
+        clock = FakeClock(dt.datetime(2026, 3, 2, 19, 50, tzinfo=dt.UTC))
+        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        async with fleet_on_contract(state, clock, tiers) as orch:
+            await orch.store.put_stream(StreamSpec(id="job-0", url="x", priority="batch"))
+            await orch.fleet.tick()
+            await orch.fleet.tick()
+            pods = await orch.store.pods()
+            assert sorted(p.tier for p in pods.values()) == ["batch", "ondemand"]  # warm early
+            assert await orch.store.assignments() == {}  # 19:50: not yet
+            clock.advance(600)  # 20:00
+            await orch.fleet.tick()
+            assert (await placement(orch.fleet)) == {"job-0": "batch"}
 
     asyncio.run(main())
