@@ -45,7 +45,7 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
     tiers = []
     for t in orch.settings.tiers:
         mine = [p for p in pods.values() if p.tier == t.name]
-        held = fleet.blocked.get(t.name, (0.0, 0))[0] - fleet.clock.now()
+        held = fleet.held_until(t.name) - fleet.clock.now()
         tiers.append({
             "name": t.name, "spot": t.spot, "target": fleet.targets.get(t.name, 0),
             "pods": len(mine), "ready": sum(p.ready for p in mine),

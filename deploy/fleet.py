@@ -64,6 +64,10 @@ class Fleet:
     """tier -> (no create before this time, "no capacity" answers in a row)."""
     _acked: dict[str, str | None] = field(default_factory=dict)
 
+    def held_until(self, tier: str) -> float:
+        """No create for ``tier`` before this time ("no capacity" backoff); 0 = not held."""
+        return self.blocked.get(tier, (0.0, 0))[0]
+
     @property
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.settings.timezone)
@@ -242,8 +246,8 @@ class Fleet:
         streams = list((await self.store.streams()).values())
         limits = {
             tier: sum(r.tier == tier and r.provider_id is not None for r in pods.values())
-            for tier, (until, _) in self.blocked.items()
-            if now < until
+            for tier in self.blocked
+            if now < self.held_until(tier)
         }
         self.targets = tier_targets(self.settings, streams, pods, self.prices, now, limits)
         for name, floor in (await self.store.floors()).items():
@@ -270,7 +274,7 @@ class Fleet:
         await self._finish_drains(pods, draining, now)
 
     async def _grow(self, tier: TierConfig, pods: dict[str, PodRecord], n: int, now: float) -> None:
-        if now < self.blocked.get(tier.name, (0.0, 0))[0]:
+        if now < self.held_until(tier.name):
             self.counters["create_deferred"] += 1
             return
         since = now - self.settings.replacement_window_s

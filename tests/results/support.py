@@ -36,6 +36,14 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(0.05)
 
 
+def kill_all(*procs: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """Kill whatever of ``procs`` still runs (test teardown), and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
 async def wait_async(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
     while not predicate():

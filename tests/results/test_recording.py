@@ -34,7 +34,7 @@ from ingest.recording.draw import box_pixels, label_area, label_of
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import RedisServer, child_env, free_port, wait_until
+from tests.results.support import RedisServer, child_env, free_port, kill_all, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STREAM = "stream-1"
@@ -107,10 +107,7 @@ def recording(
         ids = [i for i, _ in r.xrange(KEY)]
         yield Recording(directory, ids, _summary(tmp / "record-2.log"))
     finally:
-        for p in [*procs, camera]:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_all(*procs, camera)
         camera.stdout.close()
         r.close()
         server.stop()

@@ -23,7 +23,7 @@ from ingest.recording.sidecar import GAP_DIR, read_lines
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from tests.conftest import CLIP, ROOT
 from tests.results.conftest import load_records
-from tests.results.support import RedisServer, child_env, wait_async, wait_until
+from tests.results.support import RedisServer, child_env, kill_all, wait_async, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STREAM = "cam-9"
@@ -89,10 +89,7 @@ def test_recorder_through_a_redis_kill9(
         recorder.send_signal(signal.SIGTERM)
         assert recorder.wait(30) == 0, log.read_text()[-3000:]
     finally:
-        for p in (recorder, camera):
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_all(recorder, camera)
         camera.stdout.close()
         r.close()
         server.stop()
