@@ -1,0 +1,210 @@
+"""The overload rig, shared by ``tests/integration/test_overload.py`` and
+``bench/overload.py``: a real 1-thread worker process, an in-process ingest
+playing the sample clip as N real-time streams (every frame), and one sample
+per result.
+
+Latency under overload is ``frames in the system x the worker's time per
+frame``. The first factor is what credits bound; the second is the machine's
+speed, which on these shared 2-core VMs drifts by up to a third within one
+minute with nothing else running (a 1-thread worker measured 42 then 31
+results/s in the same run). So each window reports both the raw latency and
+the frames in the system (Little's law: results/s x mean latency), which a
+queue makes grow and a slower CPU does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from framerelay.results import ResultRecord
+from ingest.service import IngestService
+from ingest.settings import IngestSettings, StreamConfig
+from tests.conftest import CLIP
+
+CLIP_FPS = 25.0
+WINDOW_S = 20.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # time.monotonic() when the result reached the ingest
+    latency_ms: float  # capture on the ingest -> result back on the ingest
+    infer_ms: float  # the worker's inference time for the batch holding this frame
+
+
+@dataclass(frozen=True)
+class Run:
+    samples: list[Sample]
+    counts: dict[str, dict[str, int]]  # per stream: the ingest's counters
+
+
+@dataclass(frozen=True)
+class Window:
+    """The results that came back in [start, start + seconds)."""
+
+    n: int
+    rate: float  # results/s: what the worker served
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    infer_p50_ms: float
+
+    @property
+    def in_flight(self) -> float:
+        """Frames in the system on average (Little's law)."""
+        return self.rate * self.mean_ms / 1000
+
+    @property
+    def p99_frames(self) -> float:
+        """p99 latency counted in the worker's own time per result."""
+        return self.p99_ms * self.rate / 1000
+
+
+async def run_streams(
+    url: str, secret: str, streams: int, seconds: float, *, realtime: bool = True
+) -> Run:
+    configs = [
+        StreamConfig(id=f"cam-{i}", url=str(CLIP), fps=0, realtime=realtime, loop=True)
+        for i in range(streams)
+    ]
+    settings = IngestSettings(
+        worker_url=url, token_secrets=secret, worker_id="test-worker", streams=configs
+    )
+    service = IngestService(settings)
+    samples: list[Sample] = []
+
+    def record(r: ResultRecord) -> None:
+        samples.append(Sample(time.monotonic(), r.latency_ms, r.timings.get("infer_ms", 0.0)))
+
+    service.bus.tap(record)
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await task
+    counts = {sid: dict(s.counters) for sid, s in service.streams.items()}
+    return Run(samples, counts)
+
+
+def window(samples: list[Sample], start: float, seconds: float = WINDOW_S) -> Window:
+    inside = [s for s in samples if start <= s.t < start + seconds]
+    assert len(inside) > 100, f"only {len(inside)} results in {seconds:.0f} s from {start:.0f}"
+    lat = np.array([s.latency_ms for s in inside])
+    return Window(
+        n=len(inside),
+        rate=len(inside) / seconds,
+        mean_ms=float(lat.mean()),
+        p50_ms=float(np.percentile(lat, 50)),
+        p99_ms=float(np.percentile(lat, 99)),
+        infer_p50_ms=float(np.percentile([s.infer_ms for s in inside], 50)),
+    )
+
+
+def capacity(run: Run) -> float:
+    """Results/s of a file read as fast as the credits allow."""
+    done = [s.t for s in run.samples]
+    return (len(done) - 1) / (done[-1] - done[0])
+
+
+def streams_for(capacity_fps: float, overload: float, max_streams: int) -> int:
+    return min(max_streams, max(4, round(overload * capacity_fps / CLIP_FPS)))
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (threads made later inherit from their creator)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+@contextlib.contextmanager
+def separate_cores(worker_pid: int, pin: bool) -> Iterator[None]:
+    """The worker on the last core, this process (the ingest) on the others."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2 or not pin:
+        yield
+        return
+    _pin(worker_pid, {cpus[-1]})
+    _pin(os.getpid(), set(cpus[:-1]))
+    try:
+        yield
+    finally:
+        _pin(os.getpid(), set(cpus))
+
+
+@dataclass(frozen=True)
+class Overload:
+    """One overload experiment: capacity, one stream alone, then N streams."""
+
+    capacity: float
+    streams: int
+    alone: Run
+    loaded: Run
+
+    @property
+    def unloaded(self) -> Window:
+        t0 = self.alone.samples[0].t
+        return window(self.alone.samples, t0 + 2)
+
+    @property
+    def first(self) -> Window:
+        return window(self.loaded.samples, self.loaded.samples[0].t)
+
+    @property
+    def last(self) -> Window:
+        return window(self.loaded.samples, self.loaded.samples[0].t + 2 * WINDOW_S)
+
+    @property
+    def offered_fps(self) -> float:
+        return self.streams * CLIP_FPS
+
+    @property
+    def served_fps(self) -> float:
+        t0 = self.loaded.samples[0].t
+        return sum(1 for s in self.loaded.samples if t0 <= s.t < t0 + 3 * WINDOW_S) / 60
+
+    def report(self) -> str:
+        f, la, u = self.first, self.last, self.unloaded
+        bound = 1.5 * self.streams * u.p99_ms
+        return "\n".join(
+            [
+                f"capacity {self.capacity:.1f} fps; {self.streams} streams offered "
+                f"{self.offered_fps:.0f} fps, served {self.served_fps:.1f} fps "
+                f"({self.offered_fps / self.served_fps:.1f}x); unloaded p99 {u.p99_ms:.1f} ms",
+                "window        results/s  p50 ms  p99 ms  infer p50 ms  in flight  p99 in frames",
+                _row("first 20 s", f),
+                _row("last 20 s", la),
+                f"ratios last/first: p99 {la.p99_ms / f.p99_ms:.2f}, in flight "
+                f"{la.in_flight / f.in_flight:.2f}, p99 in frames "
+                f"{la.p99_frames / f.p99_frames:.2f}, worker speed {la.rate / f.rate:.2f}",
+                f"bound 1.5 x {self.streams} x unloaded p99 = {bound:.1f} ms",
+            ]
+        )
+
+
+def _row(name: str, w: Window) -> str:
+    return (
+        f"{name:12s} {w.rate:10.1f} {w.p50_ms:7.1f} {w.p99_ms:7.1f} {w.infer_p50_ms:13.1f} "
+        f"{w.in_flight:10.2f} {w.p99_frames:14.2f}"
+    )
+
+
+def measure(
+    url: str, secret: str, worker_pid: int, *, overload: float, max_streams: int, pin: bool
+) -> Overload:
+    with separate_cores(worker_pid, pin):  # capacity as the loaded run will see it
+        flat_out = asyncio.run(run_streams(url, secret, 1, 10, realtime=False))
+    cap = capacity(flat_out)
+    streams = streams_for(cap, overload, max_streams)
+    # one stream needs no core of its own: the ingest keeps both (the worker stays pinned)
+    alone = asyncio.run(run_streams(url, secret, 1, 2 + WINDOW_S))
+    with separate_cores(worker_pid, pin):
+        loaded = asyncio.run(run_streams(url, secret, streams, 3 * WINDOW_S + 2))
+    return Overload(cap, streams, alone, loaded)
