@@ -17,7 +17,7 @@ import logging
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from framerelay.lifecycle import install_signal_handlers
+from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
 from ingest.hub import ResultHub, api_server, build_hub, results_router
 from ingest.jsonl import JsonlWriter
 from ingest.metrics import register_stream_metrics
@@ -79,7 +79,8 @@ async def serve_ingest(settings: IngestSettings) -> int:
     flushed = asyncio.Event()  # the publisher stops after the last results came in
     redis = asyncio.create_task(publisher.run(flushed)) if publisher is not None else None
     try:
-        await asyncio.wait({api, run}, return_when=asyncio.FIRST_COMPLETED)
+        with startup_heap_frozen():
+            await asyncio.wait({api, run}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.set()
         server.should_exit = True

@@ -5,6 +5,12 @@ stream: the Redis Stream entry id when Redis is configured), keeps the last
 ``history`` results of each stream (for subscribers resuming after a short
 disconnect), calls the taps and offers the result to every subscriber.
 
+The history holds each result as its id and JSON text, not as objects: a
+record with its detections is some 25 objects the garbage collector tracks,
+so 8 streams x 1024 results made every full collection walk ~200k objects
+with the event loop stopped (100-300 ms here, every stream's frames waiting).
+Strings and tuples of them are not tracked. A resume parses what it replays.
+
 Each subscriber has its own queue (``maxsize``); when it is full the *oldest*
 result is dropped and counted on that subscriber, so one slow consumer never
 delays the others or the publisher. Publishing never blocks and never awaits.
@@ -161,7 +167,7 @@ class ResultBus:
         self._subs: list[Subscription] = []
         self._taps: list[Callable[[ResultRecord], None]] = []
         self._observers: list[Callable[[Published], None]] = []
-        self._history: dict[str, collections.deque[Published]] = {}
+        self._history: dict[str, collections.deque[tuple[IdKey, str]]] = {}
         self._history_len = max(0, history)
         self.ids = ids or IdAllocator()
         self.published = 0
@@ -203,7 +209,7 @@ class ResultBus:
             ring = self._history.get(record.stream_id)
             if ring is None:
                 ring = self._history[record.stream_id] = collections.deque(maxlen=self._history_len)
-            ring.append(item)
+            ring.append((item.key, item.json()))
         for func in self._taps:
             func(item.record)
         for obs in self._observers:
@@ -221,12 +227,16 @@ class ResultBus:
 
     def history(self, stream_id: str, after: IdKey | None = None) -> list[Published]:
         """Results of ``stream_id`` still held, oldest first, newer than ``after``."""
-        ring: Iterable[Published] = self._history.get(stream_id, ())
-        return [p for p in ring if after is None or p.key > after]
+        ring: Iterable[tuple[IdKey, str]] = self._history.get(stream_id, ())
+        return [
+            Published(ResultRecord.model_validate_json(text), key, text)
+            for key, text in ring
+            if after is None or key > after
+        ]
 
     def oldest(self, stream_id: str) -> IdKey | None:
         ring = self._history.get(stream_id)
-        return ring[0].key if ring else None
+        return ring[0][0] if ring else None
 
     @property
     def subscribers(self) -> int:

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(settings: Any, announce: bool) -> int:
-    from framerelay.lifecycle import install_signal_handlers
+    from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
     from gpu_worker.server import TUNNEL_PATH, Worker
 
     worker = Worker(settings)
@@ -105,5 +105,6 @@ async def _serve(settings: Any, announce: bool) -> int:
         file=sys.stderr,
         flush=True,
     )
-    await worker.serve_forever(stop)
+    with startup_heap_frozen():
+        await worker.serve_forever(stop)
     return 0

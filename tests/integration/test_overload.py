@@ -9,8 +9,17 @@ What a queue would do, and what is asserted here: the frames in the system
 (results/s x mean latency, Little's law) and the median latency counted in the
 worker's own time per result stay within 1.2x from the first 20 s to the
 last; p99 stays below 1.5 x streams x unloaded p99 in both windows; the excess
-shows up as counted drops. A queue leaking even one frame a second would add
-about 40 frames in flight over the 40 s between the windows, against about 10.
+shows up as counted drops; and the ingest never has more than one frame per
+stream outstanding in the last 20 s (sampled every 10 ms: the credit window
+does not grow while the worker is the bottleneck). A queue leaking even one
+frame a second would add about 40 frames in flight over the 40 s between the
+windows, against about 10.
+
+The report also shows the ingest's longest event-loop stall and GC pause per
+window: a CI run failed the p99 bound (308 ms against 231) with frames in
+flight unchanged; the rig then showed 100-190 ms full collections in the
+ingest, walking the result history held as objects. The history is now kept
+as text and services freeze their start-up heap (2 ms, 7 ms stalls since).
 
 The p99 ratios (raw, and in the worker's time) are printed but not asserted:
 on these shared 2-core VMs the worker's own speed drifts by up to a third
@@ -79,6 +88,7 @@ def test_latency_does_not_grow_under_overload(run: Overload) -> None:
     assert last.in_flight <= 1.2 * first.in_flight, run.report()
     assert last.p50_frames <= 1.2 * first.p50_frames, run.report()
     assert max(first.p99_ms, last.p99_ms) < run.bound_ms, run.report()
+    assert last.outstanding_max <= run.streams, run.report()
     assert run.offered_fps / run.served_fps >= MIN_OVERLOAD, run.report()
 
 

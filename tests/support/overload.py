@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from framerelay.lifecycle import startup_heap_frozen
 from framerelay.results import ResultRecord
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
@@ -44,6 +46,43 @@ class Sample:
 class Run:
     samples: list[Sample]
     counts: dict[str, dict[str, int]]  # per stream: the ingest's counters
+    loop_lag: list[tuple[float, float]]  # (when, ms): the ingest's event loop ran late
+    gc_pauses: list[tuple[float, float]]  # (when, ms): this process's garbage collections
+    outstanding: list[tuple[float, int]]  # (when, frames sent and not yet answered, all streams)
+
+
+class _Watch:
+    """Every 10 ms: the frames the ingest has in flight (all streams) and how late the
+    event loop woke; GC pauses over 1 ms. What stalls the ingest (this process) shows."""
+
+    TICK_S = 0.01
+
+    def __init__(self, service: IngestService) -> None:
+        self.service = service
+        self.loop_lag: list[tuple[float, float]] = []
+        self.gc_pauses: list[tuple[float, float]] = []
+        self.outstanding: list[tuple[float, int]] = []
+        self._gc_start = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        now = time.monotonic()
+        if phase == "start":
+            self._gc_start = now
+        elif (ms := (now - self._gc_start) * 1000) > 1:
+            self.gc_pauses.append((now, ms))
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        gc.callbacks.append(self._on_gc)
+        try:
+            while not stop.is_set():
+                t = time.monotonic()
+                n = sum(len(s.window.inflight) for s in self.service.streams.values())
+                self.outstanding.append((t, n))
+                await asyncio.sleep(self.TICK_S)
+                if (late := (time.monotonic() - t - self.TICK_S) * 1000) > 5:
+                    self.loop_lag.append((t, late))
+        finally:
+            gc.callbacks.remove(self._on_gc)
 
 
 @dataclass(frozen=True)
@@ -56,6 +95,9 @@ class Window:
     p50_ms: float
     p99_ms: float
     infer_p50_ms: float
+    loop_lag_ms: float  # the ingest event loop's longest stall
+    gc_ms: float  # the ingest's longest garbage collection
+    outstanding_max: int  # most frames sent and not yet answered at once (all streams)
 
     @property
     def in_flight(self) -> float:
@@ -91,16 +133,24 @@ async def run_streams(
 
     service.bus.tap(record)
     stop = asyncio.Event()
+    watch = _Watch(service)
+    watcher = asyncio.create_task(watch.watch(stop))
     task = asyncio.create_task(service.run(stop))
-    await asyncio.sleep(seconds)
-    stop.set()
-    await task
+    with startup_heap_frozen():  # as ``framerelay ingest`` runs (ingest.app.serve_ingest)
+        await asyncio.sleep(seconds)
+        stop.set()
+        await task
+        await watcher
     counts = {sid: dict(s.counters) for sid, s in service.streams.items()}
-    return Run(samples, counts)
+    return Run(samples, counts, watch.loop_lag, watch.gc_pauses, watch.outstanding)
 
 
-def window(samples: list[Sample], start: float, seconds: float = WINDOW_S) -> Window:
-    inside = [s for s in samples if start <= s.t < start + seconds]
+def _longest(events: list[tuple[float, float]], start: float, seconds: float) -> float:
+    return max((ms for t, ms in events if start <= t < start + seconds), default=0.0)
+
+
+def window(run: Run, start: float, seconds: float = WINDOW_S) -> Window:
+    inside = [s for s in run.samples if start <= s.t < start + seconds]
     assert len(inside) > 100, f"only {len(inside)} results in {seconds:.0f} s from {start:.0f}"
     lat = np.array([s.latency_ms for s in inside])
     return Window(
@@ -110,6 +160,9 @@ def window(samples: list[Sample], start: float, seconds: float = WINDOW_S) -> Wi
         p50_ms=float(np.percentile(lat, 50)),
         p99_ms=float(np.percentile(lat, 99)),
         infer_p50_ms=float(np.percentile([s.infer_ms for s in inside], 50)),
+        loop_lag_ms=_longest(run.loop_lag, start, seconds),
+        gc_ms=_longest(run.gc_pauses, start, seconds),
+        outstanding_max=int(_longest([(t, float(n)) for t, n in run.outstanding], start, seconds)),
     )
 
 
@@ -157,15 +210,15 @@ class Overload:  # frozen + cached_property: the windows are computed once
     @functools.cached_property
     def unloaded(self) -> Window:
         t0 = self.alone.samples[0].t
-        return window(self.alone.samples, t0 + 2)
+        return window(self.alone, t0 + 2)
 
     @functools.cached_property
     def first(self) -> Window:
-        return window(self.loaded.samples, self.loaded.samples[0].t)
+        return window(self.loaded, self.loaded.samples[0].t)
 
     @functools.cached_property
     def last(self) -> Window:
-        return window(self.loaded.samples, self.loaded.samples[0].t + 2 * WINDOW_S)
+        return window(self.loaded, self.loaded.samples[0].t + 2 * WINDOW_S)
 
     @property
     def offered_fps(self) -> float:
@@ -190,7 +243,7 @@ class Overload:  # frozen + cached_property: the windows are computed once
                 f"{self.offered_fps:.0f} fps, served {self.served_fps:.1f} fps "
                 f"({self.offered_fps / self.served_fps:.1f}x); unloaded p99 {u.p99_ms:.1f} ms",
                 "window        results/s  p50 ms  p99 ms  infer p50 ms  in flight"
-                "  p50 / p99 in frames",
+                "  p50 / p99 in frames  ingest stall / gc ms  most outstanding",
                 _row("first 20 s", f),
                 _row("last 20 s", la),
                 f"ratios last/first: p99 {la.p99_ms / f.p99_ms:.2f}, in flight "
@@ -205,7 +258,8 @@ class Overload:  # frozen + cached_property: the windows are computed once
 def _row(name: str, w: Window) -> str:
     return (
         f"{name:12s} {w.rate:10.1f} {w.p50_ms:7.1f} {w.p99_ms:7.1f} {w.infer_p50_ms:13.1f} "
-        f"{w.in_flight:10.2f} {w.p50_frames:9.2f} / {w.p99_frames:5.2f}"
+        f"{w.in_flight:10.2f} {w.p50_frames:9.2f} / {w.p99_frames:5.2f} "
+        f"{w.loop_lag_ms:12.0f} / {w.gc_ms:4.0f} {w.outstanding_max:17d}"
     )
 
 

@@ -1,0 +1,82 @@
+"""How long a full garbage collection stops the ingest with a full result history.
+
+    python bench/gc_pause.py [--streams 8] [--history 1024] [--repeat 7]
+
+A full (generation 2) collection runs with the event loop stopped, so every
+stream's frames wait for it. The ingest keeps the last ``--history`` results
+of each stream for resuming subscribers. This fills a real ``ResultBus`` (the
+history as id + JSON text) and, in the same run, the same results held as
+record objects (what the history held before), then times ``gc.collect()``
+over each, on top of this process's own heap (the modules, a few 10k objects).
+Prints the median pause and the ratio to the baseline. Writes
+``bench/results/gc_pause.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ingest.bus import Published, ResultBus  # noqa: E402
+from tests.results.test_bus_history import record  # noqa: E402
+
+
+def pause_ms(repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        gc.collect()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--history", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    empty = pause_ms(args.repeat)
+    bus = ResultBus(history=args.history)
+    objects: dict[str, collections.deque[Published]] = {}
+    for seq in range(args.history):
+        for s in range(args.streams):
+            item = bus.push(record(f"cam-{s}", seq))
+            objects.setdefault(item.stream_id, collections.deque(maxlen=args.history))
+    held = len(gc.get_objects())
+    ours = pause_ms(args.repeat)
+    for seq in range(args.history):  # the baseline: the same results as record objects
+        for s in range(args.streams):
+            objects[f"cam-{s}"].append(bus.push(record(f"cam-{s}", args.history + seq)))
+    tracked = len(gc.get_objects()) - held
+    before = pause_ms(args.repeat)
+    results = {
+        "args": vars(args), "empty_ms": empty, "history_as_text_ms": ours,
+        "history_as_records_ms": before, "records_tracked_objects": tracked,
+        "ratio_text_to_records": ours / before,
+    }  # fmt: skip
+    print(
+        f"full collection, median of {args.repeat}: no history {empty:.1f} ms; "
+        f"{args.streams} x {args.history} results as text {ours:.1f} ms; the same as records "
+        f"{before:.1f} ms ({tracked} more tracked objects); ratio {ours / before:.2f}"
+    )
+    out = ROOT / "bench" / "results" / "gc_pause.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
