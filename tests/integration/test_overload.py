@@ -75,15 +75,14 @@ def one_thread_worker(secret: str) -> Iterator[LocalWorker]:
 def run(one_thread_worker: LocalWorker, secret: str) -> Overload:
     proc = one_thread_worker.proc
     assert proc is not None
-    o = measure(
+    return measure(
         one_thread_worker.url, secret, proc.pid,
         overload=OVERLOAD, max_streams=MAX_STREAMS, pin=PIN,
     )  # fmt: skip
-    print("\n" + o.report())
-    return o
 
 
 def test_latency_does_not_grow_under_overload(run: Overload) -> None:
+    print("\n" + run.report())  # in the call phase, so `pytest -rP` shows it too
     first, last = run.first, run.last
     assert last.in_flight <= 1.2 * first.in_flight, run.report()
     assert last.p50_frames <= 1.2 * first.p50_frames, run.report()
