@@ -88,9 +88,7 @@ def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
     return urows[r[keep]].astype(np.int64), ucols[c[keep]].astype(np.int64)
 
 
-def direction_score(
-    motion: F64, anchor: F64, centers: F64, weight: NDArray[np.floating]
-) -> F64:
+def direction_score(motion: F64, anchor: F64, centers: F64, weight: NDArray[np.floating]) -> F64:
     """OC-SORT's momentum term for K candidate pairs (all arguments row-aligned).
 
     Agreement of each track's recent ``motion`` (K, 2), the vector from its

@@ -103,8 +103,7 @@ class SortFamilyTracker:
         except ValidationError as exc:
             fields = ", ".join(sorted(self.settings_model.model_fields))
             raise ConfigError(
-                f"invalid settings for tracker {self.name!r}: {exc}\n"
-                f"valid settings are: {fields}"
+                f"invalid settings for tracker {self.name!r}: {exc}\nvalid settings are: {fields}"
             ) from exc
         settings = self.settings
         self._noise = settings.noise()

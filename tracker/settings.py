@@ -120,9 +120,7 @@ class ByteTrackSettings(SortSettings):
     height_iou: bool = Field(False, description="Off for ByteTrack.")
     outlier_sigma: float = Field(0.0, ge=0.0, le=100.0, description="Off for ByteTrack.")
     report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="ByteTrack reports all.")
-    recovery_direction_weight: float = Field(
-        0.0, ge=0.0, le=2.0, description="Off for ByteTrack."
-    )
+    recovery_direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
     recovery: bool = Field(False, description="Off for ByteTrack.")
     reupdate: bool = Field(False, description="Off for ByteTrack.")
 
