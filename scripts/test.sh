@@ -11,6 +11,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff" >&2
 ruff check .
+ruff format --check .
 echo "== mypy --strict" >&2
 mypy
 echo "== pytest" >&2
