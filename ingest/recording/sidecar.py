@@ -40,9 +40,13 @@ def repair(path: Path) -> set[str]:
 
 
 def read_lines(path: Path) -> list[SidecarLine]:
+    """The file's complete lines. Bytes after the last newline are a line the recorder is
+    still writing (its buffer flushes mid-line) or one torn by a crash: not a result yet."""
     if not path.exists():
         return []
-    return [SidecarLine.model_validate_json(x) for x in path.read_bytes().splitlines() if x]
+    data = path.read_bytes()
+    data = data[: data.rfind(b"\n") + 1]
+    return [SidecarLine.model_validate_json(x) for x in data.splitlines() if x]
 
 
 class SidecarStore:
@@ -133,11 +137,11 @@ class SidecarStore:
         then have no frame there.
         """
         path = self.directory / name
+        self.close(name)  # what this store still buffers for it is read too
         lines = read_lines(path)
         moved = [x for x in lines if x.pts not in keep]
         if not moved:
             return 0
-        self.close(name)
         kept = "".join(x.model_dump_json() + "\n" for x in lines if x.pts in keep)
         for line in moved:
             gap = SidecarLine(id=line.id, segment=None, pts=None, time_base=None, exact=False,

@@ -129,6 +129,32 @@ def test_sidecar_ids_are_written_once_across_a_restart(tmp_path: Path) -> None:
     assert [x.id for x in read_lines(tmp_path / "s.jsonl")] == ["1-0", "1-1", "1-2"]
 
 
+def test_readers_see_complete_lines_only(tmp_path: Path) -> None:
+    """A live reader (a clip render, an app tailing the sidecar) may catch the recorder
+    mid-line: its buffer flushes whenever it fills. A CI run read such a tail."""
+    store = SidecarStore(tmp_path)
+    store.write("s.jsonl", line("1-0", 0))
+    store.write("s.jsonl", line("1-1", 3600))
+    store.close()
+    with (tmp_path / "s.jsonl").open("a") as f:
+        f.write('{"v":1,"id":"1-2","segment":"s.mp4","pts":[1')
+    assert [x.id for x in read_lines(tmp_path / "s.jsonl")] == ["1-0", "1-1"]
+
+
+def test_a_torn_line_does_not_stop_moving_lost_frames_to_gaps(tmp_path: Path) -> None:
+    store = SidecarStore(tmp_path)
+    for k in range(3):
+        store.write("s.jsonl", line(f"1-{k}", k * 3600))
+    store.close()
+    with (tmp_path / "s.jsonl").open("a") as f:
+        f.write('{"v":1,"id":"1-3","seg')  # the crash that cut the segment short
+    again = SidecarStore(tmp_path)
+    assert again.move_to_gaps("s.jsonl", {0}) == 2
+    again.close()
+    assert [x.id for x in read_lines(tmp_path / "s.jsonl")] == ["1-0"]
+    assert (tmp_path / "s.jsonl").read_bytes().endswith(b"\n")  # the torn tail is gone
+
+
 def test_lines_of_lost_frames_move_to_a_gap_file(tmp_path: Path) -> None:
     store = SidecarStore(tmp_path)
     for k in range(4):
