@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import json
 import statistics
 import sys
 import time
@@ -26,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import write_results  # noqa: E402
 from ingest.bus import Published, ResultBus  # noqa: E402
-from tests.results.test_bus_history import record  # noqa: E402
+from tests.results.support import result_record  # noqa: E402
 
 
 def pause_ms(repeat: int) -> float:
@@ -37,6 +37,22 @@ def pause_ms(repeat: int) -> float:
         gc.collect()
         times.append((time.perf_counter() - t) * 1000)
     return statistics.median(times)
+
+
+def fill(
+    bus: ResultBus,
+    streams: int,
+    history: int,
+    *,
+    first_seq: int,
+    keep: collections.deque[Published] | None = None,
+) -> None:
+    """``history`` results per stream through ``bus``; ``keep`` also holds them as objects."""
+    for seq in range(first_seq, first_seq + history):
+        for s in range(streams):
+            item = bus.push(result_record(f"cam-{s}", seq))
+            if keep is not None:
+                keep.append(item)
 
 
 def main() -> int:
@@ -49,16 +65,12 @@ def main() -> int:
     args = ap.parse_args()
     empty = pause_ms(args.repeat)
     bus = ResultBus(history=args.history)
-    objects: dict[str, collections.deque[Published]] = {}
-    for seq in range(args.history):
-        for s in range(args.streams):
-            item = bus.push(record(f"cam-{s}", seq))
-            objects.setdefault(item.stream_id, collections.deque(maxlen=args.history))
+    fill(bus, args.streams, args.history, first_seq=0)
     held = len(gc.get_objects())
     ours = pause_ms(args.repeat)
-    for seq in range(args.history):  # the baseline: the same results as record objects
-        for s in range(args.streams):
-            objects[f"cam-{s}"].append(bus.push(record(f"cam-{s}", args.history + seq)))
+    # the baseline: the next results also held as record objects, as the history did
+    objects: collections.deque[Published] = collections.deque()
+    fill(bus, args.streams, args.history, first_seq=args.history, keep=objects)
     tracked = len(gc.get_objects()) - held
     before = pause_ms(args.repeat)
     results = {
@@ -71,10 +83,7 @@ def main() -> int:
         f"{args.streams} x {args.history} results as text {ours:.1f} ms; the same as records "
         f"{before:.1f} ms ({tracked} more tracked objects); ratio {ours / before:.2f}"
     )
-    out = ROOT / "bench" / "results" / "gc_pause.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_results("gc_pause", results)
     return 0
 
 

@@ -20,7 +20,6 @@ process) to the others, as across clouds they never share cores. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import statistics
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import write_results  # noqa: E402
 from framerelay.settings import DEFAULT_MODEL  # noqa: E402
 from gpu_worker.launcher import LocalWorker  # noqa: E402
 from tests.support.overload import Overload, Window, measure  # noqa: E402
@@ -89,10 +89,7 @@ def main() -> int:
         f"(runs {min(ratios):.2f}-{max(ratios):.2f}, target <= 1.2); frames in flight "
         f"last/first {statistics.median(flights):.2f}; p99 under the bound in {under}/{len(runs)}"
     )
-    out = ROOT / "bench" / "results" / "overload.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    write_results("overload", {"args": vars(args), "runs": runs})
     return 0
 
 

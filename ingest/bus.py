@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -225,13 +226,16 @@ class ResultBus:
             k: collections.deque(v, maxlen=self._history_len) for k, v in self._history.items()
         } if self._history_len else {}  # fmt: skip
 
-    def history(self, stream_id: str, after: IdKey | None = None) -> list[Published]:
-        """Results of ``stream_id`` still held, oldest first, newer than ``after``."""
+    def history(
+        self, stream_id: str, after: IdKey | None = None, limit: int | None = None
+    ) -> list[Published]:
+        """Results of ``stream_id`` still held, oldest first, newer than ``after``; at most
+        ``limit`` (the oldest of them): only those are parsed."""
         ring: Iterable[tuple[IdKey, str]] = self._history.get(stream_id, ())
+        newer = ((key, text) for key, text in ring if after is None or key > after)
         return [
             Published(ResultRecord.model_validate_json(text), key, text)
-            for key, text in ring
-            if after is None or key > after
+            for key, text in itertools.islice(newer, limit)
         ]
 
     def oldest(self, stream_id: str) -> IdKey | None:

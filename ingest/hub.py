@@ -331,7 +331,8 @@ class ResultHub:
         out: dict[str, list[Published]] = {}
         for stream_id, raw in session.subscription.resume.items():
             after = parse_id(raw)
-            held = self.bus.history(stream_id, after)
+            # the durable ones are older and sort first: the oldest resume_max held suffice
+            held = self.bus.history(stream_id, after, max(1, self.config.resume_max))
             items: dict[IdKey, Published] = {p.key: p for p in held}
             oldest = held[0].key if held else None
             if self.durable is not None and (oldest is None or oldest > after):

@@ -27,25 +27,27 @@ def gap_file(captured_at: float) -> str:
     return f"{GAP_DIR}/{time.strftime('%Y%m%dT%H', time.gmtime(captured_at))}.jsonl"
 
 
+def _complete(data: bytes) -> bytes:
+    """Up to the last newline: what follows is a line the recorder is still writing (its
+    buffer flushes mid-line) or one torn by a crash, not a result yet."""
+    return data[: data.rfind(b"\n") + 1]
+
+
 def repair(path: Path) -> set[str]:
     """Cut a torn last line (a crash mid-write); return the ids the file holds."""
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
+    if len(keep := _complete(data)) < len(data):
         with path.open("r+b") as f:
-            f.truncate(keep)
-        log.warning("%s: cut a torn last line (%d bytes)", path.name, len(data) - keep)
-        data = data[:keep]
-    return {SidecarLine.model_validate_json(line).id for line in data.splitlines() if line}
+            f.truncate(len(keep))
+        log.warning("%s: cut a torn last line (%d bytes)", path.name, len(data) - len(keep))
+    return {SidecarLine.model_validate_json(line).id for line in keep.splitlines() if line}
 
 
 def read_lines(path: Path) -> list[SidecarLine]:
-    """The file's complete lines. Bytes after the last newline are a line the recorder is
-    still writing (its buffer flushes mid-line) or one torn by a crash: not a result yet."""
+    """The file's complete lines (see :func:`_complete`)."""
     if not path.exists():
         return []
-    data = path.read_bytes()
-    data = data[: data.rfind(b"\n") + 1]
+    data = _complete(path.read_bytes())
     return [SidecarLine.model_validate_json(x) for x in data.splitlines() if x]
 
 

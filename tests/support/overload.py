@@ -20,7 +20,7 @@ import functools
 import gc
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,7 +145,7 @@ async def run_streams(
     return Run(samples, counts, watch.loop_lag, watch.gc_pauses, watch.outstanding)
 
 
-def _longest(events: list[tuple[float, float]], start: float, seconds: float) -> float:
+def _longest(events: Sequence[tuple[float, float]], start: float, seconds: float) -> float:
     return max((ms for t, ms in events if start <= t < start + seconds), default=0.0)
 
 
@@ -162,7 +162,7 @@ def window(run: Run, start: float, seconds: float = WINDOW_S) -> Window:
         infer_p50_ms=float(np.percentile([s.infer_ms for s in inside], 50)),
         loop_lag_ms=_longest(run.loop_lag, start, seconds),
         gc_ms=_longest(run.gc_pauses, start, seconds),
-        outstanding_max=int(_longest([(t, float(n)) for t, n in run.outstanding], start, seconds)),
+        outstanding_max=int(_longest(run.outstanding, start, seconds)),
     )
 
 
