@@ -1,0 +1,82 @@
+"""FastAPI glue: a per-route scope dependency and 422s that echo nothing.
+
+``dependencies=[auth.requires("streams:write")]`` on a route (or a router)
+checks the bearer token before the route runs, so a refused request has no
+effect; body validation (422) comes only after it passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from framerelay.auth.guard import AuthGuard, Throttled, status_of
+from framerelay.auth.tokens import Claims
+from framerelay.errors import AuthError
+
+SCOPE_ATTR = "framerelay_scope"
+"""Set on every dependency made by :meth:`ApiAuth.requires` (route audits read it)."""
+
+
+def peer_of(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def http_error(exc: AuthError) -> HTTPException:
+    """The HTTPException for a refusal: status, reason and the right headers."""
+    code = status_of(exc)
+    headers = {"WWW-Authenticate": 'Bearer realm="framerelay"'}
+    if code == 401:
+        headers["WWW-Authenticate"] += ', error="invalid_token"'
+    elif code == 403:
+        headers["WWW-Authenticate"] += ', error="insufficient_scope"'
+    if isinstance(exc, Throttled):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return HTTPException(code, str(exc), headers=headers)
+
+
+class ApiAuth:
+    """Builds route dependencies that demand one scope each."""
+
+    def __init__(self, guard: AuthGuard) -> None:
+        self.guard = guard
+
+    def requires(self, scope: str) -> Any:
+        async def check(request: Request) -> Claims:
+            try:
+                return self.guard.check(request.headers.get("authorization"), scope, peer_of(request))
+            except AuthError as exc:
+                raise http_error(exc) from None
+
+        setattr(check, SCOPE_ATTR, scope)  # noqa: B010 - read back by route audits
+        return Depends(check)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 with where and why, but not the submitted values (passwords, URLs, keys)."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    detail = [
+        {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors
+    ]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def install_validation_handler(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
+
+
+def route_scopes(app: FastAPI) -> dict[tuple[str, str], str | None]:
+    """``(method or "WS", path) -> scope`` of every route (None: open)."""
+    out: dict[tuple[str, str], str | None] = {}
+    for route in app.routes:
+        path = getattr(route, "path", "")
+        deps = getattr(getattr(route, "dependant", None), "dependencies", [])
+        calls: list[Callable[..., Awaitable[Any]]] = [d.call for d in deps if d.call is not None]
+        scope = next((getattr(c, SCOPE_ATTR) for c in calls if hasattr(c, SCOPE_ATTR)), None)
+        for method in getattr(route, "methods", None) or {"WS"}:
+            out[(method, path)] = scope
+    return out
