@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
 
 from framerelay.errors import ConfigError
 
@@ -63,7 +64,7 @@ def _env_names(prefix: str, name: str, field: FieldInfo) -> list[str]:
 def read_secret_file(label: str, path: str) -> str:
     """The contents of a secret file (trailing newline dropped); ConfigError if unreadable."""
     try:
-        with open(path, "rb") as fh:  # noqa: PTH123 - a path from the environment
+        with open(path, "rb") as fh:
             data = fh.read(MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{label}: cannot read {path!r} ({exc.strerror})") from None
@@ -110,6 +111,30 @@ def _secret_files(
     return out
 
 
+def _secret_names(fields: dict[str, FieldInfo], prefix: str, delim: str, depth: int) -> set[str]:
+    names: set[str] = set()
+    for name, field in fields.items():
+        if _is_secret(field.annotation):
+            names.update(_env_names(prefix, name, field))
+        elif (model := _model_of(field.annotation)) is not None and depth > 1:
+            names |= _secret_names(model.model_fields, f"{prefix}{name}{delim}", delim, depth - 1)
+    return names
+
+
+class _EnvWithoutSecretFiles(EnvSettingsSource):
+    """The env source, blind to the ``X_FILE`` variables :class:`SecretFilesSource` reads."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        env = super()._load_env_vars()
+        prefix = str(self.config.get("env_prefix", ""))
+        delim = str(self.config.get("env_nested_delimiter") or "__")
+        files = {
+            f"{n}_FILE".lower()
+            for n in _secret_names(self.settings_cls.model_fields, prefix, delim, 2)
+        }
+        return {k: v for k, v in env.items() if k.lower() not in files}
+
+
 class ServiceSettings(BaseSettings):
     """Base of every service's settings: env, then ``*_FILE`` for secret settings."""
 
@@ -122,4 +147,5 @@ class ServiceSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, SecretFilesSource(settings_cls), dotenv_settings)
+        env = _EnvWithoutSecretFiles(settings_cls)
+        return (init_settings, env, SecretFilesSource(settings_cls), dotenv_settings)

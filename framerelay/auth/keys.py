@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jwt import PyJWK
-from jwt.exceptions import PyJWKError
+from jwt.exceptions import InvalidKeyError, PyJWKError
 
 from framerelay.errors import ConfigError
 
@@ -141,7 +141,7 @@ class KeySet:
             doc = json.loads(text)
         except ValueError:
             raise ConfigError(
-                f"{source} is not JSON; expected a JWKS ({{\"keys\": [...]}}), e.g. from "
+                f'{source} is not JSON; expected a JWKS ({{"keys": [...]}}), e.g. from '
                 "'framerelay keys generate'"
             ) from None
         raw = doc.get("keys") if isinstance(doc, dict) else None
@@ -159,7 +159,9 @@ class KeySet:
                     f"token secret #{i + 1} is shorter than {MIN_SECRET_BYTES} bytes; generate one "
                     "with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
                 )
-            keys.append(Key(secret_kid(secret), "HS256", {"kty": "oct", "k": _b64(secret.encode())}))
+            keys.append(
+                Key(secret_kid(secret), "HS256", {"kty": "oct", "k": _b64(secret.encode())})
+            )
         return cls(keys)
 
 
@@ -190,7 +192,7 @@ def _key_from(item: object, source: str, index: int) -> Key:
         raise ConfigError(f"{where} ({kid!r}): an HS256 secret needs >= {MIN_SECRET_BYTES} bytes")
     try:
         PyJWK(dict(item), alg)
-    except (PyJWKError, ValueError, TypeError, KeyError):
+    except (PyJWKError, InvalidKeyError, ValueError, TypeError, KeyError):
         raise ConfigError(f"{where} ({kid!r}) is not a valid {alg} JWK") from None
     return Key(kid, alg, dict(item, alg=alg))
 

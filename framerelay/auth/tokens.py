@@ -144,9 +144,7 @@ class TokenIssuer:
 class TokenVerifier:
     """Checks tokens for one audience against a key set (public halves suffice)."""
 
-    def __init__(
-        self, keys: KeySet, aud: str, *, leeway_s: float = DEFAULT_LEEWAY_S
-    ) -> None:
+    def __init__(self, keys: KeySet, aud: str, *, leeway_s: float = DEFAULT_LEEWAY_S) -> None:
         if not len(keys):
             raise ConfigError("no verification keys configured")
         if not (math.isfinite(leeway_s) and 0 <= leeway_s <= 3600):
@@ -156,7 +154,7 @@ class TokenVerifier:
         self.leeway_s = leeway_s
 
     def verify(self, token: str, required_scope: str | None, *, now: float | None = None) -> Claims:
-        """Signature, audience, time window and scope; :class:`Unauthorized` / :class:`Forbidden`."""
+        """Signature, audience, time window, scope; :class:`Unauthorized` or :class:`Forbidden`."""
         claims = self._decode(token)
         t = time.time() if now is None else now
         if claims.exp + self.leeway_s <= t:
@@ -176,7 +174,9 @@ class TokenVerifier:
 
     def _decode(self, token: str) -> Claims:
         if not token or len(token) > MAX_TOKEN_LEN:
-            raise Unauthorized(f"token empty or longer than {MAX_TOKEN_LEN} characters", "malformed")
+            raise Unauthorized(
+                f"token empty or longer than {MAX_TOKEN_LEN} characters", "malformed"
+            )
         try:
             header = jwt.get_unverified_header(token)
         except InvalidTokenError:
@@ -200,7 +200,9 @@ class TokenVerifier:
             raise Unauthorized(f"token is not for this service (audience {self.audience!r})",
                                "wrong_audience") from None  # fmt: skip
         except MissingRequiredClaimError as exc:
-            raise Unauthorized(f"malformed token: claim {exc.claim!r} missing", "malformed") from None
+            raise Unauthorized(
+                f"malformed token: claim {exc.claim!r} missing", "malformed"
+            ) from None
         except InvalidTokenError as exc:
             raise Unauthorized(_why(exc, key.alg), "bad_signature") from None
         return _claims(raw, key.kid)
@@ -226,7 +228,7 @@ def _claims(raw: dict[str, Any], kid: str) -> Claims:
             raise TypeError
         return Claims(
             sub=str(raw["sub"]), scope=tuple(scopes),
-            aud=aud if isinstance(aud, str) else ",".join(map(str, aud)),
+            aud=aud if isinstance(aud, str) else ",".join(map(str, aud or ())),
             iat=int(raw["iat"]), nbf=int(raw["nbf"]), exp=int(raw["exp"]), kid=kid,
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, OverflowError):

@@ -48,11 +48,13 @@ class ApiAuth:
     def requires(self, scope: str) -> Any:
         async def check(request: Request) -> Claims:
             try:
-                return self.guard.check(request.headers.get("authorization"), scope, peer_of(request))
+                return self.guard.check(
+                    request.headers.get("authorization"), scope, peer_of(request)
+                )
             except AuthError as exc:
                 raise http_error(exc) from None
 
-        setattr(check, SCOPE_ATTR, scope)  # noqa: B010 - read back by route audits
+        setattr(check, SCOPE_ATTR, scope)
         return Depends(check)
 
 

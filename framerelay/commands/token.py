@@ -23,12 +23,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mint = verbs.add_parser("mint", help="print a new token")
     mint.add_argument("--scope", action="append", required=True,
                       help="repeatable: results:cam-1, results:*, streams:read, streams:write, "
-                           "routing:write, fleet:read, fleet:write, metrics:read, worker:ID")  # fmt: skip
+                      "routing:write, fleet:read, fleet:write, metrics:read, worker:ID")  # fmt: skip
     mint.add_argument("--aud", required=True, choices=["ingest", "orchestrator", "worker"],
                       help="the service that takes it")  # fmt: skip
     mint.add_argument("--ttl", default="1h", help="lifetime: 90s, 15m, 1h, 30d (default 1h)")
     mint.add_argument("--sub", default="app", help="who holds it (default 'app')")
-    mint.add_argument("--keys", type=Path, help="private key set (env FRAMERELAY_SIGNING_KEYS_FILE)")
+    mint.add_argument(
+        "--keys", type=Path, help="private key set (env FRAMERELAY_SIGNING_KEYS_FILE)"
+    )
     mint.set_defaults(func=_mint)
 
 
@@ -51,7 +53,9 @@ def _mint(args: argparse.Namespace) -> int:
     if args.keys is not None:
         jwks = read_secret_file("--keys", str(args.keys))
     elif os.environ.get("FRAMERELAY_SIGNING_KEYS_FILE"):
-        jwks = read_secret_file("FRAMERELAY_SIGNING_KEYS_FILE", os.environ["FRAMERELAY_SIGNING_KEYS_FILE"])
+        jwks = read_secret_file(
+            "FRAMERELAY_SIGNING_KEYS_FILE", os.environ["FRAMERELAY_SIGNING_KEYS_FILE"]
+        )
     else:
         jwks = os.environ.get("FRAMERELAY_SIGNING_KEYS")
     keys = load_keys(jwks, os.environ.get("FRAMERELAY_TOKEN_SECRETS"))
