@@ -21,9 +21,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("token", help=HELP, description=HELP)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     mint = verbs.add_parser("mint", help="print a new token")
-    mint.add_argument("--scope", action="append", required=True,
-                      help="repeatable: results:cam-1, results:*, streams:read, streams:write, "
-                      "routing:write, fleet:read, fleet:write, metrics:read, worker:ID")  # fmt: skip
+    scopes = "results:cam-1, results:*, streams:read, streams:write, routing:write, " \
+        "fleet:read, fleet:write, metrics:read, worker:ID"  # fmt: skip
+    mint.add_argument("--scope", action="append", required=True, help=f"repeatable: {scopes}")
     mint.add_argument("--aud", required=True, choices=["ingest", "orchestrator", "worker"],
                       help="the service that takes it")  # fmt: skip
     mint.add_argument("--ttl", default="1h", help="lifetime: 90s, 15m, 1h, 30d (default 1h)")
