@@ -50,6 +50,7 @@ class Batcher:
         max_batch: int,
         capacity: int,
         batch_wait_ms: float = 0.0,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.detector = detector
         self.metrics = metrics
@@ -57,7 +58,7 @@ class Batcher:
         self.batch_wait_s = batch_wait_ms / 1000
         self._queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=capacity)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
-        self._faults = FaultInjector.from_env()  # test-only hook (gpu_worker/faults.py)
+        self._faults = faults or FaultInjector(None)  # test-only hook (gpu_worker/faults.py)
 
     def submit(self, item: WorkItem) -> bool:
         """Queue a frame; False when the queue is full (the caller replies 'capacity')."""
@@ -99,7 +100,7 @@ class Batcher:
 
     def process(self, batch: list[WorkItem]) -> list[list[bytes]]:
         """Blocking: detect, track, encode results and due snapshots (inference thread)."""
-        self._faults.before_batch()  # no-op unless FRAMERELAY_WORKER_FAULT is set (tests)
+        self._faults.before_batch()  # no-op unless test_fault is set (tests)
         started = time.monotonic()
         size = self.detector.input_size
         inputs = [ModelInput(it.image, _letterbox(it.frame, size)) for it in batch]

@@ -1,6 +1,8 @@
 """Fault injection for the fault-test suite. TEST-ONLY: never set in production.
 
-``FRAMERELAY_WORKER_FAULT`` names one fault, read once when the worker starts:
+The setting ``test_fault`` (``FRAMERELAY_WORKER_TEST_FAULT``) names one fault; the
+settings refuse it unless ``test_hooks`` (``FRAMERELAY_WORKER_TEST_HOOKS=true``)
+is on, so no stray variable in a pod's environment can arm it:
 
 * ``hang_inference_after:N`` - the batcher processes N batches normally, then
   every later batch blocks forever in the inference thread, while ``/healthz``
@@ -13,13 +15,12 @@ Unset (the default) this module does nothing.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from framerelay.errors import ConfigError
 
 log = logging.getLogger(__name__)
-ENV = "FRAMERELAY_WORKER_FAULT"
+ENV = "FRAMERELAY_WORKER_TEST_FAULT"
 
 
 class FaultInjector:
@@ -38,10 +39,6 @@ class FaultInjector:
             )
         self.hang_after = int(arg)
         log.warning("TEST FAULT ARMED: inference hangs after %d batches", self.hang_after)
-
-    @classmethod
-    def from_env(cls) -> FaultInjector:
-        return cls(os.environ.get(ENV))
 
     def before_batch(self) -> None:
         if self.hang_after is None:

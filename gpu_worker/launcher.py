@@ -1,7 +1,11 @@
 """Start a ``framerelay worker`` as a local child process and wait until ready.
 
 Used by the demo, the tests, the benchmarks and the orchestrator's ``local``
-provider. Secrets travel in the child's environment, never on its command line.
+provider. Secrets travel in the child's environment, never on its command line,
+and the child gets an explicit environment: the few variables of this process
+a Python program needs to run (:data:`INHERITED`) plus what the caller gives,
+never a copy of this process's environment (which may hold signing keys, a
+provider's API key or a test hook).
 """
 
 from __future__ import annotations
@@ -19,13 +23,29 @@ from typing import IO, Any
 
 from framerelay.errors import ConfigError
 
+INHERITED = frozenset({
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "FRAMERELAY_TIMEOUT_FACTOR", "OMP_NUM_THREADS",
+})  # fmt: skip
+INHERITED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OMP_", "OPENBLAS_", "MKL_", "ORT_")
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a child worker: the inherited basics, then ``extra``."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k in INHERITED or (k.startswith(INHERITED_PREFIXES) and "SECRET" not in k)
+    }
+    return {**base, **extra}
+
 
 class LocalWorker:
     """A worker child process; ``start()`` returns once it announced readiness."""
 
     def __init__(
         self,
-        secret: str,
+        secret: str | None = None,
         *,
         worker_id: str = "local-worker",
         args: Sequence[str] = (),
@@ -48,12 +68,10 @@ class LocalWorker:
         return str(self.info["url"])
 
     def start(self, timeout_s: float = 120.0) -> LocalWorker:
-        env = {
-            **os.environ,
-            **self._env,
-            "FRAMERELAY_TOKEN_SECRETS": self._secret,
-            "FRAMERELAY_WORKER_WORKER_ID": self.worker_id,
-        }
+        extra = dict(self._env)
+        if self._secret is not None:
+            extra["FRAMERELAY_TOKEN_SECRETS"] = self._secret
+        env = child_env({**extra, "FRAMERELAY_WORKER_WORKER_ID": self.worker_id})
         cmd = [
             sys.executable,
             "-m",

@@ -1,11 +1,14 @@
 """The worker process: tunnel server + health/readiness/metrics on one port.
 
-``/v1/tunnel`` is the WebSocket tunnel; the token (``Authorization: Bearer``)
-is checked before the upgrade completes: 401 when missing, malformed, badly
-signed or expired, 403 when it does not grant ``worker:<worker_id>``.
-``/healthz`` answers while the process is alive, ``/readyz`` only after a
-warm-up inference succeeded, ``/metrics`` is Prometheus text, ``/info`` is JSON
-(worker id, providers, input size, capacity measured by the warm-up).
+``/v1/tunnel`` is the WebSocket tunnel; the token (``Authorization: Bearer``,
+audience ``framerelay-worker``) is checked before the upgrade completes: 401
+when missing, malformed, badly signed, expired or for another service, 403
+when it does not grant ``worker:<worker_id>``, 429 once the address failed too
+often. ``/healthz`` answers while the process is alive, ``/readyz`` only after
+a warm-up inference succeeded (both open); ``/info`` is JSON (worker id,
+providers, input size, capacity measured by the warm-up) for a token granting
+``worker:<worker_id>``; ``/metrics`` is Prometheus text, open unless
+``metrics_auth`` (then ``metrics:read``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -25,36 +27,19 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from framerelay import wire
-from framerelay.auth import TokenSigner, bearer_token
-from framerelay.errors import AuthError, ConfigError
+from framerelay.auth.guard import Throttled, status_of
+from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
-from framerelay.settings import split_secrets
 from gpu_worker.batcher import Batcher
 from gpu_worker.connection import TunnelConnection
 from gpu_worker.detectors import Detector, ModelInput, load_detector
+from gpu_worker.faults import FaultInjector
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.settings import WorkerSettings
+from gpu_worker.trust import server_ssl_context, tunnel_guard
 
 log = logging.getLogger(__name__)
 TUNNEL_PATH = "/v1/tunnel"
-
-
-def server_ssl_context(settings: WorkerSettings) -> ssl.SSLContext | None:
-    """TLS (and mTLS when ``tls_client_ca`` is set) from the settings."""
-    if settings.tls_cert is None:
-        if settings.tls_client_ca is not None:
-            raise ConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key as well")
-        return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
-        if settings.tls_client_ca is not None:
-            ctx.load_verify_locations(settings.tls_client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load TLS files ({settings.tls_cert}): {exc}") from None
-    return ctx
 
 
 _GPU_PROVIDERS = ("CUDA", "Tensorrt", "ROCM", "torch:cuda")
@@ -73,8 +58,8 @@ class Worker:
 
     def __init__(self, settings: WorkerSettings, detector: Detector | None = None) -> None:
         self.settings = settings
-        self.signer = TokenSigner(split_secrets(settings.token_secrets))
         self.metrics = WorkerMetrics()
+        self.guard = tunnel_guard(settings, self.metrics)
         self.detector = detector or load_detector(settings.detector)
         self.batcher = Batcher(
             self.detector,
@@ -82,6 +67,7 @@ class Worker:
             max_batch=batch_limit(settings, self.detector),
             capacity=settings.queue_capacity,
             batch_wait_ms=settings.batch_wait_ms,
+            faults=FaultInjector(settings.test_fault),
         )
         self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
         self.ready = False
@@ -123,8 +109,12 @@ class Worker:
                 return conn.respond(HTTPStatus.OK, "ready\n")
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "warming up\n")
         if path == "/info":
-            return self._info(conn)
+            return self._refusal(conn, request, self._scope) or self._info(conn)
         if path == "/metrics":
+            if self.settings.metrics_auth:
+                denied = self._refusal(conn, request, "metrics:read")
+                if denied is not None:
+                    return denied
             resp = conn.respond(HTTPStatus.OK, "")
             resp.body = self.metrics.render()
             resp.headers = Headers(
@@ -135,7 +125,7 @@ class Worker:
             return conn.respond(
                 HTTPStatus.NOT_FOUND, f"unknown path; the tunnel is {TUNNEL_PATH}\n"
             )
-        return self._authorize(conn, request)
+        return self._refusal(conn, request, self._scope) or self._unready(conn)
 
     def _info(self, conn: ServerConnection) -> Response:
         """JSON for the orchestrator: identity and capacity from the warm-up benchmark."""
@@ -156,16 +146,21 @@ class Worker:
         )
         return resp
 
-    def _authorize(self, conn: ServerConnection, request: Request) -> Response | None:
+    def _refusal(self, conn: ServerConnection, request: Request, scope: str) -> Response | None:
+        """None when the bearer token grants ``scope``; else the 401/403/429 answer."""
+        peer = conn.remote_address[0] if conn.remote_address else "unknown"
         try:
-            token = bearer_token(request.headers.get("Authorization"))
-            self.signer.verify(token, self._scope)
+            self.guard.check(request.headers.get("Authorization"), scope, str(peer))
         except AuthError as exc:
-            denied = "does not grant" in str(exc)
-            self.metrics.auth_failures.labels("scope" if denied else "invalid").inc()
-            log.warning("refused tunnel from %s: %s", conn.remote_address, exc)
-            status = HTTPStatus.FORBIDDEN if denied else HTTPStatus.UNAUTHORIZED
-            return conn.respond(status, f"{exc}\n")
+            log.warning("refused %s from %s: %s", request.path.split("?", 1)[0], peer, exc)
+            resp = conn.respond(HTTPStatus(status_of(exc)), f"{exc}\n")
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="framerelay"'
+            if isinstance(exc, Throttled):
+                resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+            return resp
+        return None
+
+    def _unready(self, conn: ServerConnection) -> Response | None:
         if not self.ready:
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "worker is warming up; retry\n")
         return None

@@ -6,10 +6,11 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
 
-from framerelay.settings import DEFAULT_MODEL
+from framerelay.errors import ConfigError
+from framerelay.settings import DEFAULT_MODEL, ServiceSettings
 from gpu_worker.detectors.base import OnnxDetectorSettings, UltralyticsDetectorSettings
 
 DetectorField = Annotated[
@@ -17,11 +18,14 @@ DetectorField = Annotated[
 ]
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(ServiceSettings):
     """Everything a worker needs; every field can come from the environment."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FRAMERELAY_WORKER_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="FRAMERELAY_WORKER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        hide_input_in_errors=True,
     )
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a pod).")
@@ -30,8 +34,20 @@ class WorkerSettings(BaseSettings):
     token_secrets: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("token_secrets", "FRAMERELAY_TOKEN_SECRETS"),
-        description="Comma-separated HMAC secrets; tokens must grant worker:<worker_id>.",
+        description="HS256 shared secrets (one host only); tokens must grant worker:<worker_id>.",
     )
+    tunnel_keys: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("tunnel_keys", "FRAMERELAY_WORKER_TUNNEL_KEYS"),
+        description="The PUBLIC key set (JWKS, 'framerelay keys public') tunnel tokens verify "
+        "against; a private key is refused.",
+    )
+    token_leeway_s: float = Field(30.0, ge=0, le=3600, description="Clock skew allowed on tokens.")
+    auth_max_failures: int = Field(
+        20, ge=1, le=1_000_000, description="Failed authentications per address per window."
+    )
+    auth_window_s: float = Field(60.0, gt=0, le=86_400, description="The throttling window.")
+    metrics_auth: bool = Field(False, description="/metrics needs a token (metrics:read).")
     detector: DetectorField = Field(
         default_factory=lambda: OnnxDetectorSettings(model=DEFAULT_MODEL)
     )
@@ -61,5 +77,26 @@ class WorkerSettings(BaseSettings):
     tls_cert: Path | None = Field(None, description="PEM certificate chain; enables wss://.")
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="CA bundle; set to require mTLS.")
+    tls_cert_pem: SecretStr | None = Field(
+        None, description="The certificate chain as PEM text (a provider's env), instead of a file."
+    )
+    tls_key_pem: SecretStr | None = Field(None, description="Its private key as PEM text.")
     warmup_runs: int = Field(3, ge=1, le=100)
     shutdown_timeout_s: float = Field(10.0, gt=0)
+    test_hooks: bool = Field(False, description="TEST ONLY: allow test_fault.")
+    test_fault: str | None = Field(
+        None, description="TEST ONLY fault (hang_inference_after:N); needs test_hooks."
+    )
+
+    @model_validator(mode="after")
+    def _hooks_are_test_only(self) -> WorkerSettings:
+        if self.test_fault and not self.test_hooks:
+            raise ConfigError(
+                "FRAMERELAY_WORKER_TEST_FAULT is a test hook: it is refused unless "
+                "FRAMERELAY_WORKER_TEST_HOOKS=true (never set either in production)"
+            )
+        if (self.tls_cert_pem is None) != (self.tls_key_pem is None):
+            raise ConfigError("set both FRAMERELAY_WORKER_TLS_CERT_PEM and ..._TLS_KEY_PEM")
+        if self.tls_cert_pem is not None and self.tls_cert is not None:
+            raise ConfigError("set FRAMERELAY_WORKER_TLS_CERT (a file) or ..._TLS_CERT_PEM")
+        return self

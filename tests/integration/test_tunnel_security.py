@@ -15,6 +15,7 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from framerelay import wire
 from tests.integration.worker_harness import running_worker, token
+from tests.support.auth import mint
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +34,11 @@ async def _open(url: str, tok: str | None, ssl_ctx: ssl.SSLContext | None = None
         (lambda s: None, 401, "missing Authorization"),
         (lambda s: "not-a-token", 401, "malformed"),
         (lambda s: token(s, ttl=10, now=time.time() - 3600), 401, "expired"),
-        (lambda s: token("x" * 32), 401, "signature"),
+        (lambda s: token("x" * 32), 401, "unknown key id"),
         (lambda s: token(s, scope="worker:gpu-b"), 403, "does not grant 'worker:gpu-a'"),
-        (lambda s: token(s, scope="stream:*"), 403, "does not grant"),
+        (lambda s: token(s, scope="results:*"), 403, "does not grant"),
+        (lambda s: mint(s, "worker:gpu-a", "ingest"), 401, "not for this service"),
+        (lambda s: token(s, ttl=60, now=time.time() + 600), 401, "not valid yet"),
     ],
 )
 def test_bad_tokens_rejected_before_upgrade(

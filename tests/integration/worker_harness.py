@@ -8,11 +8,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from framerelay.auth import TokenSigner
 from gpu_worker.detectors import OnnxDetectorSettings
 from gpu_worker.server import Worker
 from gpu_worker.settings import WorkerSettings
 from tests.conftest import MODEL
+from tests.support.auth import mint
 
 
 @contextlib.asynccontextmanager
@@ -38,7 +38,7 @@ async def running_worker(
 def token(
     secret: str, scope: str = "worker:gpu-a", ttl: float = 60, now: float | None = None
 ) -> str:
-    return TokenSigner([secret]).mint("test", [scope], ttl, now=now)
+    return mint(secret, scope, "worker", ttl, now=now)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
