@@ -1,6 +1,6 @@
 """Pipeline vs bare ONNX Runtime on the same clip, model and threads.
 
-    python bench/pipeline.py [--frames 537] [--repeat 3] [--threads 2]
+    python bench/pipeline.py [--frames 537] [--repeat 3] [--threads 2] [--tls]
 
 * **bare**: one process decodes the clip with PyAV, letterboxes each frame and
   runs the detector (the same ``OnnxDetector``, batch 1) in a plain loop.
@@ -9,7 +9,11 @@
   results back, every frame (lossless file mode).
 
 Both run on this machine's cores at the same time budget; runs alternate and
-the medians are compared. Prints frames/s of both, the ratio pipeline/bare,
+the medians are compared. With ``--tls`` a second worker runs as across clouds
+(``wss://`` with a certificate from the orchestrator's CA, verified by the
+ingest; EdDSA tunnel tokens against the public key set) and its pipeline runs
+alternate with the plain one's: both ratios are printed. Prints frames/s of
+both, the ratio pipeline/bare,
 and per-stage p50/p99 from the results' timings. Writes
 ``bench/results/pipeline.json``.
 """
@@ -18,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import secrets
 import statistics
 import sys
+import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -31,6 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._results import write_results  # noqa: E402
+from bench._trust import make_trust  # noqa: E402
 from framerelay.geometry import PAD_VALUE, Letterbox  # noqa: E402
 from framerelay.results import ResultRecord  # noqa: E402
 from framerelay.settings import DEFAULT_CLIP, DEFAULT_MODEL  # noqa: E402
@@ -63,11 +71,11 @@ def bare(clip: Path, frames: int, threads: int) -> float:
 
 
 async def pipeline(
-    url: str, secret: str, clip: Path, frames: int
+    url: str, auth: dict[str, Any], clip: Path, frames: int
 ) -> tuple[float, list[ResultRecord]]:
     cfg = StreamConfig(id="bench", url=str(clip), fps=0, loop=True, max_frames=frames)
     service = IngestService(
-        IngestSettings(worker_url=url, token_secrets=secret, worker_id="bench", streams=[cfg])
+        IngestSettings(worker_url=url, worker_id="bench", streams=[cfg], **auth)
     )
     got: list[ResultRecord] = []
     service.bus.tap(got.append)
@@ -95,47 +103,62 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=537, help="frames per run (the clip loops)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="inference threads on both sides")
+    ap.add_argument("--tls", action="store_true", help="also run over verified wss:// + EdDSA")
     args = ap.parse_args()
     secret = secrets.token_urlsafe(32)
     bare_fps: list[float] = []
-    pipe_fps: list[float] = []
+    pipe_fps: dict[str, list[float]] = {"ws": []}
     last: list[ResultRecord] = []
-    with LocalWorker(secret, worker_id="bench", args=["--threads", str(args.threads)]) as worker:
-        asyncio.run(pipeline(worker.url, secret, args.clip, 60))  # warm the worker's allocator
+    worker_args = ["--threads", str(args.threads)]
+    with ExitStack() as stack:
+        plain = stack.enter_context(LocalWorker(secret, worker_id="bench", args=worker_args))
+        modes: dict[str, tuple[str, dict[str, Any]]] = {
+            "ws": (plain.url, {"token_secrets": secret})
+        }
+        if args.tls:
+            trust = make_trust(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            tls = stack.enter_context(
+                LocalWorker(worker_id="bench", args=worker_args, env=trust.worker_env())
+            )
+            modes["wss"] = (tls.url, trust.ingest_settings())
+            pipe_fps["wss"] = []
+        for url, auth in modes.values():
+            asyncio.run(pipeline(url, auth, args.clip, 60))  # warm the worker's allocator
         for i in range(args.repeat):
             bare_fps.append(bare(args.clip, args.frames, args.threads))
-            fps, last = asyncio.run(pipeline(worker.url, secret, args.clip, args.frames))
-            pipe_fps.append(fps)
-            print(
-                f"run {i + 1}: bare {bare_fps[-1]:6.1f} fps   pipeline {fps:6.1f} fps", flush=True
-            )
-    b, p = statistics.median(bare_fps), statistics.median(pipe_fps)
+            line = f"run {i + 1}: bare {bare_fps[-1]:6.1f} fps"
+            for name, (url, auth) in modes.items():
+                fps, last = asyncio.run(pipeline(url, auth, args.clip, args.frames))
+                pipe_fps[name].append(fps)
+                line += f"   pipeline/{name} {fps:6.1f} fps"
+            print(line, flush=True)
+    return report(args, bare_fps, pipe_fps, last)
+
+
+def report(
+    args: argparse.Namespace,
+    bare_fps: list[float],
+    pipe_fps: dict[str, list[float]],
+    last: list[ResultRecord],
+) -> int:
+    b = statistics.median(bare_fps)
+    ratios = {name: statistics.median(v) / b for name, v in pipe_fps.items()}
     per_stage = stages(last)
     print(
         f"\nmedian of {args.repeat} runs, {args.frames} frames, {args.threads} inference threads:"
     )
     print(f"  bare onnxruntime loop   {b:7.1f} frames/s")
-    print(f"  full pipeline           {p:7.1f} frames/s")
-    print(f"  ratio pipeline / bare   {p / b:7.2f}")
+    for name, v in pipe_fps.items():
+        print(f"  full pipeline ({name:3s})     {statistics.median(v):7.1f} frames/s   "
+              f"ratio pipeline / bare {ratios[name]:5.2f}")  # fmt: skip
     print("\nper-stage ms (last pipeline run)      p50      p99")
     for k, v in per_stage.items():
         print(f"  {k:32s} {v['p50']:8.2f} {v['p99']:8.2f}")
-    out = ROOT / "bench" / "results" / "pipeline.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "bare_fps": bare_fps,
-                "pipeline_fps": pipe_fps,
-                "ratio": p / b,
-                "frames": args.frames,
-                "threads": args.threads,
-                "stages": per_stage,
-            },
-            indent=2,
-        )
-    )
-    print(f"\nwrote {out.relative_to(ROOT)}")
+    write_results("pipeline", {
+        "bare_fps": bare_fps, "pipeline_fps": pipe_fps["ws"], "ratio": ratios["ws"],
+        "pipeline_fps_by_mode": pipe_fps, "ratios": ratios, "frames": args.frames,
+        "threads": args.threads, "stages": per_stage,
+    })  # fmt: skip
     return 0
 
 
