@@ -36,6 +36,7 @@ import datetime as dt
 import json
 import secrets
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -52,10 +53,12 @@ from deploy.fleet import Fleet  # noqa: E402
 from deploy.health import StatusProber  # noqa: E402
 from deploy.ingest_link import NullIngestLink  # noqa: E402
 from deploy.models import StreamSpec  # noqa: E402
+from deploy.pod_trust import make_trust  # noqa: E402
 from deploy.providers.runpod import RunPodProvider  # noqa: E402
 from deploy.scaling import plan_workers  # noqa: E402
 from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig, Window  # noqa: E402
 from deploy.store import Store  # noqa: E402
+from framerelay.auth.keys import KeySet, generate  # noqa: E402
 from tests.deploy.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 
 TZ = "Europe/Paris"
@@ -144,17 +147,21 @@ async def simulate(
     clock = FakeClock(start)
     key = "sim-" + secrets.token_hex(8)
     state = ContractState(key, clock=clock.now)
+    keys = KeySet([generate("EdDSA")])  # pods get its public half and their own certificate
+    ca_dir = tempfile.TemporaryDirectory(prefix="bench-fleet-ca-")
     settings = OrchestratorSettings(
         provider="runpod", tiers=tiers(spot), timezone=TZ, key_prefix=f"bench-fleet-{key}:",
-        token_secrets=SecretStr("x" * 32), tick_s=step_s, startup_grace_s=3600,
+        signing_keys=SecretStr(keys.to_json()), ca_dir=Path(ca_dir.name) / "ca", tick_s=step_s,
+        startup_grace_s=3600,
     )  # fmt: skip
     redis = Redis.from_url(redis_url)
     store = Store(redis, settings.key_prefix)
     preempted, violations, peak = 0, 0, 0
     hourly: list[dict[str, int]] = []
-    with running_contract_server(state) as base:
+    with ca_dir, running_contract_server(state) as base:
         provider = RunPodProvider(RunPodSettings(api_key=SecretStr(key), base_url=base))
-        fleet = Fleet(settings, provider, store, StatusProber(CAPACITY), NullIngestLink(), clock)
+        fleet = Fleet(settings, provider, store, StatusProber(CAPACITY), NullIngestLink(), clock,
+                      trust=make_trust(settings, keys, provider))  # fmt: skip
         try:
             steps = int(24 * 3600 / step_s)
             for _ in range(steps + 1):

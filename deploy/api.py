@@ -7,19 +7,33 @@
 * ``GET /v1/streams``; ``POST /v1/streams`` (a StreamSpec);
   ``DELETE /v1/streams/{id}``; ``POST /v1/streams/{id}/move`` ``{"worker": ..}``
 * ``GET /v1/fleet``: tiers, pods, streams, cost, recent events
+
+Every route but ``/healthz`` needs a bearer token for audience
+``framerelay-orchestrator``: scope ``fleet:read`` to read, ``fleet:write`` to
+change anything; ``/metrics`` is open unless ``metrics_auth`` (then
+``metrics:read``). Refusals (401/403/429) happen before the route runs, are
+counted in ``framerelay_orch_auth_refused_total{reason}``, and failed
+authentications are throttled per peer address. A 422 says where and why,
+never the submitted values; stream URLs are shown without their passwords.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Response
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
+from fastapi.routing import APIRoute
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.cost import CostTotals
-from deploy.models import PodRecord, StreamSpec
+from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
+from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
+from framerelay.auth.web import SCOPE_ATTR, ApiAuth, install_validation_handler
+
+READ, WRITE, METRICS = "fleet:read", "fleet:write", "metrics:read"
 
 
 class NewPod(BaseModel):
@@ -58,7 +72,7 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
         "tiers": tiers,
         "pods": [_pod_view(p, assigned) for p in sorted(pods.values(), key=lambda p: p.name)],
         "streams": [
-            {**s.model_dump(), "worker": assigned.get(s.id)}
+            {**_stream_view(s), "worker": assigned.get(s.id)}
             for s in sorted(streams.values(), key=lambda s: s.id)
         ],
         "unplaced": fleet.unplaced,
@@ -69,8 +83,16 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
     }
 
 
-def render_metrics(status: dict[str, Any]) -> bytes:
+def _stream_view(spec: StreamSpec) -> dict[str, Any]:
+    return {**spec.model_dump(), "url": redact_url(spec.url)}
+
+
+def render_metrics(status: dict[str, Any], refused: Mapping[str, int] | None = None) -> bytes:
     reg = CollectorRegistry()
+    auth = Counter("framerelay_orch_auth_refused", "Refused API requests by reason", ["reason"],
+                   registry=reg)  # fmt: skip
+    for reason, n in (refused or {}).items():
+        auth.labels(reason).inc(n)
     pods = Gauge("framerelay_orch_pods", "Pods by tier and state", ["tier", "state"], registry=reg)
     ready = Gauge("framerelay_orch_ready_workers", "Ready workers by tier", ["tier"], registry=reg)
     target = Gauge("framerelay_orch_target_workers", "Target by tier", ["tier"], registry=reg)
@@ -98,42 +120,80 @@ def render_metrics(status: dict[str, Any]) -> bytes:
     return bytes(generate_latest(reg))
 
 
+class AuthFirstRoute(APIRoute):
+    """Checks the token before FastAPI reads the body: an unauthenticated request with a
+    malformed body is a 401, never a 422 (the scope dependency then passes again)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        calls = [d.call for d in self.dependant.dependencies if d.call is not None]
+        checks = [c for c in calls if hasattr(c, SCOPE_ATTR)]
+        if not checks:
+            return handler
+
+        async def checked(request: Request) -> Response:
+            for check in checks:
+                await check(request)  # raises the 401/403/429 HTTPException
+            return await handler(request)
+
+        return checked
+
+
+def api_auth(orch: Orchestrator) -> ApiAuth:
+    """The API's gate: the orchestrator's keys, its audience, its refusal counter."""
+    s = orch.settings
+    verifier = TokenVerifier(orch.keys, AUD_ORCHESTRATOR, leeway_s=s.token_leeway_s)
+    limiter = FailureLimiter(s.auth_max_failures, s.auth_window_s)
+
+    def refused(reason: str) -> None:
+        orch.auth_refused[reason] += 1
+
+    return ApiAuth(AuthGuard(verifier, limiter=limiter, on_refusal=refused))
+
+
 def create_app(orch: Orchestrator) -> FastAPI:
-    app = FastAPI(title="framerelay orchestrator", version="1")
-    app.include_router(_fleet_router(orch))
-    app.include_router(_pods_router(orch))
-    app.include_router(_streams_router(orch))
+    app = FastAPI(
+        title="framerelay orchestrator", version="1", docs_url=None, redoc_url=None,
+        openapi_url=None,
+    )  # fmt: skip
+    install_validation_handler(app)
+    auth = api_auth(orch)
+    app.include_router(_fleet_router(orch, auth))
+    app.include_router(_pods_router(orch, auth))
+    app.include_router(_streams_router(orch, auth))
     return app
 
 
-def _fleet_router(orch: Orchestrator) -> APIRouter:
-    router = APIRouter()
+def _fleet_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
+    router = APIRouter(route_class=AuthFirstRoute)
 
     @router.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "leader": orch.leader, "ticks": orch.ticks}
 
-    @router.get("/metrics")
+    metrics_deps = [auth.requires(METRICS)] if orch.settings.metrics_auth else []
+
+    @router.get("/metrics", dependencies=metrics_deps)
     async def metrics() -> Response:
-        body = render_metrics(await fleet_status(orch))
+        body = render_metrics(await fleet_status(orch), orch.auth_refused)
         return Response(body, media_type="text/plain; version=0.0.4")
 
-    @router.get("/v1/fleet")
+    @router.get("/v1/fleet", dependencies=[auth.requires(READ)])
     async def fleet() -> dict[str, Any]:
         return await fleet_status(orch)
 
     return router
 
 
-def _pods_router(orch: Orchestrator) -> APIRouter:
-    router = APIRouter()
+def _pods_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
+    router = APIRouter(route_class=AuthFirstRoute)
     store = orch.store
 
-    @router.get("/v1/pods")
+    @router.get("/v1/pods", dependencies=[auth.requires(READ)])
     async def pods() -> list[dict[str, Any]]:
         return list((await fleet_status(orch))["pods"])
 
-    @router.post("/v1/pods", status_code=202)
+    @router.post("/v1/pods", status_code=202, dependencies=[auth.requires(WRITE)])
     async def create_pod(body: NewPod) -> dict[str, Any]:
         if orch.settings.tier(body.tier) is None:
             names = [t.name for t in orch.settings.tiers]
@@ -141,7 +201,7 @@ def _pods_router(orch: Orchestrator) -> APIRouter:
         floor = await store.raise_floor(body.tier, 1)
         return {"tier": body.tier, "floor": floor, "note": "created on the next reconcile pass"}
 
-    @router.delete("/v1/pods/{name}")
+    @router.delete("/v1/pods/{name}", dependencies=[auth.requires(WRITE)])
     async def terminate_pod(name: str) -> dict[str, Any]:
         rec = (await store.pods()).get(name)
         if rec is None:
@@ -156,28 +216,28 @@ def _pods_router(orch: Orchestrator) -> APIRouter:
     return router
 
 
-def _streams_router(orch: Orchestrator) -> APIRouter:
-    router = APIRouter()
+def _streams_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
+    router = APIRouter(route_class=AuthFirstRoute)
     store = orch.store
 
-    @router.get("/v1/streams")
+    @router.get("/v1/streams", dependencies=[auth.requires(READ)])
     async def streams() -> list[dict[str, Any]]:
         return list((await fleet_status(orch))["streams"])
 
-    @router.post("/v1/streams", status_code=201)
-    async def add_stream(spec: StreamSpec) -> StreamSpec:
+    @router.post("/v1/streams", status_code=201, dependencies=[auth.requires(WRITE)])
+    async def add_stream(spec: StreamSpec) -> dict[str, Any]:
         if spec.id in await store.streams():
             raise HTTPException(409, f"stream {spec.id!r} exists; remove it first")
         await store.put_stream(spec)
-        return spec
+        return _stream_view(spec)
 
-    @router.delete("/v1/streams/{stream_id}")
+    @router.delete("/v1/streams/{stream_id}", dependencies=[auth.requires(WRITE)])
     async def rm_stream(stream_id: str) -> dict[str, str]:
         if not await store.del_stream(stream_id):
             raise HTTPException(404, f"no stream {stream_id!r}")
         return {"removed": stream_id}
 
-    @router.post("/v1/streams/{stream_id}/move")
+    @router.post("/v1/streams/{stream_id}/move", dependencies=[auth.requires(WRITE)])
     async def move_stream(stream_id: str, body: Move) -> dict[str, str]:
         spec = (await store.streams()).get(stream_id)
         rec = (await store.pods()).get(body.worker)

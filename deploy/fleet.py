@@ -34,6 +34,7 @@ from deploy.health import Probe, Prober
 from deploy.ingest_link import IngestLink
 from deploy.models import PodInfo, PodRecord, PodSpec, PodStatus, parse_pod_name, pod_name
 from deploy.placement import Slot, place
+from deploy.pod_trust import PodCredentials, PodTrust
 from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderError
 from deploy.scaling import tier_targets
 from deploy.schedule import in_window
@@ -53,6 +54,7 @@ class Fleet:
     ingest: IngestLink
     clock: Clock
     worker_env: dict[str, str] = field(default_factory=dict)
+    trust: PodTrust | None = None  # keys and certificates for new pods (None: simulations)
     events: collections.deque[dict[str, object]] = field(
         default_factory=lambda: collections.deque(maxlen=EVENTS)
     )
@@ -137,7 +139,7 @@ class Fleet:
         rec.provider_id = info.id
         rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type or rec.gpu_type
         rec.ondemand_per_hr = self._ondemand(rec)
-        rec.tunnel_url, rec.http_url = info.tunnel_url, info.http_url
+        rec.set_endpoint(info)
         if rec.state == "creating":
             rec.state = "running"
         await self.store.put_pod(rec)
@@ -199,7 +201,9 @@ class Fleet:
             or now - rec.last_canary >= self.settings.canary_interval_s
         )
         assert rec.tunnel_url is not None and rec.http_url is not None  # noqa: S101
-        return await self.prober.probe(rec.name, rec.tunnel_url, rec.http_url, canary=due)
+        return await self.prober.probe(
+            rec.name, rec.tunnel_url, rec.http_url, canary=due, tls_name=rec.tls_server_name
+        )
 
     def _apply_probe(self, rec: PodRecord, probe: Probe, now: float) -> None:
         if probe.canary_ok is not None:
@@ -319,13 +323,13 @@ class Fleet:
     def _spec(self, rec: PodRecord) -> PodSpec:
         tier = self.settings.tier(rec.tier)
         assert tier is not None  # noqa: S101 - records are made from tiers
-        secrets = self.settings.token_secrets
-        env = {**self.worker_env, "FRAMERELAY_WORKER_WORKER_ID": rec.name}
+        creds = self.trust.for_pod(rec.name) if self.trust else PodCredentials()
+        env = {**self.worker_env, **creds.env, "FRAMERELAY_WORKER_WORKER_ID": rec.name}
         env.setdefault("FRAMERELAY_WORKER_HOST", "0.0.0.0")  # noqa: S104 - inside a pod
         return PodSpec(
             name=rec.name, tier=tier.name, gpu_types=tier.gpu_types, spot=tier.spot,
             cloud_types=tier.cloud_types, data_centers=tier.data_centers, env=env,
-            secret_env={"FRAMERELAY_TOKEN_SECRETS": secrets} if secrets else {},
+            secret_env=creds.secret_env, tls_server_name=creds.tls_server_name,
         )  # fmt: skip
 
     def _backoff(self, failures: int) -> float:
@@ -351,7 +355,7 @@ class Fleet:
         rec.provider_id, rec.state = info.id, "running"
         rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type
         rec.ondemand_per_hr = self._ondemand(rec)
-        rec.tunnel_url, rec.http_url = info.tunnel_url, info.http_url
+        rec.set_endpoint(info)
         await self.store.put_pod(rec)
         self.event("created", rec.name, id=info.id, gpu=info.gpu_type, usd_hr=info.cost_per_hr)
 
@@ -410,8 +414,8 @@ class Fleet:
             if want is None:
                 ok = await self.ingest.unassign(sid)
             else:
-                url = pods[want].tunnel_url
-                ok = url is not None and await self.ingest.assign(spec, want, url)
+                url, name = pods[want].tunnel_url, pods[want].tls_server_name
+                ok = url is not None and await self.ingest.assign(spec, want, url, name)
             if ok:
                 self._acked[sid] = want
 

@@ -3,7 +3,11 @@
 A worker is *ready* only after a canary frame - frame 1 of the TUD-Stadtmitte
 sample, which shows at least five people - went through the real tunnel
 protocol (token, HELLO, OPEN, FRAME) and came back with at least
-``min_persons`` person detections within the deadline. ``/healthz`` alone
+``min_persons`` person detections within the deadline. The canary and the
+heartbeat verify the pod as the ingest does: against the orchestrator's CA
+and the name in the pod's certificate (``server_hostname``), with a tunnel
+token (aud ``framerelay-worker``, scope ``worker:<pod>``) on ``/info`` and the
+tunnel. ``/healthz`` alone
 proves only that the process answers HTTP; a hung inference thread still
 answers it, the canary does not.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +32,7 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
+from deploy.tls import describe_http_error
 from framerelay import wire
 from framerelay.errors import FramerelayError
 from framerelay.settings import DEFAULT_CLIP
@@ -52,7 +58,10 @@ class Probe:
 
 
 class Prober(Protocol):
-    async def probe(self, name: str, tunnel_url: str, http_url: str, *, canary: bool) -> Probe: ...
+    async def probe(
+        self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
+        tls_name: str | None = None,
+    ) -> Probe: ...  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +97,21 @@ class Canary:
             self._images[(w, h)] = CanaryImage(prepared.data, lb.src_w, lb.src_h, lb.scale)
         return self._images[(w, h)]
 
-    async def run(self, tunnel_url: str, token: str) -> tuple[int, float]:
+    async def run(
+        self,
+        tunnel_url: str,
+        token: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> tuple[int, float]:
         """(persons detected, round trip ms); raises on any failure or timeout."""
         t0 = time.monotonic()
+        tls: dict[str, object] = {}
+        if tunnel_url.startswith("wss://"):
+            tls["ssl"] = ssl_context or ssl.create_default_context()
+            if server_hostname:
+                tls["server_hostname"] = server_hostname
         async with asyncio.timeout(self.timeout_s):
             async with connect(
                 tunnel_url,
@@ -99,6 +120,7 @@ class Canary:
                 proxy=None,
                 open_timeout=self.timeout_s,
                 max_size=wire.DEFAULT_LIMITS.max_message,
+                **tls,  # type: ignore[arg-type]
             ) as ws:
                 hello, _ = wire.decode(await ws.recv(decode=False))
                 if not isinstance(hello, wire.Hello):
@@ -136,22 +158,45 @@ class WorkerProber:
         token_for: TokenFn,
         *,
         heartbeat_timeout_s: float = 2.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``ssl_context`` verifies pods (the orchestrator's CA); None: the system's CAs."""
         self.canary = canary
         self._token_for = token_for
-        self._http = httpx.AsyncClient(timeout=heartbeat_timeout_s)
+        self._ssl = ssl_context
+        self._http = httpx.AsyncClient(timeout=heartbeat_timeout_s, verify=ssl_context or True)
 
-    async def probe(self, name: str, tunnel_url: str, http_url: str, *, canary: bool) -> Probe:
+    async def _info(self, http_url: str, token: str, tls_name: str | None) -> float:
+        ext = {"sni_hostname": tls_name} if tls_name and http_url.startswith("https://") else None
+        (await self._http.get(f"{http_url}/healthz", extensions=ext)).raise_for_status()
+        resp = await self._http.get(
+            f"{http_url}/info", headers={"Authorization": f"Bearer {token}"}, extensions=ext
+        )
+        if resp.status_code in (401, 403):
+            raise FramerelayError(
+                f"/info refused the orchestrator's token: HTTP {resp.status_code}"
+            )
+        resp.raise_for_status()
+        info = resp.json()
+        return float(info.get("capacity_fps", 0.0)) if isinstance(info, dict) else 0.0
+
+    async def probe(
+        self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
+        tls_name: str | None = None,
+    ) -> Probe:  # fmt: skip
+        token = self._token_for(name)
         try:
-            (await self._http.get(f"{http_url}/healthz")).raise_for_status()
-            info = (await self._http.get(f"{http_url}/info")).json()
-            capacity = float(info.get("capacity_fps", 0.0)) if isinstance(info, dict) else 0.0
+            capacity = await self._info(http_url, token, tls_name)
+        except FramerelayError as exc:
+            return Probe(alive=False, error=f"heartbeat failed: {exc}")
         except (httpx.HTTPError, ValueError) as exc:
-            return Probe(alive=False, error=f"heartbeat failed: {type(exc).__name__}")
+            return Probe(alive=False, error=f"heartbeat failed: {describe_http_error(exc)}")
         if not canary:
             return Probe(alive=True, capacity_fps=capacity)
         try:
-            persons, ms = await self.canary.run(tunnel_url, self._token_for(name))
+            persons, ms = await self.canary.run(
+                tunnel_url, token, ssl_context=self._ssl, server_hostname=tls_name
+            )
         except (TimeoutError, OSError, WebSocketException, FramerelayError) as exc:
             return Probe(True, False, capacity_fps=capacity, error=_canary_error(exc))
         ok = persons >= self.canary.min_persons
@@ -169,6 +214,8 @@ def _canary_error(exc: BaseException) -> str:
         return "canary timed out (inference hung or too slow)"
     if isinstance(exc, InvalidStatus):
         return f"canary refused: HTTP {exc.response.status_code}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"canary TLS verification failed: {exc.verify_message}"
     return f"canary failed: {type(exc).__name__}: {str(exc)[:200]}"
 
 
@@ -178,5 +225,8 @@ class StatusProber:
     def __init__(self, capacity_fps: float) -> None:
         self.capacity_fps = capacity_fps
 
-    async def probe(self, name: str, tunnel_url: str, http_url: str, *, canary: bool) -> Probe:
+    async def probe(
+        self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
+        tls_name: str | None = None,
+    ) -> Probe:  # fmt: skip
         return Probe(True, True if canary else None, capacity_fps=self.capacity_fps)

@@ -4,22 +4,44 @@ The call is idempotent: the ingest moves a stream only when the worker
 differs, carrying the stream's tracker snapshot to the new worker. The
 orchestrator re-sends every assignment the ingest has not acknowledged
 (after a restart: all of them), so a lost call only delays a move.
+
+Every call carries a token (aud ``framerelay-ingest``, scopes
+``routing:write streams:read``), minted with the orchestrator's keys, kept
+and renewed before it expires. With a TLS pod the body names the certificate
+name the ingest must verify (``tls_server_name``). An ``https://`` ingest is
+verified with ``ingest_ca`` (or the system's CAs).
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
+import time
+from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
 from deploy.models import StreamSpec
+from deploy.tls import describe_http_error, verify_context
+from framerelay.auth import TokenIssuer
 
 log = logging.getLogger(__name__)
+INGEST_SCOPES = ("routing:write", "streams:read")
+TOKEN_TTL_S = 900.0
+RENEW_BEFORE_S = 180.0
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class IngestLink(Protocol):
-    async def assign(self, stream: StreamSpec, worker_id: str, tunnel_url: str) -> bool:
+    async def assign(
+        self,
+        stream: StreamSpec,
+        worker_id: str,
+        tunnel_url: str,
+        tls_server_name: str | None = None,
+    ) -> bool:
         """True once the ingest accepted the assignment."""
         ...
 
@@ -31,7 +53,13 @@ class IngestLink(Protocol):
 class NullIngestLink:
     """No ingest to tell (simulations; an ingest that polls the API instead)."""
 
-    async def assign(self, stream: StreamSpec, worker_id: str, tunnel_url: str) -> bool:
+    async def assign(
+        self,
+        stream: StreamSpec,
+        worker_id: str,
+        tunnel_url: str,
+        tls_server_name: str | None = None,
+    ) -> bool:
         return True
 
     async def unassign(self, stream_id: str) -> bool:
@@ -53,31 +81,81 @@ def stream_config(stream: StreamSpec) -> dict[str, object]:
     }
 
 
-class HttpIngestLink:
-    def __init__(self, base_url: str, *, timeout_s: float = 5.0) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s)
+class IngestToken:
+    """A token for the ingest, minted once and renewed ``RENEW_BEFORE_S`` before it expires."""
 
-    async def assign(self, stream: StreamSpec, worker_id: str, tunnel_url: str) -> bool:
+    def __init__(self, issuer: TokenIssuer, *, ttl_s: float = TOKEN_TTL_S) -> None:
+        self._issuer = issuer
+        self._ttl_s = ttl_s
+        self._token = ""
+        self._renew_at = 0.0
+
+    def get(self) -> str:
+        now = time.time()
+        if now >= self._renew_at:
+            self._token = self._issuer.mint(
+                "orchestrator", INGEST_SCOPES, self._ttl_s, aud="ingest"
+            )
+            self._renew_at = now + max(1.0, self._ttl_s - RENEW_BEFORE_S)
+        return self._token
+
+
+class HttpIngestLink:
+    def __init__(
+        self,
+        base_url: str,
+        issuer: TokenIssuer,
+        *,
+        timeout_s: float = 5.0,
+        ca: Path | None = None,
+    ) -> None:
+        url = base_url.rstrip("/")
+        verify: ssl.SSLContext | bool = verify_context(ca, "the ingest API") if ca else True
+        if url.startswith("http://") and urlsplit(url).hostname not in _LOOPBACK:
+            log.warning("the ingest API %s is plain http: tokens cross the network in clear", url)
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout_s, verify=verify)
+        self._token = IngestToken(issuer)
+
+    async def assign(
+        self,
+        stream: StreamSpec,
+        worker_id: str,
+        tunnel_url: str,
+        tls_server_name: str | None = None,
+    ) -> bool:
         body: dict[str, object] = {
             "worker_id": worker_id,
             "url": tunnel_url,
             "stream": stream_config(stream),
         }
+        if tls_server_name is not None:
+            body["tls_server_name"] = tls_server_name
         return await self._call("PUT", f"/v1/streams/{stream.id}/worker", body)
 
     async def unassign(self, stream_id: str) -> bool:
         return await self._call("DELETE", f"/v1/streams/{stream_id}/worker", None)
 
     async def _call(self, method: str, path: str, body: dict[str, object] | None) -> bool:
+        headers = {"Authorization": f"Bearer {self._token.get()}"}
         try:
-            resp = await self._http.request(method, path, json=body)
+            resp = await self._http.request(method, path, json=body, headers=headers)
         except httpx.HTTPError as exc:
-            log.warning("ingest %s %s failed: %s", method, path, type(exc).__name__)
+            log.warning("ingest %s %s failed: %s", method, path, describe_http_error(exc))
             return False
         if resp.status_code >= 400 and not (method == "DELETE" and resp.status_code == 404):
-            log.warning("ingest %s %s: HTTP %d %s", method, path, resp.status_code, resp.text[:200])
+            log.warning("ingest %s %s: HTTP %d %s", method, path, resp.status_code, _detail(resp))
             return False
         return True
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _detail(resp: httpx.Response) -> str:
+    """The ingest's error message (its ``detail``), never our request."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:200]
+    detail = body.get("detail") if isinstance(body, dict) else body
+    return str(detail)[:200]

@@ -13,6 +13,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -21,6 +22,9 @@ from framerelay.wire import STREAM_ID
 Priority = Literal["critical", "standard", "batch"]
 PRIORITY_ORDER: dict[str, int] = {"critical": 0, "standard": 1, "batch": 2}
 NAME_PART = r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?"
+_SECRET_QUERY = re.compile(r"pass|secret|token|key|auth|sig|cred", re.IGNORECASE)
+POD_DOMAIN = "pods.framerelay"
+"""Pod certificates name ``<pod>.<POD_DOMAIN>``; the ingest verifies that name."""
 _POD_NAME = re.compile(r"^(?P<fleet>[a-z0-9]+)-(?P<tier>.+)-(?P<slot>\d+)-g(?P<gen>\d+)$")
 
 
@@ -59,6 +63,8 @@ class PodSpec:
     data_centers: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     secret_env: dict[str, SecretStr] = field(default_factory=dict)
+    tls_server_name: str | None = None
+    """The name in the pod's certificate (``<pod>.pods.framerelay``); None without TLS."""
     port: int = 8443
     gpu_count: int = 1
     container_disk_gb: int = 20
@@ -78,6 +84,7 @@ class PodInfo:
     cloud_type: str = ""
     tunnel_url: str | None = None
     http_url: str | None = None
+    tls_server_name: str | None = None
 
 
 class PodRecord(BaseModel):
@@ -98,6 +105,7 @@ class PodRecord(BaseModel):
     gpu_type: str = ""
     tunnel_url: str | None = None
     http_url: str | None = None
+    tls_server_name: str | None = Field(None, description="Name to verify the pod's TLS with.")
     ready: bool = False
     ready_since: float | None = None
     capacity_fps: float = 0.0
@@ -108,6 +116,34 @@ class PodRecord(BaseModel):
     draining_since: float | None = None
     create_failures: int = Field(0, ge=0)
     retry_at: float | None = None
+
+    def set_endpoint(self, info: PodInfo) -> None:
+        """Where the pod answers, as its provider says (and the name its TLS has)."""
+        self.tunnel_url, self.http_url = info.tunnel_url, info.http_url
+        self.tls_server_name = info.tls_server_name
+
+
+def tls_server_name(pod: str) -> str:
+    """The DNS name in a pod's certificate (verified by the ingest and the canary)."""
+    return f"{pod}.{POD_DOMAIN}"
+
+
+def redact_url(url: str) -> str:
+    """A URL without its password or secret-looking query values (for views and logs):
+    ``rtsp://user:pass@host/x?token=t`` -> ``rtsp://user:***@host/x?token=***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    netloc = parts.netloc
+    user, at, host = netloc.rpartition("@")
+    if at:
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    query = "&".join(
+        f"{k}=***" if sep and _SECRET_QUERY.search(k) else f"{k}{sep}{v}"
+        for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def pod_name(fleet: str, tier: str, slot: int, gen: int) -> str:

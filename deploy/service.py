@@ -8,6 +8,7 @@ reconcile, so a restart at any moment is safe.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
@@ -20,12 +21,14 @@ from deploy.clock import Clock, SystemClock
 from deploy.fleet import Fleet
 from deploy.health import Canary, Prober, WorkerProber
 from deploy.ingest_link import HttpIngestLink, IngestLink, NullIngestLink
+from deploy.pod_trust import PodTrust, make_trust
 from deploy.providers.base import Provider
 from deploy.settings import OrchestratorSettings
 from deploy.store import Store
-from framerelay.auth import TokenSigner
-from framerelay.errors import ConfigError, FramerelayError
-from framerelay.settings import split_secrets
+from deploy.tls import verify_context
+from framerelay.auth import KeySet, TokenIssuer
+from framerelay.auth.config import load_keys, require_keys
+from framerelay.errors import FramerelayError
 
 log = logging.getLogger(__name__)
 CANARY_TOKEN_TTL_S = 300.0
@@ -45,14 +48,25 @@ def make_provider(settings: OrchestratorSettings) -> Provider:
     return KubernetesProvider(settings.kubernetes)
 
 
-def make_prober(settings: OrchestratorSettings) -> WorkerProber:
-    signer = TokenSigner(split_secrets(settings.token_secrets))
+def make_prober(settings: OrchestratorSettings, trust: PodTrust) -> WorkerProber:
+    """Heartbeats and canaries with tunnel tokens the pods verify, over TLS checked
+    against the pod CA (when TLS is on)."""
+    issuer = TokenIssuer(trust.worker_keys)
 
     def token_for(worker: str) -> str:
-        return signer.mint("orchestrator-canary", [f"worker:{worker}"], CANARY_TOKEN_TTL_S)
+        scope = [f"worker:{worker}"]
+        return issuer.mint("orchestrator-canary", scope, CANARY_TOKEN_TTL_S, aud="worker")
 
+    ctx = verify_context(trust.ca.cert_path, "pods") if trust.ca is not None else None
     canary = Canary(min_persons=settings.canary_min_persons, timeout_s=settings.canary_timeout_s)
-    return WorkerProber(canary, token_for, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+    return WorkerProber(
+        canary, token_for, heartbeat_timeout_s=settings.heartbeat_timeout_s, ssl_context=ctx
+    )
+
+
+def orchestrator_keys(settings: OrchestratorSettings) -> KeySet:
+    """Signing keys, then shared secrets; a clear ConfigError when there are none."""
+    return require_keys(load_keys(settings.signing_keys, settings.token_secrets), "orchestrator")
 
 
 class Orchestrator:
@@ -66,26 +80,29 @@ class Orchestrator:
         clock: Clock | None = None,
         redis: Redis | None = None,
     ) -> None:
-        if settings.token_secrets is None and prober is None:
-            raise ConfigError(
-                "the orchestrator needs FRAMERELAY_TOKEN_SECRETS (the workers' token secrets): "
-                "pods get them, and canaries use them"
-            )
         self.settings = settings
+        self.keys = orchestrator_keys(settings)
+        self.provider = provider or make_provider(settings)
+        self.trust = make_trust(settings, self.keys, self.provider)
+        self._prober = prober or make_prober(settings, self.trust)
+        link = ingest or self._ingest_link()
         self.redis = redis or Redis.from_url(settings.redis_url)
         self.store = Store(self.redis, settings.key_prefix)
-        self.provider = provider or make_provider(settings)
-        self._prober = prober or make_prober(settings)
-        link = ingest or (
-            HttpIngestLink(settings.ingest_url) if settings.ingest_url else NullIngestLink()
-        )
         self.fleet = Fleet(
-            settings, self.provider, self.store, self._prober, link, clock or SystemClock()
-        )
+            settings, self.provider, self.store, self._prober, link, clock or SystemClock(),
+            trust=self.trust,
+        )  # fmt: skip
+        self.auth_refused: collections.Counter[str] = collections.Counter()
         self.owner = secrets.token_hex(6)
         self.leader = False
         self.ticks = 0
         self.last_error: str | None = None
+
+    def _ingest_link(self) -> IngestLink:
+        url = self.settings.ingest_url
+        if not url:
+            return NullIngestLink()
+        return HttpIngestLink(url, TokenIssuer(self.keys), ca=self.settings.ingest_ca)
 
     async def step(self) -> bool:
         """One guarded pass; False when another orchestrator holds the lease."""

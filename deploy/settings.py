@@ -2,7 +2,8 @@
 
 Tiers and their schedules are usually given as JSON, e.g.
 ``FRAMERELAY_ORCH_TIERS='[{"name": "ondemand", "spot": false, ...}]'``.
-Secrets (the RunPod API key, the worker token secrets) are ``SecretStr``.
+Secrets (the RunPod API key, the signing keys) are ``SecretStr`` and each
+also reads ``<NAME>_FILE`` (:class:`framerelay.settings.ServiceSettings`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import SettingsConfigDict
 
 from deploy.models import check_name_part
-from framerelay.settings import DEFAULT_MODEL
+from framerelay.settings import DEFAULT_MODEL, ServiceSettings
 
 CloudType = Literal["SECURE", "COMMUNITY"]
 
@@ -87,7 +96,12 @@ class RunPodSettings(BaseModel):
     timeout_s: float = Field(30.0, gt=0)
     max_retries: int = Field(4, ge=0, le=20, description="Retries of 429/5xx per request.")
     backoff_s: float = Field(0.5, gt=0, description="First retry delay; doubles, with jitter.")
-    tls: bool = Field(False, description="Workers serve wss:// (TLS) on their port.")
+    tls: bool = Field(
+        True, description="Pods serve wss:// with their own certificate from the orchestrator's CA."
+    )
+    allow_insecure: bool = Field(
+        False, description="Allow tls=false (plain ws:// across clouds); logged as a warning."
+    )
 
 
 class LocalSettings(BaseModel):
@@ -98,6 +112,7 @@ class LocalSettings(BaseModel):
     ready_timeout_s: float = Field(120.0, gt=0)
     price_per_hr: float = Field(0.0, ge=0, description="Nominal $/h of a local on-demand worker.")
     spot_price_per_hr: float = Field(0.0, ge=0, description="Nominal $/h of a local spot worker.")
+    tls: bool = Field(False, description="Local workers serve wss:// with a CA certificate too.")
 
 
 class KubernetesSettings(BaseModel):
@@ -105,12 +120,16 @@ class KubernetesSettings(BaseModel):
 
     namespace: str = "framerelay"
     image: str = "ghcr.io/framerelay/worker:latest"
-    secret_name: str = Field("framerelay-tokens", description="Secret holding TOKEN_SECRETS.")
+    secret_name: str = Field(
+        "framerelay-worker-env", description="Secret holding any other secret env of worker pods."
+    )
     node_selector: dict[str, str] = Field(default_factory=dict)
     kubectl: str = "kubectl"
+    tls: bool = Field(True, description="Pods serve wss:// (a kubernetes.io/tls Secret per pod).")
+    allow_insecure: bool = Field(False, description="Allow tls=false; logged as a warning.")
 
 
-class OrchestratorSettings(BaseSettings):
+class OrchestratorSettings(ServiceSettings):
     model_config = SettingsConfigDict(
         env_prefix="FRAMERELAY_ORCH_", env_nested_delimiter="__", extra="forbid"
     )
@@ -123,12 +142,28 @@ class OrchestratorSettings(BaseSettings):
     fleet: str = Field("fr", description="Fleet name: prefix of every pod name.")
     tiers: list[TierConfig] = Field(default_factory=default_tiers)
     timezone: str = Field("UTC", description="Time zone of the tiers' windows (IANA name).")
+    signing_keys: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("signing_keys", "FRAMERELAY_SIGNING_KEYS"),
+        description="Private JWKS ('framerelay keys generate'): verifies API tokens, mints "
+        "canary and ingest tokens; pods get only its public half.",
+    )
     token_secrets: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("token_secrets", "FRAMERELAY_TOKEN_SECRETS"),
-        description="Worker token secrets: given to pods, used to mint canary tokens.",
+        description="HS256 shared secrets (single host only: local pods get them).",
     )
+    token_leeway_s: float = Field(30.0, ge=0, le=3600, description="Clock skew allowed.")
+    auth_max_failures: int = Field(20, ge=1, description="Failed authentications per window.")
+    auth_window_s: float = Field(60.0, gt=0, description="...per peer, before 429.")
+    metrics_auth: bool = Field(False, description="/metrics needs scope metrics:read.")
+    tls_cert: Path | None = Field(None, description="PEM certificate chain: the API over HTTPS.")
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = Field(None, description="CA bundle; set to require mTLS.")
+    ca_dir: Path = Field(Path("framerelay-ca"), description="The pod CA (ca.pem, ca.key).")
+    pod_cert_ttl_h: float = Field(72.0, ge=1, le=2160, description="Lifetime of pod certificates.")
     ingest_url: str | None = Field(None, description="Ingest API to push assignments to.")
+    ingest_ca: Path | None = Field(None, description="CA bundle to verify an https ingest.")
     tick_s: float = Field(2.0, gt=0, description="Reconcile period.")
     lease_ttl_s: float = Field(15.0, gt=0, description="Leader lease; one active orchestrator.")
     canary_interval_s: float = Field(30.0, gt=0, description="Canary period per ready worker.")
@@ -179,6 +214,14 @@ class OrchestratorSettings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
         return v
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> OrchestratorSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (the API's HTTPS)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key as well")
+        return self
 
     def tier(self, name: str) -> TierConfig | None:
         return next((t for t in self.tiers if t.name == name), None)

@@ -12,9 +12,14 @@ COPY tracker ./tracker
 COPY ingest ./ingest
 COPY deploy ./deploy
 COPY samples/mot15/TUD-Stadtmitte/TUD-Stadtmitte.mp4 ./samples/mot15/TUD-Stadtmitte/
-RUN pip install ".[cpu]"
+RUN pip install ".[cpu]" \
+    && mkdir -p /var/lib/framerelay/ca /var/lib/framerelay/worker-tls \
+    && chown -R 65534:65534 /var/lib/framerelay && chmod 700 /var/lib/framerelay/ca
 
-ENV FRAMERELAY_INGEST_API_HOST=0.0.0.0 FRAMERELAY_ORCH_HOST=0.0.0.0
+# The pod CA (ca.pem, ca.key) lives in a volume mounted here; keys come as secret files
+# (FRAMERELAY_SIGNING_KEYS_FILE), never as image layers or build args.
+ENV FRAMERELAY_INGEST_API_HOST=0.0.0.0 FRAMERELAY_ORCH_HOST=0.0.0.0 \
+    FRAMERELAY_ORCH_CA_DIR=/var/lib/framerelay/ca
 EXPOSE 8080 8090
 USER 65534
 ENTRYPOINT ["framerelay"]

@@ -26,7 +26,8 @@ ENV FRAMERELAY_WORKER_HOST=0.0.0.0 \
     FRAMERELAY_WORKER_DETECTOR__PROVIDERS=auto
 EXPOSE 8443
 USER 65534
+# Liveness only (no token, nothing secret): http, or https when the worker has a certificate.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
-    CMD curl -fsS http://127.0.0.1:8443/readyz || exit 1
+    CMD curl -fsS http://127.0.0.1:8443/readyz || curl -fsSk https://127.0.0.1:8443/readyz || exit 1
 ENTRYPOINT ["framerelay"]
 CMD ["worker"]

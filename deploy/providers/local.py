@@ -4,6 +4,11 @@ Used by the demo, the tests and the fault suite. A pod is one
 :class:`gpu_worker.launcher.LocalWorker`; it is PROVISIONING while the process
 warms up, RUNNING once it announced its URL, EXITED when the process died
 (``kill -9`` in the fault tests). Pod ids are the pod names.
+
+A worker gets its environment explicitly (the launcher passes no copy of
+this process's). With TLS on, its certificate and key are written to a
+private folder (0700, files 0600) and passed by path; the folder goes with
+the pod.
 """
 
 from __future__ import annotations
@@ -11,8 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import SecretStr
 
 from deploy.models import PodInfo, PodSpec, PodStatus
 from deploy.providers.base import GpuPrice, ProviderError
@@ -22,15 +33,31 @@ from gpu_worker.launcher import LocalWorker
 
 log = logging.getLogger(__name__)
 LOCAL_GPU = "local-cpu"
+_CERT_PEM, _KEY_PEM = "FRAMERELAY_WORKER_TLS_CERT_PEM", "FRAMERELAY_WORKER_TLS_KEY_PEM"
+_SECRETS = "FRAMERELAY_TOKEN_SECRETS"
 
 
 class _Pod:
-    def __init__(self, spec: PodSpec, worker: LocalWorker) -> None:
+    def __init__(self, spec: PodSpec, worker: LocalWorker, tls_dir: Path | None) -> None:
         self.spec = spec
         self.worker = worker
+        self.tls_dir = tls_dir
         self.ready = threading.Event()
         self.failed: str | None = None
         self.terminated = False
+
+
+def write_tls_files(cert: SecretStr, key: SecretStr, name: str) -> tuple[Path, dict[str, str]]:
+    """The PEMs in a new private folder; (folder, the worker's env naming the files)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"framerelay-{name}-tls-"))  # 0700
+    paths = {}
+    for env, fname, value in (("TLS_CERT", "cert.pem", cert), ("TLS_KEY", "key.pem", key)):
+        path = folder / fname
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(value.get_secret_value())
+        paths[f"FRAMERELAY_WORKER_{env}"] = str(path)
+    return folder, paths
 
 
 class LocalProvider:
@@ -47,17 +74,29 @@ class LocalProvider:
         self._env_hook = env_hook
         self.pods: dict[str, _Pod] = {}
 
+    def cert_names(self, name: str) -> tuple[list[str], list[str]]:
+        """Extra names in a local pod's certificate: it listens on 127.0.0.1."""
+        return [], ["127.0.0.1"]
+
     async def create(self, spec: PodSpec) -> PodInfo:
         if spec.name in self.pods and not self.pods[spec.name].terminated:
             raise ProviderError(f"local pod {spec.name!r} already exists")
-        secret = spec.secret_env.get("FRAMERELAY_TOKEN_SECRETS")
-        if secret is None:
-            raise ConfigError("a local pod needs FRAMERELAY_TOKEN_SECRETS in its secret env")
+        secrets = dict(spec.secret_env)
+        shared = secrets.pop(_SECRETS, None)
         env = {**spec.env, **(self._env_hook(spec) if self._env_hook else {})}
         env["FRAMERELAY_WORKER_HOST"] = "127.0.0.1"  # local processes: loopback only
+        cert, key = secrets.pop(_CERT_PEM, None), secrets.pop(_KEY_PEM, None)
+        tls_dir = None
+        if cert is not None and key is not None:
+            tls_dir, paths = write_tls_files(cert, key, spec.name)
+            env.update(paths)
+        env.update({k: v.get_secret_value() for k, v in secrets.items()})
         args = ["--model", str(self.settings.model), "--threads", str(self.settings.threads)]
-        worker = LocalWorker(secret.get_secret_value(), worker_id=spec.name, args=args, env=env)
-        pod = _Pod(spec, worker)
+        worker = LocalWorker(
+            shared.get_secret_value() if shared is not None else None,
+            worker_id=spec.name, args=args, env=env,
+        )  # fmt: skip
+        pod = _Pod(spec, worker, tls_dir)
         self.pods[spec.name] = pod
         threading.Thread(target=self._start, args=(pod,), daemon=True).start()
         return self._info(pod)
@@ -93,8 +132,11 @@ class LocalProvider:
             cloud_type="LOCAL",
         )
         if status is PodStatus.RUNNING:
-            info.tunnel_url = pod.worker.url
-            info.http_url = pod.worker.url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+            url = pod.worker.url
+            info.tunnel_url = url
+            info.http_url = "http" + url.removeprefix("ws").removesuffix("/v1/tunnel")
+            if url.startswith("wss://"):
+                info.tls_server_name = pod.spec.tls_server_name
         return info
 
     async def get(self, pod_id: str) -> PodInfo | None:
@@ -113,6 +155,8 @@ class LocalProvider:
             return
         pod.terminated = True
         await asyncio.to_thread(pod.worker.stop, 5.0)
+        if pod.tls_dir is not None:
+            shutil.rmtree(pod.tls_dir, ignore_errors=True)
 
     async def prices(self) -> dict[str, GpuPrice]:
         od, spot = self.settings.price_per_hr, self.settings.spot_price_per_hr

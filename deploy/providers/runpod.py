@@ -10,6 +10,11 @@ data centre - and moves to the next option on "no capacity" (RunPod answers
 that a create cannot be placed). 429 and 5xx are retried with exponential
 backoff and jitter (``Retry-After`` honoured); other 4xx are configuration
 errors and stop at once.
+
+The pod's env carries what :mod:`deploy.pod_trust` gives it: the public key
+set, and with ``tls`` (the default) its own certificate and key
+(``FRAMERELAY_WORKER_TLS_CERT_PEM`` / ``..._KEY_PEM``); its tunnel is then
+``wss://`` and verified as ``<pod>.pods.framerelay``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from deploy.models import PodInfo, PodSpec, PodStatus
+from deploy.models import PodInfo, PodSpec, PodStatus, tls_server_name
 from deploy.providers.base import GpuPrice, NoCapacityError, ProviderError
 from deploy.settings import RunPodSettings
 from framerelay.errors import ConfigError
@@ -241,9 +246,10 @@ class RunPodProvider:
         public = mappings.get(str(port))
         if public is None:
             return
-        scheme = "wss" if self.settings.tls else "ws"
-        info.tunnel_url = f"{scheme}://{ip}:{int(public)}/v1/tunnel"
-        info.http_url = f"{'https' if self.settings.tls else 'http'}://{ip}:{int(public)}"
+        tls = self.settings.tls
+        info.tunnel_url = f"{'wss' if tls else 'ws'}://{ip}:{int(public)}/v1/tunnel"
+        info.http_url = f"{'https' if tls else 'http'}://{ip}:{int(public)}"
+        info.tls_server_name = tls_server_name(info.name) if tls and info.name else None
 
 
 def _status(raw: dict[str, Any]) -> PodStatus:

@@ -1,4 +1,9 @@
-"""``framerelay orchestrator``: run the GPU fleet orchestrator (API + reconcile loop)."""
+"""``framerelay orchestrator``: run the GPU fleet orchestrator (API + reconcile loop).
+
+With ``FRAMERELAY_ORCH_TLS_CERT`` / ``_KEY`` the API is served over HTTPS
+(mTLS with ``FRAMERELAY_ORCH_TLS_CLIENT_CA``); the pod CA is in
+``FRAMERELAY_ORCH_CA_DIR`` (``framerelay ca init|issue`` manage it).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "orchestrator",
         help=HELP,
         description=HELP + ". Every setting reads FRAMERELAY_ORCH_<NAME> (nested with __); "
-        "worker token secrets come from FRAMERELAY_TOKEN_SECRETS.",
+        "keys come from FRAMERELAY_SIGNING_KEYS_FILE (a private key set from 'framerelay keys "
+        "generate'; pods get only its public half) or, on one host, FRAMERELAY_TOKEN_SECRETS.",
     )
     p.add_argument("--host", help="API address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="API port (default 8090; 0 = any free port)")
@@ -41,14 +47,16 @@ async def _serve(settings: object) -> int:
     from deploy.api import create_app
     from deploy.service import Orchestrator
     from deploy.settings import OrchestratorSettings
+    from deploy.tls import api_ssl_options
     from framerelay.lifecycle import install_signal_handlers
 
     assert isinstance(settings, OrchestratorSettings)  # noqa: S101 - built above
+    tls = api_ssl_options(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     orch = Orchestrator(settings)
     stop = asyncio.Event()
     config = uvicorn.Config(
         create_app(orch), host=settings.host, port=settings.port, log_level="warning",
-        access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+        access_log=False, lifespan="off", timeout_graceful_shutdown=5, **tls,  # type: ignore[arg-type]
     )  # fmt: skip
     server = uvicorn.Server(config)
     install_signal_handlers(stop)
@@ -60,7 +68,8 @@ async def _serve(settings: object) -> int:
         await asyncio.sleep(0.05)
     if server.started:
         port = server.servers[0].sockets[0].getsockname()[1]
-        ready = {"event": "ready", "url": f"http://{settings.host}:{port}"}
+        scheme = "https" if tls else "http"
+        ready = {"event": "ready", "url": f"{scheme}://{settings.host}:{port}"}
         print(json.dumps(ready), flush=True)
         logging.getLogger(__name__).info("orchestrator API on %s", ready["url"])
     try:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import secrets
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
@@ -27,6 +29,7 @@ from deploy.service import Orchestrator
 from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig, Window
 from framerelay.commands.fleet import render
 from tests.deploy.runpod_contract import ContractState, running_contract_server
+from tests.support.auth import ed_keys
 
 pytestmark = pytest.mark.integration
 GPU = "NVIDIA RTX A4000"
@@ -44,12 +47,14 @@ TIERS = (
 async def fleet_on_contract(
     state: ContractState, clock: FakeClock, tiers: tuple[TierConfig, ...] = TIERS
 ) -> AsyncIterator[Orchestrator]:
+    ca_dir = tempfile.TemporaryDirectory(prefix="framerelay-ca-test-")
     settings = OrchestratorSettings(
         provider="runpod", tiers=list(tiers), key_prefix=f"test-nocap-{state.api_key}:",
-        token_secrets=SecretStr("x" * 32), tick_s=TICK_S, create_backoff_s=10, timezone="UTC",
-        create_backoff_max_s=40, drain_timeout_s=0,
+        signing_keys=SecretStr(ed_keys().to_json()), ca_dir=Path(ca_dir.name) / "ca",
+        tick_s=TICK_S, create_backoff_s=10, timezone="UTC", create_backoff_max_s=40,
+        drain_timeout_s=0,
     )  # fmt: skip
-    with running_contract_server(state) as base:
+    with ca_dir, running_contract_server(state) as base:
         provider = RunPodProvider(
             RunPodSettings(api_key=SecretStr(state.api_key), base_url=base, backoff_s=0.01)
         )

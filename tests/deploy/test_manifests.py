@@ -1,9 +1,14 @@
 """Deploy artifacts, validated without Docker or a cluster: compose file, the
 Kubernetes manifests, the manifests the kubernetes provider renders, and the
-Dockerfiles (base images, model baked in, ports, probes, GPU resources)."""
+Dockerfiles (base images, model baked in, ports, probes, GPU resources).
+
+Who holds what: the signing keys reach only the ingest and the orchestrator,
+as secret files; workers get the public key set; no API is published beyond
+the host's loopback (compose) or the cluster (ClusterIP)."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +16,9 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
+from deploy.ca import PodCA
 from deploy.models import PodSpec
-from deploy.providers.kubernetes import render_worker
+from deploy.providers.kubernetes import render_tls_secret, render_worker
 from deploy.settings import KubernetesSettings
 from tests.conftest import ROOT
 
@@ -27,19 +33,36 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return list(doc["spec"]["template"]["spec"]["containers"])
 
 
+SIGNING = "FRAMERELAY_SIGNING_KEYS"
+TUNNEL_KEYS = "FRAMERELAY_WORKER_TUNNEL_KEYS"
+
+
+def _env_names(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
 def _check_worker_container(c: dict[str, Any]) -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8443}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8443, "scheme": "HTTPS"}
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert {"containerPort": 8443, "name": "tunnel", "protocol": "TCP"} in c["ports"]
-    secret_env = [e for e in c["env"] if e["name"] == "FRAMERELAY_TOKEN_SECRETS"]
-    assert secret_env and "valueFrom" in secret_env[0] and "value" not in secret_env[0]
+    env = _env_names(c)
+    assert not {n for n in env if n.startswith((SIGNING, "FRAMERELAY_TOKEN_SECRETS"))}
+    assert env["FRAMERELAY_WORKER_TLS_CERT"]["value"] == "/etc/framerelay/tls/tls.crt"
+    assert env["FRAMERELAY_WORKER_TLS_KEY"]["value"] == "/etc/framerelay/tls/tls.key"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/etc/framerelay/tls"]["readOnly"] is True
+
+
+def _published(port: str) -> bool:
+    """True when a compose port mapping listens beyond the host's loopback."""
+    return not str(port).startswith("127.0.0.1:")
 
 
 def test_compose_file() -> None:
     (doc,) = _docs(DEPLOY / "docker" / "docker-compose.yml")
     services = doc["services"]
-    assert set(services) == {"redis", "worker", "ingest", "orchestrator"}
+    assert set(services) == {"redis", "ca", "worker", "ingest", "orchestrator"}
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
     assert "/readyz" in " ".join(services["worker"]["healthcheck"]["test"])
@@ -47,9 +70,30 @@ def test_compose_file() -> None:
     assert services["orchestrator"]["command"] == ["orchestrator"]
     orch_env = services["orchestrator"]["environment"]
     assert orch_env["FRAMERELAY_ORCH_REDIS_URL"].startswith("redis://redis:")
-    for svc in services.values():  # secrets come from the environment, never inline
-        for value in (svc.get("environment") or {}).values():
-            assert "SECRETS" not in str(value) or str(value).startswith("${")
+    for name, svc in services.items():
+        assert not any(_published(p) for p in svc.get("ports", [])), (name, svc["ports"])
+        env = svc.get("environment") or {}
+        assert not any("TOKEN_SECRETS" in k for k in env), name  # HS256 secrets: gone
+        holds_keys = env.get(f"{SIGNING}_FILE") == "/run/secrets/signing_keys"
+        assert holds_keys is (name in ("ingest", "orchestrator")), name
+        assert SIGNING not in env and ("signing_keys" in svc.get("secrets", [])) is holds_keys
+    worker = services["worker"]["environment"]
+    assert worker[f"{TUNNEL_KEYS}_FILE"] == "/run/secrets/tunnel_keys"
+    assert services["worker"]["secrets"] == ["tunnel_keys"]
+    assert "wss://" in " ".join(services["ingest"]["command"])
+    assert services["ingest"]["environment"]["FRAMERELAY_INGEST_TLS_CA"].endswith("/ca.pem")
+    worker_volumes = " ".join(services["worker"]["volumes"])
+    assert "pod-ca" not in worker_volumes and worker_volumes.endswith(":ro")  # never ca.key
+    assert set(doc["secrets"]) == {"signing_keys", "tunnel_keys"}
+
+
+def _deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+
+
+def _secret_volumes(dep: dict[str, Any]) -> set[str]:
+    volumes = dep["spec"]["template"]["spec"].get("volumes", [])
+    return {v["secret"]["secretName"] for v in volumes if "secret" in v}
 
 
 def test_kubernetes_manifests() -> None:
@@ -62,31 +106,72 @@ def test_kubernetes_manifests() -> None:
         if d["kind"] == "Deployment":
             labels = d["spec"]["template"]["metadata"]["labels"]
             assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    (worker,) = [d for d in docs if d["metadata"]["name"] == "framerelay-worker"
-                 and d["kind"] == "Deployment"]  # fmt: skip
+            for c in _containers(d):
+                assert not any("hostPort" in p for p in c.get("ports", []))
+        if d["kind"] == "Service":
+            assert d["spec"]["type"] == "ClusterIP"
+    deps = _deployments(docs)
+    worker = deps["framerelay-worker"]
     _check_worker_container(_containers(worker)[0])
+    worker_env = _env_names(_containers(worker)[0])
+    assert worker_env[f"{TUNNEL_KEYS}_FILE"]["value"] == "/etc/framerelay/keys/public.jwks"
+    assert _secret_volumes(worker) == {"framerelay-worker-tls"}  # no signing keys, no CA key
+    for name in ("framerelay-ingest", "framerelay-orchestrator"):
+        env = _env_names(_containers(deps[name])[0])
+        assert env[f"{SIGNING}_FILE"]["value"] == "/etc/framerelay/keys/signing.jwks"
+        assert "framerelay-signing-keys" in _secret_volumes(deps[name])
+        assert not any("TOKEN_SECRETS" in n for n in env)
+        assert deps[name]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"][
+            "httpGet"]["scheme"] == "HTTPS"  # fmt: skip
+    assert "framerelay-signing-keys" not in _secret_volumes(deps["redis"])
+    orch_env = _env_names(_containers(deps["framerelay-orchestrator"])[0])
+    assert orch_env["FRAMERELAY_ORCH_INGEST_URL"]["value"].startswith("https://")
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert any("secrets" in r["resources"] for r in role["rules"])  # per-pod TLS Secrets
     images = {c["image"] for d in docs if d["kind"] == "Deployment" for c in _containers(d)}
     assert {"framerelay/worker:latest", "framerelay/service:latest"} <= images
 
 
-@pytest.mark.parametrize("spot", [False, True])
-def test_kubernetes_provider_renders_a_gpu_worker(spot: bool) -> None:
-    spec = PodSpec(
+def _pod_spec(spot: bool, folder: Path) -> PodSpec:
+    ca = PodCA.load_or_create(folder / "ca")
+    cert, key = ca.issue("fr-spot-0-g3", ["fr-spot-0-g3.pods.framerelay"])
+    return PodSpec(
         name="fr-spot-0-g3", tier="spot", gpu_types=("L4",), spot=spot,
-        env={"FRAMERELAY_WORKER_WORKER_ID": "fr-spot-0-g3"},
-        secret_env={"FRAMERELAY_TOKEN_SECRETS": SecretStr("never-in-a-manifest-" * 2)},
+        env={"FRAMERELAY_WORKER_WORKER_ID": "fr-spot-0-g3", TUNNEL_KEYS: '{"keys": []}'},
+        secret_env={"FRAMERELAY_WORKER_TLS_CERT_PEM": SecretStr(cert),
+                    "FRAMERELAY_WORKER_TLS_KEY_PEM": SecretStr(key),
+                    "FRAMERELAY_EXTRA_SECRET": SecretStr("never-in-a-manifest-" * 2)},
+        tls_server_name="fr-spot-0-g3.pods.framerelay",
     )  # fmt: skip
-    deployment, service = render_worker(spec, KubernetesSettings(image="reg/worker:1"))
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_kubernetes_provider_renders_a_gpu_worker(spot: bool, tmp_path: Path) -> None:
+    spec = _pod_spec(spot, tmp_path)
+    settings = KubernetesSettings(image="reg/worker:1")
+    deployment, service = render_worker(spec, settings)
     text = yaml.safe_dump_all([deployment, service])
-    assert "never-in-a-manifest" not in text
+    key_pem = spec.secret_env["FRAMERELAY_WORKER_TLS_KEY_PEM"].get_secret_value()
+    assert "never-in-a-manifest" not in text and "PRIVATE KEY" not in text
+    assert base64.b64encode(key_pem.encode()).decode()[:40] not in text
     assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] == 1
     assert deployment["metadata"]["name"] == service["metadata"]["name"] == "fr-spot-0-g3"
     (container,) = _containers(deployment)
     _check_worker_container(container)
+    extra = _env_names(container)["FRAMERELAY_EXTRA_SECRET"]
+    assert extra["valueFrom"]["secretKeyRef"]["name"] == settings.secret_name
     assert container["image"] == "reg/worker:1"
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    tolerations = deployment["spec"]["template"]["spec"].get("tolerations")
-    assert bool(tolerations) is spot
+    pod = deployment["spec"]["template"]["spec"]
+    assert bool(pod.get("tolerations")) is spot
+    assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": "fr-spot-0-g3",
+                                                         "defaultMode": 0o440}}]  # fmt: skip
+    secret = render_tls_secret(spec, settings)
+    assert secret is not None and secret["type"] == "kubernetes.io/tls"
+    assert secret["metadata"]["name"] == "fr-spot-0-g3"
+    assert base64.b64decode(secret["data"]["tls.key"]).decode() == key_pem
+    plain = PodSpec(name="fr-x-0-g0", tier="x", gpu_types=("L4",), spot=False)
+    assert render_tls_secret(plain, settings) is None
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ from deploy.settings import RunPodSettings
 from tests.deploy.runpod_contract import ContractState, running_contract_server
 
 KEY = "rpa_" + "K3yN0tF0rL0gs" * 3
+TLS_KEY = "-----BEGIN PRIVATE KEY-----not-in-logs"
 
 
 @pytest.fixture
@@ -35,8 +36,11 @@ def provider(url: str, **over: object) -> RunPodProvider:
 def spec(name: str = "fr-spot-0-g0", spot: bool = True) -> PodSpec:
     return PodSpec(
         name=name, tier="spot", spot=spot, gpu_types=("NVIDIA RTX A4000", "NVIDIA RTX A5000"),
-        cloud_types=("COMMUNITY", "SECURE"), env={"FRAMERELAY_WORKER_WORKER_ID": name},
-        secret_env={"FRAMERELAY_TOKEN_SECRETS": SecretStr("s" * 32)},
+        cloud_types=("COMMUNITY", "SECURE"),
+        env={"FRAMERELAY_WORKER_WORKER_ID": name, "FRAMERELAY_WORKER_TUNNEL_KEYS": '{"keys": []}'},
+        secret_env={"FRAMERELAY_WORKER_TLS_CERT_PEM": SecretStr("-----BEGIN CERTIFICATE-----"),
+                    "FRAMERELAY_WORKER_TLS_KEY_PEM": SecretStr(TLS_KEY)},
+        tls_server_name=f"{name}.pods.framerelay",
     )  # fmt: skip
 
 
@@ -50,7 +54,9 @@ def test_create_reads_cost_status_and_endpoint(contract: tuple[ContractState, st
         assert info.gpu_type == "NVIDIA RTX A4000"
         assert info.cost_per_hr == pytest.approx(0.10)  # community spot
         assert info.status is PodStatus.RUNNING and info.tunnel_url is not None
-        assert info.tunnel_url.endswith("/v1/tunnel")
+        assert info.tunnel_url.endswith("/v1/tunnel") and info.tunnel_url.startswith("wss://")
+        assert info.http_url is not None and info.http_url.startswith("https://")
+        assert info.tls_server_name == "fr-spot-0-g0.pods.framerelay"
         (listed,) = await p.list()
         assert listed.id == info.id
         prices = await p.prices()
@@ -66,6 +72,7 @@ def test_create_reads_cost_status_and_endpoint(contract: tuple[ContractState, st
     asyncio.run(main())
     pod_posts = [r for r in state.requests if r == ("POST", "/v1/pods")]
     assert len(pod_posts) == 1 and not state.key_in_url
+    assert not state.pods  # terminated
 
 
 def test_no_capacity_moves_to_the_next_gpu_type(contract: tuple[ContractState, str]) -> None:
@@ -167,3 +174,27 @@ def test_slow_provisioning_shows_as_provisioning(contract: tuple[ContractState, 
             await p.aclose()
 
     assert asyncio.run(main()) is PodStatus.PROVISIONING
+
+
+def test_pod_env_carries_the_certificate_but_logs_and_errors_do_not(
+    contract: tuple[ContractState, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    state, url = contract
+    caplog.set_level(logging.DEBUG)
+    state.faults.no_capacity = {("NVIDIA RTX A4000", "*"), ("NVIDIA RTX A5000", "*")}
+
+    async def main() -> None:
+        p = provider(url)
+        try:
+            await p.create(spec())
+        finally:
+            await p.aclose()
+
+    with pytest.raises(NoCapacityError) as info:
+        asyncio.run(main())
+    assert TLS_KEY not in str(info.value) and TLS_KEY not in caplog.text
+    state.faults.no_capacity = set()
+    asyncio.run(main())
+    (pod,) = state.pods.values()
+    assert pod["env"]["FRAMERELAY_WORKER_TLS_KEY_PEM"] == TLS_KEY  # delivered by RunPod's env
+    assert TLS_KEY not in caplog.text

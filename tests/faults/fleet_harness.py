@@ -1,7 +1,14 @@
 """A whole fleet on this machine for the fault tests: the orchestrator (in
 process, real Redis under a unique key prefix), the local provider (real
 worker processes), and a real ingest service behind its real HTTP API (the
-orchestrator places streams through ``PUT /v1/streams/{id}/worker``)."""
+orchestrator places streams through ``PUT /v1/streams/{id}/worker``, with a
+token the ingest verifies).
+
+Keys as in production: on one host (the local provider) the ingest and the
+orchestrator share an HS256 secret, which local workers get too; with a
+remote provider (the RunPod contract server) they share an Ed25519 key set
+and pods get only its public half and their own certificate, which the
+ingest verifies against the orchestrator's CA."""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,11 +26,13 @@ import uvicorn
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
+from deploy.ca import PodCA
 from deploy.models import PodSpec
 from deploy.providers.base import Provider
 from deploy.providers.local import LocalProvider
 from deploy.service import Orchestrator
 from deploy.settings import LocalSettings, OrchestratorSettings, TierConfig
+from framerelay.auth import KeySet
 from framerelay.results import ResultRecord
 from ingest.app import create_app
 from ingest.routing import WorkerPool
@@ -47,9 +57,17 @@ class Fleet:
         return [r for r in self.records if r.stream_id == stream]
 
 
-def settings_for(secret: str, **over: Any) -> OrchestratorSettings:
+def settings_for(
+    secret: str, ca_dir: Path, *, keys: KeySet | None = None, **over: Any
+) -> OrchestratorSettings:
+    """Local fleet settings, the pod CA in ``ca_dir``; ``keys`` (an Ed25519 set) instead of
+    ``secret`` for remote pods."""
+    auth: dict[str, Any] = (
+        {"signing_keys": keys.to_json()} if keys is not None else {"token_secrets": secret}
+    )
     base: dict[str, Any] = {
-        "provider": "local", "redis_url": REDIS_URL, "token_secrets": secret,
+        "provider": "local", "redis_url": REDIS_URL, **auth,
+        "ca_dir": ca_dir,
         "key_prefix": f"test-fleet-{secrets.token_hex(4)}:", "tick_s": 0.5, "lease_ttl_s": 5,
         "canary_interval_s": 2, "canary_timeout_s": 8 * TIMEOUT_FACTOR, "heartbeat_timeout_s": 2,
         "unhealthy_after": 2, "startup_grace_s": 120 * TIMEOUT_FACTOR,
@@ -74,15 +92,21 @@ async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], str]
 
 @contextlib.asynccontextmanager
 async def running_fleet(
-    secret: str,
     settings: OrchestratorSettings,
     *,
     env_hook: Callable[[PodSpec], dict[str, str]] | None = None,
     provider: Provider | None = None,
 ) -> AsyncIterator[Fleet]:
     records: list[ResultRecord] = []
-    # No default worker: every stream is placed by the orchestrator.
-    ingest = IngestService(IngestSettings(token_secrets=secret, worker_url="ws://127.0.0.1:9/none"))
+    # No default worker: every stream is placed by the orchestrator. Same keys as it; pods'
+    # certificates are verified against its CA (made here first: the ingest loads it).
+    ca = PodCA.load_or_create(settings.ca_dir)
+    ingest = IngestService(
+        IngestSettings(
+            token_secrets=settings.token_secrets, signing_keys=settings.signing_keys,
+            worker_url="ws://127.0.0.1:9/none", tls_ca=ca.cert_path,
+        )
+    )  # fmt: skip
     ingest.bus.tap(records.append)
     ingest_stop = asyncio.Event()
     ingest_task = asyncio.create_task(ingest.run(ingest_stop))

@@ -1,9 +1,11 @@
 """Acceptance 5: a worker whose /healthz answers but whose inference is hung
-(FRAMERELAY_WORKER_FAULT, test-only) is caught by the canary and replaced."""
+(FRAMERELAY_WORKER_TEST_FAULT, refused unless FRAMERELAY_WORKER_TEST_HOOKS=true:
+no test hook in production) is caught by the canary and replaced."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -15,18 +17,22 @@ from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+HANG = {"FRAMERELAY_WORKER_TEST_FAULT": "hang_inference_after:4",
+        "FRAMERELAY_WORKER_TEST_HOOKS": "true"}  # fmt: skip
+
+
 def _hang_first_generation(spec: PodSpec) -> dict[str, str]:
-    return (
-        {"FRAMERELAY_WORKER_FAULT": "hang_inference_after:4"} if spec.name.endswith("-g0") else {}
+    return dict(HANG) if spec.name.endswith("-g0") else {}
+
+
+def test_hung_inference_is_detected_by_the_canary_and_replaced(secret: str, tmp_path: Path) -> None:
+    tier = TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12)
+    settings = settings_for(
+        secret, tmp_path / "ca", tiers=[tier], canary_timeout_s=3, canary_interval_s=1
     )
 
-
-def test_hung_inference_is_detected_by_the_canary_and_replaced(secret: str) -> None:
-    tier = TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12)
-    settings = settings_for(secret, tiers=[tier], canary_timeout_s=3, canary_interval_s=1)
-
     async def main() -> tuple[list[dict[str, object]], object, str, str | None]:
-        async with running_fleet(secret, settings, env_hook=_hang_first_generation) as fleet:
+        async with running_fleet(settings, env_hook=_hang_first_generation) as fleet:
             await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=2, loop=True))
             hung = "fr-ondemand-0-g0"
             await wait_for(lambda: fleet.results_for("cam"), 90, "first results")

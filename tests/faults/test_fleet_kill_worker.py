@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,9 +68,9 @@ async def _scenario(fleet: Fleet) -> dict[str, object]:
             "killed_at": killed_at}  # fmt: skip
 
 
-def test_kill_9_worker_rehomes_its_streams(secret: str) -> None:
+def test_kill_9_worker_rehomes_its_streams(secret: str, tmp_path: Path) -> None:
     async def main() -> tuple[dict[str, object], Fleet]:
-        async with running_fleet(secret, settings_for(secret)) as fleet:
+        async with running_fleet(settings_for(secret, tmp_path / "ca")) as fleet:
             return await _scenario(fleet), fleet
 
     out, fleet = asyncio.run(main())

@@ -1,7 +1,8 @@
 """Acceptance 2 and 6: the orchestrator is killed (-9) between "pod created" (the
 RunPod contract server has it) and "pod recorded" (its answer never arrives);
-after a restart there is no orphaned and no duplicate pod. The API key never
-shows in the orchestrator's logs, errors or metrics."""
+after a restart there is no orphaned and no duplicate pod. The API key and the
+signing keys never show in the orchestrator's logs, errors, metrics or API
+answers; the pods' env holds only the public key set and their certificates."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from redis import Redis
 
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.deploy.runpod_contract import ContractState, running_contract_server
+from tests.support.auth import ed_keys, mint
 
 pytestmark = [pytest.mark.integration]
 KEY = "rpa_" + "Cr4shT3stK3y" * 3
@@ -51,15 +53,21 @@ def _wait(pred: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_crash_between_created_and_recorded(secret: str, tmp_path: Path) -> None:
+def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
     state = ContractState(KEY)
+    keys = ed_keys()
+    keys_file = tmp_path / "signing.jwks"
+    keys_file.write_text(keys.to_json())
+    auth = {"Authorization": f"Bearer {mint(keys, ['fleet:read'], 'orchestrator', ttl=600)}"}
     log = tmp_path / "orchestrator.log"
     prefix = f"test-crash-{os.getpid()}-{time.monotonic_ns()}:"
     tiers = [{"name": "spot", "spot": True, "min_warm": 2, "max_workers": 2,
               "cloud_types": ["COMMUNITY"]}]  # fmt: skip
     with running_contract_server(state) as base:
         env = {
-            **os.environ, "FRAMERELAY_TOKEN_SECRETS": secret,
+            **{k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")},
+            "FRAMERELAY_SIGNING_KEYS_FILE": str(keys_file),
+            "FRAMERELAY_ORCH_CA_DIR": str(tmp_path / "ca"),
             "FRAMERELAY_ORCH_PROVIDER": "runpod", "FRAMERELAY_ORCH_RUNPOD__API_KEY": KEY,
             "FRAMERELAY_ORCH_RUNPOD__BASE_URL": base, "FRAMERELAY_ORCH_RUNPOD__BACKOFF_S": "0.05",
             "FRAMERELAY_ORCH_KEY_PREFIX": prefix, "FRAMERELAY_ORCH_TICK_S": "0.3",
@@ -76,13 +84,17 @@ def test_crash_between_created_and_recorded(secret: str, tmp_path: Path) -> None
         state.faults.fail_next = 2  # and a flaky API on the way back
         second, url = _start(env, log, procs)
         try:
-            _wait(lambda: len(httpx.get(f"{url}/v1/pods").json()) == 2
-                  and all(p["provider_id"] for p in httpx.get(f"{url}/v1/pods").json()),
+
+            def pods() -> list[dict[str, Any]]:
+                return list(httpx.get(f"{url}/v1/pods", headers=auth).json())
+
+            _wait(lambda: len(pods()) == 2 and all(p["provider_id"] for p in pods()),
                   30, "two recorded pods")  # fmt: skip
             time.sleep(1.5)  # a few more passes: nothing else may appear
-            recorded = {p["name"]: p["provider_id"] for p in httpx.get(f"{url}/v1/pods").json()}
+            recorded = {p["name"]: p["provider_id"] for p in pods()}
             metrics = httpx.get(f"{url}/metrics").text
-            fleet = httpx.get(f"{url}/v1/fleet").text
+            fleet = httpx.get(f"{url}/v1/fleet", headers=auth).text
+            refused = httpx.get(f"{url}/v1/fleet").status_code
         finally:
             second.send_signal(signal.SIGTERM)
             out, _ = second.communicate(timeout=30)
@@ -98,3 +110,10 @@ def test_crash_between_created_and_recorded(secret: str, tmp_path: Path) -> None
     text = log.read_text() + out + metrics + fleet
     assert "adopted" in log.read_text()
     assert KEY not in text and not state.key_in_url
+    assert refused == 401
+    private = [str(k.jwk["d"]) for k in keys]
+    assert not any(d in text for d in private)
+    for pod in state.pods.values():
+        pod_env = json.dumps(pod["env"])
+        assert not any(d in pod_env for d in private) and "FRAMERELAY_SIGNING" not in pod_env
+        assert "FRAMERELAY_WORKER_TLS_CERT_PEM" in pod["env"]

@@ -1,11 +1,15 @@
 """Acceptance 3 (spot): a spot pod vanishes (preempted) on the RunPod contract
 server; its streams move to on-demand within 15 s; critical never on spot.
-The contract server backs each pod with a real local worker process."""
+The contract server backs each pod with a real local worker process started
+from the pod's env as RunPod gives it: the public key set and the pod's own
+certificate (no signing key, no shared secret); the ingest reaches it over
+wss:// verified against the orchestrator's CA and the pod's name."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,7 @@ from gpu_worker.launcher import LocalWorker
 from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+from tests.support.auth import ed_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY = "rpa_" + "Sp0tT3stK3y" * 3
@@ -25,9 +30,11 @@ MOVE_LIMIT_S = 15.0
 
 
 def _launch(pod: dict[str, Any]) -> tuple[str, int, Any]:
-    env = pod["env"]
+    env = dict(pod["env"])  # what the container would see
+    assert "FRAMERELAY_TOKEN_SECRETS" not in env and "FRAMERELAY_SIGNING_KEYS" not in env
+    env.pop("FRAMERELAY_WORKER_HOST", None)
     worker = LocalWorker(
-        env["FRAMERELAY_TOKEN_SECRETS"], worker_id=env["FRAMERELAY_WORKER_WORKER_ID"],
+        None, worker_id=env.pop("FRAMERELAY_WORKER_WORKER_ID"), env=env,
         args=["--model", str(MODEL), "--threads", "1", "--host", "127.0.0.1"],
     )  # fmt: skip
     worker.start(120 * TIMEOUT_FACTOR)
@@ -40,7 +47,7 @@ def _launch(pod: dict[str, Any]) -> tuple[str, int, Any]:
     return "127.0.0.1", port, stop
 
 
-def test_spot_pod_vanishes_and_its_streams_move(secret: str) -> None:
+def test_spot_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Path) -> None:
     state = ContractState(KEY)
     state.launcher = _launch
     tiers = [
@@ -56,8 +63,10 @@ def test_spot_pod_vanishes_and_its_streams_move(secret: str) -> None:
 
     async def main(base: str) -> tuple[float, dict[str, str], dict[str, str], Any]:
         rp = RunPodProvider(RunPodSettings(api_key=SecretStr(KEY), base_url=base, backoff_s=0.05))
-        settings = settings_for(secret, tiers=tiers, provider="runpod")
-        async with running_fleet(secret, settings, provider=rp) as fleet:
+        settings = settings_for(
+            secret, tmp_path / "ca", keys=ed_keys(), tiers=tiers, provider="runpod"
+        )
+        async with running_fleet(settings, provider=rp) as fleet:
             for s in streams:
                 await fleet.orch.store.put_stream(s)
 
@@ -70,6 +79,9 @@ def test_spot_pod_vanishes_and_its_streams_move(secret: str) -> None:
                 )
 
             await wait_for(placed_on_spot, 120, "standard streams flowing on spot")
+            for rec in (await fleet.orch.store.pods()).values():  # results came over verified wss
+                assert rec.tunnel_url is not None and rec.tunnel_url.startswith("wss://")
+                assert rec.tls_server_name == f"{rec.name}.pods.framerelay"
             before = await fleet.orch.store.assignments()
             spot_id = next(p["id"] for p in state.pods.values() if p["interruptible"])
             t0 = time.time()

@@ -1,0 +1,301 @@
+"""The orchestrator API (real server on 127.0.0.1, real Redis): every route but
+/healthz needs a scoped token; refusals (401/403/429) come before any effect,
+are counted in /metrics and throttled per peer; a 422 echoes no submitted
+value (a password in a stream URL included); stream URLs show no password."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from deploy.api import create_app
+from deploy.ca import PodCA
+from deploy.health import StatusProber
+from deploy.ingest_link import NullIngestLink
+from deploy.models import StreamSpec
+from deploy.service import Orchestrator
+from framerelay.auth import KeySet
+from framerelay.auth.web import route_scopes
+from tests.deploy.orch_support import orch_settings, serving_here
+from tests.support.auth import ed_keys, mint
+
+pytestmark = pytest.mark.integration
+READ, WRITE = "fleet:read", "fleet:write"
+PASSWORD = "S3cretCamPassw0rd"
+EXPECTED_SCOPES = {
+    ("GET", "/healthz"): None,
+    ("GET", "/metrics"): None,
+    ("GET", "/v1/fleet"): READ,
+    ("GET", "/v1/pods"): READ,
+    ("POST", "/v1/pods"): WRITE,
+    ("DELETE", "/v1/pods/{name}"): WRITE,
+    ("GET", "/v1/streams"): READ,
+    ("POST", "/v1/streams"): WRITE,
+    ("DELETE", "/v1/streams/{stream_id}"): WRITE,
+    ("POST", "/v1/streams/{stream_id}/move"): WRITE,
+}
+ROUTES: list[tuple[str, str, Any]] = [
+    ("GET", "/v1/fleet", None),
+    ("GET", "/v1/pods", None),
+    ("POST", "/v1/pods", {"tier": "ondemand"}),
+    ("DELETE", "/v1/pods/fr-ondemand-0-g0", None),
+    ("GET", "/v1/streams", None),
+    ("POST", "/v1/streams", {"id": "evil", "url": "rtsp://attacker/x"}),
+    ("DELETE", "/v1/streams/cam-1", None),
+    ("POST", "/v1/streams/cam-1/move", {"worker": "fr-ondemand-0-g0"}),
+]
+
+
+@asynccontextmanager
+async def api(tmp_path: Path, keys: KeySet, **over: Any) -> AsyncIterator[tuple[Orchestrator, str]]:
+    settings = orch_settings(tmp_path, keys, **over)
+    orch = Orchestrator(settings, prober=StatusProber(20), ingest=NullIngestLink())
+    try:
+        async with serving_here(create_app(orch)) as url:
+            yield orch, url
+    finally:
+        await orch.store.clear()
+        await orch.aclose()
+
+
+async def state_of(orch: Orchestrator) -> tuple[Any, ...]:
+    s = orch.store
+    return (await s.streams(), await s.pods(), await s.floors(), await s.pins(),
+            await s.assignments())  # fmt: skip
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _hs256(claims: dict[str, Any], secret: bytes, kid: str) -> str:
+    """HS256 by hand (PyJWT rightly refuses to HMAC with a public key)."""
+    head = _b64(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
+    signing_input = f"{head}.{_b64(json.dumps(claims).encode())}"
+    sig = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64(sig)}"
+
+
+def forged_tokens(keys: KeySet, tmp_path: Path) -> dict[str, str]:
+    """Tokens made with what a worker holds (the public key set, its TLS key) or nothing."""
+    kid = keys.kids[0]
+    claims = {"iss": "framerelay", "sub": "pod", "aud": "framerelay-orchestrator",
+              "scope": "fleet:write fleet:read", "iat": int(time.time()),
+              "nbf": int(time.time()), "exp": int(time.time()) + 600}  # fmt: skip
+    public = keys.public().get(kid)
+    assert public is not None
+    x = base64.urlsafe_b64decode(public.jwk["x"] + "==")
+    _cert, key_pem = PodCA.load_or_create(tmp_path / "pod-ca").issue("fr-x-0-g0", ["x.pods"])
+    tls_key = serialization.load_pem_private_key(key_pem.encode(), None)
+    header = _b64(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
+    return {
+        "hs256 with the public key": _hs256(claims, x, kid),
+        "hs256 with the public jwks": _hs256(claims, keys.public().to_json().encode(), kid),
+        "es256 with a pod's tls key": jwt.encode(claims, tls_key, "ES256", headers={"kid": kid}),
+        "alg none": f"{header}.{_b64(json.dumps(claims).encode())}.",
+    }
+
+
+def bad_tokens(keys: KeySet, tmp_path: Path) -> dict[str, tuple[str | None, int]]:
+    now = time.time()
+    kid = keys.kids[0]
+    impostor = ed_keys(kid)  # same key name, another key: the signature cannot match
+    scopes = [READ, WRITE]
+    out: dict[str, tuple[str | None, int]] = {
+        "no token": (None, 401),
+        "garbage": ("not-a-jwt", 401),
+        "bad signature": (mint(impostor, scopes, "orchestrator"), 401),
+        "unknown key": (mint(ed_keys(), scopes, "orchestrator"), 401),
+        "expired": (mint(keys, scopes, "orchestrator", ttl=60, now=now - 3600), 401),
+        "not yet valid": (mint(keys, scopes, "orchestrator", ttl=7200, now=now + 3600), 401),
+        "audience ingest": (mint(keys, scopes, "ingest"), 401),
+        "audience worker": (mint(keys, scopes, "worker"), 401),
+        "ingest scopes": (mint(keys, ["streams:write", "routing:write"], "orchestrator"), 403),
+        "worker scope": (mint(keys, ["worker:*"], "orchestrator"), 403),
+    }
+    for name, token in forged_tokens(keys, tmp_path).items():
+        out[name] = (token, 401)
+    return out
+
+
+def test_every_route_but_healthz_has_a_scope(tmp_path: Path) -> None:
+    async def main() -> None:
+        for metrics_auth in (False, True):
+            orch = Orchestrator(orch_settings(tmp_path, metrics_auth=metrics_auth),
+                                prober=StatusProber(20), ingest=NullIngestLink())  # fmt: skip
+            try:
+                scopes = route_scopes(create_app(orch))
+            finally:
+                await orch.aclose()
+            want = dict(EXPECTED_SCOPES)
+            if metrics_auth:
+                want[("GET", "/metrics")] = "metrics:read"
+            assert scopes == want  # no route unaudited, no /docs or /openapi.json
+            open_routes = [("GET", "/healthz")] + ([] if metrics_auth else [("GET", "/metrics")])
+            assert [k for k, v in scopes.items() if v is None] == open_routes
+
+    asyncio.run(main())
+
+
+def test_unauthenticated_post_pods_and_streams_are_refused_and_change_nothing(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with api(tmp_path, ed_keys()) as (orch, url):
+            before = await state_of(orch)
+            async with httpx.AsyncClient(base_url=url) as http:
+                pods = await http.post("/v1/pods", json={"tier": "ondemand"})
+                streams = await http.post("/v1/streams", json={"id": "cam-9", "url": "rtsp://x/1"})
+                health = await http.get("/healthz")
+                broken = await http.post("/v1/streams", content=b"{not json",
+                                         headers={"content-type": "application/json"})  # fmt: skip
+            assert pods.status_code == 401 and streams.status_code == 401
+            assert broken.status_code == 401  # the token first, then the body (never a 422)
+            assert "Authorization" in pods.json()["detail"]
+            assert pods.headers["www-authenticate"].startswith("Bearer")
+            assert health.status_code == 200
+            assert await state_of(orch) == before
+            assert await orch.store.floors() == {} and await orch.store.streams() == {}
+
+    asyncio.run(main())
+
+
+def test_attack_matrix_every_route_refused_and_state_unchanged(tmp_path: Path) -> None:
+    keys = ed_keys()
+
+    async def main() -> dict[str, int]:
+        async with api(tmp_path, keys, auth_max_failures=10_000) as (orch, url):
+            await orch.store.put_stream(StreamSpec(id="cam-1", url="rtsp://cam/1"))
+            before = await state_of(orch)
+            async with httpx.AsyncClient(base_url=url) as http:
+                for name, (token, want) in bad_tokens(keys, tmp_path).items():
+                    headers = {"Authorization": f"Bearer {token}"} if token else {}
+                    for method, path, body in ROUTES:
+                        resp = await http.request(method, path, json=body, headers=headers)
+                        assert resp.status_code == want, (name, method, path, resp.text)
+                        assert token is None or token not in resp.text
+            assert await state_of(orch) == before
+            return dict(orch.auth_refused)
+
+    refused = asyncio.run(main())
+    for reason in ("missing", "malformed", "bad_signature", "unknown_key", "expired",
+                   "not_yet_valid", "wrong_audience", "scope"):  # fmt: skip
+        assert refused.get(reason, 0) > 0, (reason, refused)
+
+
+def test_good_tokens_read_and_write(tmp_path: Path) -> None:
+    keys = ed_keys()
+
+    async def main() -> None:
+        async with api(tmp_path, keys) as (orch, url):
+            read = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
+            write = {"Authorization": f"Bearer {mint(keys, ['fleet:*'], 'orchestrator')}"}
+            async with httpx.AsyncClient(base_url=url) as http:
+                body = {"id": "cam-2", "url": f"rtsp://admin:{PASSWORD}@cam/2?token={PASSWORD}"}
+                assert (await http.post("/v1/streams", json=body, headers=read)).status_code == 403
+                added = await http.post("/v1/streams", json=body, headers=write)
+                assert added.status_code == 201, added.text
+                listed = await http.get("/v1/streams", headers=read)
+                fleet = await http.get("/v1/fleet", headers=read)
+                pods = await http.post("/v1/pods", json={"tier": "ondemand"}, headers=write)
+            assert listed.status_code == 200 and listed.json()[0]["id"] == "cam-2"
+            assert pods.status_code == 202
+            for text in (added.text, listed.text, fleet.text):
+                assert PASSWORD not in text and "admin:***@cam/2" in text
+            stored = (await orch.store.streams())["cam-2"]
+            assert PASSWORD in stored.url  # the ingest still gets the real URL
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "bad id!", "url": f"rtsp://admin:{PASSWORD}@cam/1"},
+        {"id": "cam-3", "url": f"rtsp://admin:{PASSWORD}@cam/1", "fps": -1},
+        {"id": "cam-3", "url": f"rtsp://admin:{PASSWORD}@cam/1", "password": PASSWORD},
+        {"id": "cam-3", "url": f"rtsp://admin:{PASSWORD}@cam/1", "priority": PASSWORD},
+    ],
+)
+def test_422_never_echoes_submitted_values(tmp_path: Path, body: dict[str, Any]) -> None:
+    """The quoted bug: the orchestrator's 422 bodies echoed submitted values, a password too."""
+    keys = ed_keys()
+
+    async def main() -> httpx.Response:
+        async with api(tmp_path, keys) as (orch, url):
+            write = {"Authorization": f"Bearer {mint(keys, [WRITE], 'orchestrator')}"}
+            async with httpx.AsyncClient(base_url=url) as http:
+                resp = await http.post("/v1/streams", json=body, headers=write)
+            assert await orch.store.streams() == {}
+            return resp
+
+    resp = asyncio.run(main())
+    assert resp.status_code == 422
+    assert PASSWORD not in resp.text and "admin" not in resp.text
+    assert all({"type", "loc", "msg"} == set(e) for e in resp.json()["detail"])
+
+
+def test_failed_authentication_is_throttled_per_peer_and_counted(tmp_path: Path) -> None:
+    keys = ed_keys()
+
+    async def main() -> tuple[list[int], httpx.Response, str, int]:
+        async with api(tmp_path, keys, auth_max_failures=3, auth_window_s=60) as (_orch, url):
+            async with httpx.AsyncClient(base_url=url) as http:
+                codes = [(await http.get("/v1/pods")).status_code for _ in range(4)]
+                good = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
+                throttled = await http.get("/v1/pods", headers=good)  # even a good token waits
+                metrics = (await http.get("/metrics")).text
+                health = (await http.get("/healthz")).status_code
+            return codes, throttled, metrics, health
+
+    codes, throttled, metrics, health = asyncio.run(main())
+    assert codes == [401, 401, 401, 429]
+    assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+    assert health == 200
+    assert 'framerelay_orch_auth_refused_total{reason="missing"} 3.0' in metrics
+    assert 'framerelay_orch_auth_refused_total{reason="throttled"} 2.0' in metrics
+
+
+def test_metrics_behind_a_token_when_asked(tmp_path: Path) -> None:
+    keys = ed_keys()
+
+    async def main() -> list[int]:
+        async with api(tmp_path, keys, metrics_auth=True) as (_orch, url):
+            async with httpx.AsyncClient(base_url=url) as http:
+                out = [(await http.get("/metrics")).status_code]
+                for scopes in ([READ], ["metrics:read"]):
+                    token = mint(keys, scopes, "orchestrator")
+                    resp = await http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+                    out.append(resp.status_code)
+            return out
+
+    assert asyncio.run(main()) == [401, 403, 200]
+
+
+def test_single_host_shared_secret_works_for_the_api(tmp_path: Path, secret: str) -> None:
+    async def main() -> int:
+        settings = orch_settings(tmp_path, token_secrets=secret, signing_keys=None)
+        orch = Orchestrator(settings, prober=StatusProber(20), ingest=NullIngestLink())
+        try:
+            async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
+                auth = {"Authorization": f"Bearer {mint(secret, [READ], 'orchestrator')}"}
+                resp = await http.get(f"{url}/v1/fleet", headers=auth)
+                return resp.status_code
+        finally:
+            await orch.store.clear()
+            await orch.aclose()
+
+    assert asyncio.run(main()) == 200
