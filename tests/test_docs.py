@@ -23,7 +23,16 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _names(model: type[BaseModel], prefix: str) -> list[str]:
-    skip = {"token_secrets", "signing_keys", "detector", "type", "runpod", "local", "kubernetes", "results"}
+    skip = {
+        "token_secrets",
+        "signing_keys",
+        "detector",
+        "type",
+        "runpod",
+        "local",
+        "kubernetes",
+        "results",
+    }
     return [prefix + n.upper() if prefix else n for n in model.model_fields if n not in skip]
 
 
