@@ -44,7 +44,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from framerelay.auth import TokenSigner  # noqa: E402
+from framerelay.auth import KeySet, TokenIssuer  # noqa: E402
 from framerelay.results import ResultRecord  # noqa: E402
 from ingest.bus import ResultBus  # noqa: E402
 from ingest.redis_bus import RedisKeys, RedisPublisher  # noqa: E402
@@ -65,7 +65,8 @@ async def serve_hub(records_path: Path, queue_size: int) -> None:
     from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
-    from ingest.hub import api_server, build_hub, results_router
+    from ingest.hub import build_hub, results_router
+    from ingest.server import api_server
     from ingest.settings import IngestSettings, ResultsSettings
 
     lines = records_path.read_text().splitlines()  # noqa: ASYNC240 - once, at start
@@ -157,7 +158,8 @@ def bench_hub(records: Path, seconds: float, counts: list[int]) -> list[dict[str
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert hub.stdout is not None
     port = json.loads(hub.stdout.readline())["port"]
-    token = TokenSigner([secret]).mint("bench", [f"stream:{STREAM}"], 3600)
+    issuer = TokenIssuer(KeySet.from_secrets([secret]))
+    token = issuer.mint("bench", [f"results:{STREAM}"], 3600, aud="ingest")
     rows = []
     try:
         for n in counts:

@@ -2,9 +2,16 @@
 
 Subscribe (typed results, reconnecting, resuming where it left off)::
 
-    async for result in subscribe("ws://ingest:8080/v1/results", streams=["cam-1"],
-                                  token=lambda: mint_token()):
+    async for result in subscribe("wss://ingest:8080/v1/results", streams=["cam-1"],
+                                  token=lambda: read_token(), ca_file="ingest-ca.pem"):
         print(result.stream_id, result.epoch, result.pts, len(result.detections))
+
+The token is a JWT for audience ``framerelay-ingest`` granting ``results:cam-1``
+(or ``results:*``), e.g. from ``framerelay token mint --aud ingest --scope
+results:cam-1``. ``wss://`` URLs are verified against ``ca_file`` (or the
+system CAs); ``client_cert``/``client_key`` answer an ingest that asks for
+mTLS. A certificate that does not verify raises :class:`ConfigError` at once
+(retrying cannot fix it).
 
 Align results with the frames you decode yourself, by ``(stream, epoch, pts)``::
 
@@ -25,10 +32,11 @@ import ssl as _ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from urllib.parse import urlencode
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from framerelay.errors import AuthError, ConfigError, ProtocolError
 from framerelay.results import ResultRecord
@@ -44,6 +52,9 @@ from framerelay.schemas import (
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 1 << 20
 Token = str | Callable[[], str] | None
+PathLike = str | Path
+_CERT_ALERTS = ("CERTIFICATE_REQUIRED", "UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_UNKNOWN")
+"""TLS alerts by which a server refuses our client certificate (mTLS)."""
 
 
 def _key(result_id: str) -> tuple[int, int]:
@@ -79,6 +90,64 @@ def results_url(
     return f"{url}?{urlencode(params)}" if params else url
 
 
+def tls_context(
+    url: str,
+    *,
+    ssl: _ssl.SSLContext | None = None,
+    ca_file: PathLike | None = None,
+    client_cert: PathLike | None = None,
+    client_key: PathLike | None = None,
+) -> _ssl.SSLContext | None:
+    """The TLS context for ``url``: None for ``ws://``; for ``wss://`` ``ssl`` as given,
+    else one verifying against ``ca_file`` (default: the system CAs), with the client
+    certificate for mTLS. :class:`ConfigError` for options that cannot work."""
+    wanted = any(x is not None for x in (ssl, ca_file, client_cert, client_key))
+    if not url.startswith("wss://"):
+        if wanted:
+            raise ConfigError("TLS options (ssl, ca_file, client_cert) need a wss:// URL")
+        return None
+    if ssl is not None:
+        if ca_file is not None or client_cert is not None:
+            raise ConfigError("give ssl= or ca_file=/client_cert=, not both")
+        return ssl
+    if client_key is not None and client_cert is None:
+        raise ConfigError("client_key needs client_cert")
+    try:
+        ctx = _ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    except (OSError, _ssl.SSLError) as exc:
+        raise ConfigError(f"ca_file {str(ca_file)!r}: {_why(exc)}") from None
+    ctx.minimum_version = _ssl.TLSVersion.TLSv1_2
+    if client_cert is not None:
+        try:
+            ctx.load_cert_chain(str(client_cert), str(client_key) if client_key else None)
+        except (OSError, _ssl.SSLError) as exc:
+            raise ConfigError(f"client_cert {str(client_cert)!r}: {_why(exc)}") from None
+    return ctx
+
+
+def _why(exc: OSError | _ssl.SSLError) -> str:
+    if isinstance(exc, _ssl.SSLError):
+        return f"not a usable PEM certificate/key ({exc.reason or 'invalid'})"
+    return exc.strerror or "cannot read it"
+
+
+def _tls_refusal(exc: _ssl.SSLError, url: str) -> ConfigError | None:
+    """A ConfigError for TLS failures that retrying cannot fix, else None."""
+    host = urlsplit(url).hostname
+    if isinstance(exc, _ssl.SSLCertVerificationError):
+        return ConfigError(
+            f"the results hub {host} has a TLS certificate that does not verify "
+            f"({exc.verify_message}); pass ca_file= the CA that signed it"
+        )
+    reason = str(exc.reason or "")
+    if any(alert in reason for alert in _CERT_ALERTS):
+        return ConfigError(
+            f"the results hub {host} refused this client's TLS certificate ({reason}); "
+            "pass client_cert=/client_key= signed by the CA it trusts"
+        )
+    return None
+
+
 async def subscribe(
     url: str,
     *,
@@ -91,16 +160,23 @@ async def subscribe(
     reconnect_max_s: float = 10.0,
     open_timeout_s: float = 10.0,
     ssl: _ssl.SSLContext | None = None,
+    ca_file: PathLike | None = None,
+    client_cert: PathLike | None = None,
+    client_key: PathLike | None = None,
 ) -> AsyncIterator[ResultMessage]:
     """Results of ``streams`` as they come, forever.
 
     Reconnects with capped, jittered backoff after any disconnect and resumes
     from the last durable id seen per stream (the hub replays what was missed;
     nothing is yielded twice). ``token`` may be a callable, called at every
-    connect (so an expired token is replaced). Raises :class:`AuthError` when
-    the hub refuses the token for good (a fixed token that is bad, expired or
-    not granted) and :class:`ConfigError` for a subscription it rejects.
+    connect (so an expired token is replaced). ``wss://`` is verified with
+    ``ssl`` or ``ca_file`` (see :func:`tls_context`). Raises :class:`AuthError`
+    when the hub refuses the token for good (a fixed token that is bad, expired
+    or not granted) and :class:`ConfigError` for a subscription it rejects or a
+    TLS certificate that does not verify.
     """
+    ctx = tls_context(url, ssl=ssl, ca_file=ca_file, client_cert=client_cert,
+                      client_key=client_key)  # fmt: skip
     st = state if state is not None else SubscribeState()
     st.last_id.update(resume or {})
     delay = 0.25
@@ -109,7 +185,7 @@ async def subscribe(
                             resume=st.last_id)  # fmt: skip
         headers = {"Authorization": f"Bearer {_token(token)}"} if token is not None else {}
         try:
-            async with connect(query, additional_headers=headers, compression=None, ssl=ssl,
+            async with connect(query, additional_headers=headers, compression=None, ssl=ctx,
                                max_size=MAX_MESSAGE_BYTES, open_timeout=open_timeout_s,
                                proxy=None) as ws:  # fmt: skip
                 st.connects += 1
@@ -117,15 +193,28 @@ async def subscribe(
                     delay = 0.25
                     yield result
             code = ws.close_code
-        except InvalidStatus as exc:
-            code = _refused(exc, token)
-        except (ConnectionClosed, OSError, TimeoutError, InvalidURI) as exc:
-            code = None
-            log.info("results connection lost: %s: %s", type(exc).__name__, exc)
+        except (InvalidHandshake, ConnectionClosed, OSError, TimeoutError, InvalidURI) as exc:
+            code = _failed(exc, token, url, mtls_hint=ctx is not None and client_cert is None)
         if code == CloseCode.TOKEN_EXPIRED and not callable(token):
             raise AuthError("the results token expired; pass a callable token to renew it")
         await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter
         delay = min(delay * 2, reconnect_max_s)
+
+
+def _failed(exc: Exception, token: Token, url: str, *, mtls_hint: bool) -> int | None:
+    """After a failed or lost connection: raise when retrying cannot help, else None."""
+    if isinstance(exc, InvalidStatus):
+        return _refused(exc, token)
+    if isinstance(exc, _ssl.SSLError):
+        refusal = _tls_refusal(exc, url)
+        if refusal is not None:
+            raise refusal from None
+    if isinstance(exc, InvalidHandshake):  # e.g. closed before answering: a refused mTLS
+        hint = "; if it requires a client certificate, pass client_cert=" if mtls_hint else ""
+        log.warning("results hub closed the connection during the handshake (%s)%s", exc, hint)
+        return None
+    log.info("results connection lost: %s: %s", type(exc).__name__, exc)
+    return None
 
 
 def _token(token: Token) -> str:
@@ -143,6 +232,9 @@ def _refused(exc: InvalidStatus, token: Token) -> int | None:
         raise ConfigError(f"the hub rejected the subscription: {reason}")
     if status == 403 or (status == 401 and not callable(token)):
         raise AuthError(f"HTTP {status}: {reason}")
+    if status == 429:
+        log.warning("results hub throttles this address (HTTP 429): %s", reason)
+        return None
     log.warning("results hub answered HTTP %d: %s; retrying", status, reason)
     return None
 

@@ -45,7 +45,13 @@ class CloseCode(enum.IntEnum):
 
 
 ErrorCode = Literal[
-    "bad_request", "unauthorized", "token_expired", "forbidden", "capacity", "too_slow"
+    "bad_request",
+    "unauthorized",
+    "token_expired",
+    "forbidden",
+    "capacity",
+    "too_slow",
+    "throttled",
 ]
 
 
@@ -62,7 +68,7 @@ class Subscription(BaseModel):
         default_factory=list,
         max_length=256,
         description="Streams to receive (query: stream, repeatable). Empty means every "
-        "stream and needs a token granting stream:*.",
+        "stream and needs a token granting results:*.",
     )
     classes: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] | None = Field(
         None,
@@ -166,7 +172,7 @@ class SidecarLine(BaseModel):
 
 HTTP_STATUS = {
     "bad_request": 400, "unauthorized": 401, "token_expired": 401, "forbidden": 403,
-    "capacity": 503, "too_slow": 503,
+    "throttled": 429, "capacity": 503, "too_slow": 503,
 }  # fmt: skip
 """HTTP status of a refused handshake, by error code."""
 
@@ -231,10 +237,13 @@ def asyncapi() -> dict[str, Any]:
             "version": str(SCHEMA_VERSION),
             "description": (
                 "Live, PTS-aligned detection results per stream. Authenticate with "
-                "'Authorization: Bearer <token>' granting stream:<id> (or stream:*). "
-                "Refusals before the handshake completes: HTTP 400 bad subscription, 401 "
-                "missing/malformed/badly signed/expired token, 403 stream not granted, 503 "
-                "too many subscribers; the body is an ErrorMessage. Close codes after "
+                "'Authorization: Bearer <token>': a JWT for audience framerelay-ingest "
+                "granting results:<id> (or results:*). Served over wss:// when the ingest has "
+                "api_tls_cert. Refusals before the handshake completes: HTTP 400 bad "
+                "subscription, 401 missing/malformed/badly signed/expired/not yet valid/"
+                "wrong-audience token, 403 stream not granted, 429 too many failed "
+                "authentications from this address (Retry-After), 503 too many subscribers; "
+                "the body is an ErrorMessage. Close codes after "
                 "it: " + ", ".join(f"{c.value} {c.name.lower()}" for c in CloseCode) + "."
             ),
         },
@@ -302,15 +311,26 @@ def breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         for prop, spec in old_props.items():
             if prop not in new_props:
                 problems.append(f"{name}.{prop} was removed")
-            elif _shape(spec) != _shape(new_props[prop]):
+            elif not _compatible(_shape(spec), _shape(new_props[prop])):
                 problems.append(f"{name}.{prop} changed type")
         added_required = set(new_defs[name].get("required", [])) - set(schema.get("required", []))
         problems += [f"{name}.{p} became required" for p in sorted(added_required)]
     return problems
 
 
-def _shape(spec: dict[str, Any]) -> object:
+def _shape(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: spec[k] for k in ("type", "$ref", "anyOf", "items", "enum", "const") if k in spec}
+
+
+def _compatible(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Same shape, or an enum that only grew (a new error code is additive)."""
+    if old == new:
+        return True
+    old_enum, new_enum = old.get("enum"), new.get("enum")
+    if not (isinstance(old_enum, list) and isinstance(new_enum, list)):
+        return False
+    rest = {k: v for k, v in old.items() if k != "enum"}
+    return rest == {k: v for k, v in new.items() if k != "enum"} and set(old_enum) <= set(new_enum)
 
 
 def check(directory: Path = SCHEMA_DIR) -> list[str]:

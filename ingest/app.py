@@ -1,9 +1,21 @@
 """The ingest service's HTTP/WebSocket API (FastAPI) and its process entry.
 
-* ``GET /healthz`` - liveness.
+* ``GET /openapi.json`` - the OpenAPI document (``streams:read``; no ``/docs``).
+* ``GET /healthz`` - liveness; ``GET /readyz`` - 200 once the streams are
+  loaded and started, else 503. Both open.
 * the stream API (:mod:`ingest.streams_api`): ``GET /v1/streams`` ...
-* the result hub (:mod:`ingest.hub`): ``WS /v1/results?stream=ID``.
-* ``GET /metrics`` - Prometheus: streams (:mod:`ingest.metrics`), hub, Redis publisher.
+  (``streams:read`` / ``streams:write``).
+* the routing API (:mod:`ingest.routing`): ``PUT /v1/streams/{id}/worker``
+  (``routing:write``), ``GET /v1/routing`` (``streams:read``).
+* the result hub (:mod:`ingest.hub`): ``WS /v1/results?stream=ID``
+  (``results:<id>``).
+* ``GET /metrics`` - Prometheus: streams (:mod:`ingest.metrics`), hub, Redis
+  publisher, ``framerelay_ingest_auth_refused_total{reason}``. Open unless
+  ``metrics_auth`` (then ``metrics:read``).
+
+Tokens are for audience ``framerelay-ingest`` (:mod:`ingest.auth`); without
+keys to verify them the API does not start. With ``api_tls_cert`` the API is
+HTTPS/WSS only (:mod:`ingest.server`).
 
 With ``FRAMERELAY_REDIS_URL`` set, results also go to Redis
 (:mod:`ingest.redis_bus`): live PUBLISH and durable Streams.
@@ -13,20 +25,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import APIRouter, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from framerelay.auth import AuthGuard
+from framerelay.auth.web import ApiAuth, install_validation_handler
 from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
-from ingest.hub import ResultHub, api_server, build_hub, results_router
+from ingest.auth import api_guard
+from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
 from ingest.metrics import register_stream_metrics
 from ingest.redis_bus import publisher_from_settings
 from ingest.routing import routing_router
+from ingest.server import api_server, tls_options
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import build_store
-from ingest.streams_api import install_validation_handler, streams_router
+from ingest.streams_api import streams_router
 
 log = logging.getLogger(__name__)
 
@@ -35,42 +52,72 @@ def create_app(
     service: IngestService,
     hub: ResultHub | None = None,
     registry: CollectorRegistry | None = None,
+    *,
+    guard: AuthGuard | None = None,
 ) -> FastAPI:
-    app = FastAPI(title="framerelay ingest", version="1")
+    """The ingest API. ``guard`` checks every token (default: the hub's, else one built
+    from the settings); ConfigError when there are no keys to verify tokens with."""
+    # no open /docs or /redoc; the OpenAPI document needs streams:read
+    app = FastAPI(title="framerelay ingest", version="1", docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
     registry = registry or CollectorRegistry()
-    hub = hub or build_hub(service.bus, service.settings, registry)
+    guard = guard or (hub.guard if hub is not None else api_guard(service.settings, registry))
+    hub = hub or build_hub(service.bus, service.settings, registry, guard=guard)
+    api = ApiAuth(guard)
     register_stream_metrics(service, registry)  # stream state/counters (ingest.metrics)
     install_validation_handler(app)  # 422s never echo submitted values (passwords)
+    app.include_router(_metrics_router(registry, api if service.settings.metrics_auth else None))
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[api.requires("streams:read")])
+    async def openapi() -> dict[str, Any]:
+        return app.openapi()
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.include_router(streams_router(service))
-    app.include_router(routing_router(service.pool, adopt=service.adopt_stream))
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ready = service.started.is_set()
+        body = b'{"status":"ready"}' if ready else b'{"status":"starting"}'
+        return Response(body, status_code=200 if ready else 503, media_type="application/json")
+
+    app.include_router(streams_router(service, api))
+    app.include_router(routing_router(service.pool, api, adopt=service.adopt_stream))
     app.include_router(results_router(hub))
     return app
 
 
+def _metrics_router(registry: CollectorRegistry, api: ApiAuth | None) -> APIRouter:
+    """``GET /metrics``: open, or (``api`` given) for tokens granting ``metrics:read``."""
+    router = APIRouter()
+    scrape = [api.requires("metrics:read")] if api is not None else []
+
+    @router.get("/metrics", dependencies=scrape)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
 async def serve_ingest(settings: IngestSettings) -> int:
     """Run the ingest service and its API until SIGINT/SIGTERM."""
+    registry = CollectorRegistry()
+    guard = api_guard(settings, registry)  # refuses to start without keys to verify tokens
+    tls_options(settings)  # and with a TLS file it cannot read
     store = build_store(settings)  # streams added over the API survive restarts
     service = IngestService(settings, store=store)
     writer = JsonlWriter(settings.out) if settings.out else None
     if writer is not None:
         service.bus.tap(writer.write)
     service.bus.resize_history(settings.results.history)
-    registry = CollectorRegistry()
     publisher = publisher_from_settings(settings, service.bus.ids, registry)
     if publisher is not None:
         service.bus.observe(publisher.offer)
-    hub = build_hub(service.bus, settings, registry, publisher.read_after if publisher else None)
+    durable = publisher.read_after if publisher else None
+    hub = build_hub(service.bus, settings, registry, durable, guard=guard)
     stop = asyncio.Event()
-    server, sock = api_server(create_app(service, hub, registry), settings)
+    server, sock = api_server(create_app(service, hub, registry, guard=guard), settings)
     install_signal_handlers(stop)
     # uvicorn captures SIGINT/SIGTERM while it serves and re-raises them when it
     # returns; whichever side ends first stops the other.

@@ -1,13 +1,15 @@
 """Result hub: the WebSocket API that fans results out to subscribers.
 
 ``WS /v1/results?stream=ID[&class=NAME][&min_confidence=F][&resume=ID@DURABLE_ID]``
-(the query form of :class:`framerelay.schemas.Subscription`). When token
-secrets are configured the client sends ``Authorization: Bearer <token>``
-granting ``stream:<id>`` for every stream it asks for (``stream:*`` for all).
-Refusals happen before the handshake completes, so no result is ever sent on
-them: HTTP 400 (bad subscription), 401 (missing, malformed, badly signed or
-expired token), 403 (stream not granted), 503 (too many subscribers), each with
-an :class:`~framerelay.schemas.ErrorMessage` body.
+(the query form of :class:`framerelay.schemas.Subscription`). The client sends
+``Authorization: Bearer <token>``: a token for audience ``framerelay-ingest``
+granting ``results:<id>`` for every stream it asks for (``results:*`` for
+all). Refusals happen before the handshake completes, so no result is ever
+sent on them: HTTP 400 (bad subscription), 401 (missing, malformed, badly
+signed, expired, not yet valid or for another service), 403 (stream not
+granted), 429 (too many failed authentications from this address; with
+``Retry-After``), 503 (too many subscribers), each with an
+:class:`~framerelay.schemas.ErrorMessage` body.
 
 After the handshake the hub sends ``subscribed``, any replayed results (resume),
 then live ``result`` messages. Each subscriber has a bounded queue: when full
@@ -23,20 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import uvicorn
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from framerelay.auth import Claims, TokenSigner, bearer_token
-from framerelay.errors import AuthError, FramerelayError
+from framerelay.auth import AuthGuard, Claims, Forbidden, Throttled, Unauthorized
+from framerelay.errors import FramerelayError
 from framerelay.results import ResultRecord
 from framerelay.schemas import (
     HTTP_STATUS,
@@ -47,10 +46,10 @@ from framerelay.schemas import (
     SubscribedMessage,
     Subscription,
 )
-from framerelay.settings import split_secrets
+from ingest.auth import api_guard
 from ingest.bus import DetectionFilter, IdKey, Published, ResultBus, parse_id
 from ingest.bus import Subscription as _Queue
-from ingest.settings import IngestSettings, ResultsSettings
+from ingest.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 NOTICE_EVERY_S = 1.0
@@ -64,9 +63,20 @@ DurableRange = Callable[[str, IdKey, int], Awaitable[list[ResultRecord]]]
 class Refused(FramerelayError):
     """A subscription the hub turns down before the handshake completes."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code: ErrorCode = code
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.code in ("unauthorized", "token_expired"):
+            out["WWW-Authenticate"] = 'Bearer realm="framerelay", error="invalid_token"'
+        elif self.code == "forbidden":
+            out["WWW-Authenticate"] = 'Bearer realm="framerelay", error="insufficient_scope"'
+        if self.retry_after_s is not None:
+            out["Retry-After"] = str(max(1, round(self.retry_after_s)))
+        return out
 
 
 class HubMetrics:
@@ -102,7 +112,7 @@ class HubConfig:
     send_timeout_s: float = 5.0
     max_subscribers: int = 1000
     resume_max: int = 2000
-    token_leeway_s: float = 5.0  # as TokenSigner's: a token just accepted is not cut at once
+    token_leeway_s: float = 30.0  # as the verifier's: a token just accepted is not cut at once
 
 
 @dataclass(slots=True)
@@ -151,62 +161,58 @@ class ResultHub:
         self,
         bus: ResultBus,
         *,
-        signer: TokenSigner | None,
+        guard: AuthGuard,
         config: HubConfig | None = None,
         registry: CollectorRegistry | None = None,
         durable: DurableRange | None = None,
     ) -> None:
         self.bus = bus
-        self.signer = signer
+        self.guard = guard
         self.config = config or HubConfig()
         self.metrics = HubMetrics(registry or CollectorRegistry())
         self.durable = durable
         self.active = 0
 
-    def authorize(self, sub: Subscription, authorization: str | None) -> Claims | None:
+    def authorize(self, sub: Subscription, authorization: str | None, peer: str) -> Claims:
         """Check the token against every stream asked for, then capacity; :class:`Refused`."""
-        claims = self._claims(sub, authorization)
+        claims = self._claims(sub, authorization, peer)
         if self.active >= self.config.max_subscribers:
             raise Refused("capacity", f"the hub serves at most {self.config.max_subscribers} "
                           "subscribers; try again later")  # fmt: skip
         return claims
 
-    def _claims(self, sub: Subscription, authorization: str | None) -> Claims | None:
-        if self.signer is None:
-            return None
-        scopes = [f"stream:{s}" for s in sub.streams] or ["stream:*"]
+    def _claims(self, sub: Subscription, authorization: str | None, peer: str) -> Claims:
+        scopes = [f"results:{s}" for s in sub.streams] or ["results:*"]
         try:
-            claims = self.signer.verify(bearer_token(authorization), scopes[0])
-        except AuthError as exc:
-            text = str(exc)
-            if "does not grant" in text:
-                raise Refused("forbidden", text) from None
-            raise Refused("token_expired" if "expired" in text else "unauthorized", text) from None
+            claims = self.guard.check(authorization, scopes[0], peer)
+        except Throttled as exc:
+            raise Refused("throttled", str(exc), exc.retry_after_s) from None
+        except Forbidden as exc:
+            raise Refused("forbidden", str(exc)) from None
+        except Unauthorized as exc:
+            code: ErrorCode = "token_expired" if exc.reason == "expired" else "unauthorized"
+            raise Refused(code, str(exc)) from None
         for scope in scopes[1:]:
             if not claims.allows(scope):
-                raise Refused("forbidden", f"token does not grant {scope!r}")
+                self.guard.refused(Forbidden.reason)
+                raise Refused("forbidden", f"token for {claims.sub!r} does not grant {scope!r}")
         return claims
 
     async def handle(self, ws: WebSocket) -> None:
         """The whole life of one subscriber connection."""
+        peer = ws.client.host if ws.client is not None else "unknown"
         try:
             sub = parse_query(ws)
-            claims = self.authorize(sub, ws.headers.get("authorization"))
+            claims = self.authorize(sub, ws.headers.get("authorization"), peer)
         except Refused as exc:
-            self.metrics.refused.labels(exc.code).inc()
-            status = HTTP_STATUS[exc.code]
-            body = ErrorMessage(code=exc.code, message=str(exc), http_status=status)
-            try:
-                await ws.send_denial_response(JSONResponse(body.model_dump(), status_code=status))
-            except RuntimeError:  # a server without the denial-response extension: plain 403
-                await ws.close(code=1008, reason=exc.code)
+            await self._deny(ws, exc)
             return
         session = _Session(
             subscription=sub,
             filt=DetectionFilter(
                 frozenset(sub.classes) if sub.classes is not None else None, sub.min_confidence
             ),
-            expires_at=float(claims.exp) if claims is not None else None,
+            expires_at=float(claims.exp),
         )
         await ws.accept()
         self.active += 1
@@ -217,6 +223,17 @@ class ResultHub:
             self.active -= 1
             self.metrics.subscribers.dec()
         self.metrics.closed.labels(reason).inc()
+
+    async def _deny(self, ws: WebSocket, exc: Refused) -> None:
+        """Refuse the handshake with an HTTP answer (no result is ever sent)."""
+        self.metrics.refused.labels(exc.code).inc()
+        status = HTTP_STATUS[exc.code]
+        body = ErrorMessage(code=exc.code, message=str(exc), http_status=status)
+        answer = JSONResponse(body.model_dump(), status_code=status, headers=exc.headers())
+        try:
+            await ws.send_denial_response(answer)
+        except RuntimeError:  # a server without the denial-response extension: plain 403
+            await ws.close(code=1008, reason=exc.code)
 
     async def _serve(self, ws: WebSocket, session: _Session) -> str:
         sub = session.subscription
@@ -383,54 +400,19 @@ def build_hub(
     settings: IngestSettings,
     registry: CollectorRegistry,
     durable: DurableRange | None = None,
+    *,
+    guard: AuthGuard | None = None,
 ) -> ResultHub:
-    """The hub as the ingest's settings describe it."""
-    secrets = settings.token_secrets
+    """The hub as the ingest's settings describe it (``guard``: the API's, else a new one
+    on ``registry``; ConfigError when the settings hold no keys to verify tokens)."""
     r = settings.results
+    config = HubConfig(
+        r.queue_size, r.send_timeout_s, r.max_subscribers, r.resume_max, settings.token_leeway_s
+    )
     return ResultHub(
         bus,
-        signer=TokenSigner(split_secrets(secrets)) if secrets is not None else None,
-        config=HubConfig(r.queue_size, r.send_timeout_s, r.max_subscribers, r.resume_max),
+        guard=guard or api_guard(settings, registry),
+        config=config,
         registry=registry,
         durable=durable,
     )
-
-
-def api_server(app: Any, settings: IngestSettings) -> tuple[uvicorn.Server, socket.socket]:
-    """A uvicorn server for the ingest API and its listening socket (see :func:`listen_socket`)."""
-    results = settings.results
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=5,
-        ws_ping_interval=results.ping_interval_s or None,
-        ws_ping_timeout=results.ping_timeout_s,
-        ws_max_size=65_536,
-        ws_per_message_deflate=False,
-    )
-    return uvicorn.Server(config), listen_socket(settings.api_host, settings.api_port, results)
-
-
-def listen_socket(host: str, port: int, results: ResultsSettings) -> socket.socket:
-    """The API's listening socket, with the per-subscriber kernel limits set.
-
-    Accepted sockets inherit them: a bounded send buffer (so a subscriber that
-    stops reading blocks its sender soon, and the send timeout fires) and
-    ``TCP_USER_TIMEOUT`` (the kernel drops a connection whose data has gone
-    unacknowledged that long, which also frees sockets of peers that stopped
-    reading but never close).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if results.send_buffer_bytes:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, results.send_buffer_bytes)
-    if results.tcp_user_timeout_s and hasattr(socket, "TCP_USER_TIMEOUT"):
-        ms = int(results.tcp_user_timeout_s * 1000)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock

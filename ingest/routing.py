@@ -10,11 +10,15 @@ never served by two workers at once, and its decode thread never stops.
 
 ``routing_router`` exposes it to the orchestrator:
 
-* ``PUT /v1/streams/{id}/worker`` ``{"worker_id", "url", "stream"?}`` - place
-  or move a stream (``stream``: its definition, to create it if new);
-  idempotent.
-* ``DELETE /v1/streams/{id}/worker`` - stop the stream and forget it.
-* ``GET /v1/routing`` - stream -> worker.
+* ``PUT /v1/streams/{id}/worker`` ``{"worker_id", "url", "stream"?,
+  "tls_server_name"?}`` - place or move a stream (``stream``: its definition,
+  to create it if new; ``tls_server_name``: the name the worker's certificate
+  must carry, e.g. ``<pod>.pods.framerelay``, checked against the ingest's
+  ``tls_ca``); idempotent. Scope ``routing:write``. A ``ws://`` URL to a host
+  that is not this one is refused (422) unless ``allow_insecure_workers``.
+* ``DELETE /v1/streams/{id}/worker`` - stop the stream and forget it
+  (``routing:write``).
+* ``GET /v1/routing`` - stream -> worker (``streams:read``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay import wire
+from framerelay.auth.web import ApiAuth
+from framerelay.errors import ConfigError
 from framerelay.results import ResultRecord
+from ingest.auth import HOSTNAME, AuthFirstRoute, check_worker_url
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient
@@ -52,11 +59,13 @@ class WorkerPool:
         ssl_context: ssl.SSLContext | None = None,
         frame_timeout_s: float = 10.0,
         reconnect_max_s: float = 10.0,
+        allow_insecure: bool = False,
     ) -> None:
         self._token_for = token_for
         self._on_result = on_result
         self.max_inflight = max_inflight
         self._ssl = ssl_context
+        self.allow_insecure = allow_insecure
         self._timeouts = (frame_timeout_s, reconnect_max_s)
         self.clients: dict[str, TunnelClient] = {}
         self.streams: dict[str, IngestStream] = {}
@@ -66,15 +75,19 @@ class WorkerPool:
         self._runs: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
 
-    def _client(self, worker_id: str, url: str) -> TunnelClient:
+    def _client(self, worker_id: str, url: str, server_name: str | None) -> TunnelClient:
         client = self.clients.get(worker_id)
-        if client is not None and client.url == url:
+        if client is not None and (client.url, client.server_hostname) == (url, server_name):
             return client
+        secure = url.startswith("wss://")
+        if secure and self._ssl is None:
+            self._ssl = ssl.create_default_context()
         client = TunnelClient(
             url,
             lambda: self._token_for(worker_id),
             self._on_result,
-            ssl_context=self._ssl if url.startswith("wss://") else None,
+            ssl_context=self._ssl if secure else None,
+            server_hostname=server_name,
             frame_timeout_s=self._timeouts[0],
             reconnect_max_s=self._timeouts[1],
         )
@@ -108,20 +121,28 @@ class WorkerPool:
         client = self.clients.get(self.where.get(stream_id, ""))
         return client is not None and client.connected.is_set()
 
-    async def move(self, stream_id: str, worker_id: str, url: str) -> bool:
-        """Send ``stream_id`` to ``worker_id`` (at ``url``); False if already there."""
+    async def move(
+        self, stream_id: str, worker_id: str, url: str, tls_server_name: str | None = None
+    ) -> bool:
+        """Send ``stream_id`` to ``worker_id`` (at ``url``, its certificate checked for
+        ``tls_server_name`` when given); False if already there. ConfigError for a
+        URL this pool must not use (see :func:`ingest.auth.check_worker_url`)."""
+        check_worker_url(url, allow_insecure=self.allow_insecure, tls_server_name=tls_server_name)
         async with self._lock:
             stream = self.streams.get(stream_id)
             if stream is None:
                 raise KeyError(stream_id)
             old = self.where.get(stream_id)
-            if old == worker_id and self.clients[old].url == url:
+            if old == worker_id and (self.clients[old].url, self.clients[old].server_hostname) == (
+                url,
+                tls_server_name,
+            ):
                 return False
             snapshot: Snapshot | None = self._adopted.pop(stream_id, None)
             if old is not None and old in self.clients:
                 detached = await self.clients[old].detach(stream_id)
                 snapshot = detached[1] if detached else None
-            self._client(worker_id, url).add(stream, snapshot=snapshot)
+            self._client(worker_id, url, tls_server_name).add(stream, snapshot=snapshot)
             self.where[stream_id] = worker_id
             self.moves += old is not None
             log.info(
@@ -170,23 +191,36 @@ class WorkerPool:
 
 
 class Assignment(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     worker_id: str = Field(min_length=1, max_length=128)
-    url: str = Field(pattern=r"^wss?://")
+    url: str = Field(pattern=r"^wss?://", max_length=2048)
     stream: StreamConfig | None = None
+    tls_server_name: str | None = Field(
+        None,
+        pattern=HOSTNAME,
+        max_length=253,
+        description="The DNS name the worker's certificate must carry (wss:// only), "
+        "e.g. <pod>.pods.framerelay; default: the URL's host.",
+    )
 
 
-def routing_router(
-    pool: WorkerPool,
-    adopt: Callable[[str], Awaitable[tuple[IngestStream, Snapshot | None] | None]] | None = None,
-) -> APIRouter:
+Adopt = Callable[[str], Awaitable[tuple[IngestStream, Snapshot | None] | None]]
+
+
+def routing_router(pool: WorkerPool, api: ApiAuth, adopt: Adopt | None = None) -> APIRouter:
     """The orchestrator's endpoints. ``adopt(stream_id)`` hands over a stream the
     ingest runs on its default worker, so the orchestrator can place it too."""
-    router = APIRouter()
+    router = APIRouter(route_class=AuthFirstRoute)
+    write = [api.requires("routing:write")]
 
-    @router.put("/v1/streams/{stream_id}/worker")
+    @router.put("/v1/streams/{stream_id}/worker", dependencies=write)
     async def assign(stream_id: str, body: Assignment) -> dict[str, Any]:
+        try:  # refuse before anything changes
+            check_worker_url(body.url, allow_insecure=pool.allow_insecure,
+                             tls_server_name=body.tls_server_name)  # fmt: skip
+        except ConfigError as exc:
+            raise HTTPException(422, str(exc)) from None
         if stream_id not in pool.streams and adopt is not None:
             taken = await adopt(stream_id)
             if taken is not None:
@@ -195,16 +229,16 @@ def routing_router(
             if body.stream is None or body.stream.id != stream_id:
                 raise HTTPException(404, f"unknown stream {stream_id!r}: send its definition")
             pool.add_stream(body.stream)
-        moved = await pool.move(stream_id, body.worker_id, body.url)
+        moved = await pool.move(stream_id, body.worker_id, body.url, body.tls_server_name)
         return {"stream": stream_id, "worker_id": body.worker_id, "changed": moved}
 
-    @router.delete("/v1/streams/{stream_id}/worker")
+    @router.delete("/v1/streams/{stream_id}/worker", dependencies=write)
     async def unassign(stream_id: str) -> dict[str, Any]:
         if not await pool.remove(stream_id):
             raise HTTPException(404, f"unknown stream {stream_id!r}")
         return {"stream": stream_id, "removed": True}
 
-    @router.get("/v1/routing")
+    @router.get("/v1/routing", dependencies=[api.requires("streams:read")])
     async def routing() -> dict[str, str]:
         return dict(pool.where)
 

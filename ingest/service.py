@@ -19,9 +19,8 @@ import asyncio
 import contextlib
 import logging
 
-from framerelay.auth import TokenSigner
 from framerelay.errors import ConfigError, FramerelayError
-from framerelay.settings import split_secrets
+from ingest.auth import check_worker_url, tunnel_tokens
 from ingest.bus import ResultBus
 from ingest.routing import Snapshot, WorkerPool
 from ingest.settings import IngestSettings, StreamConfig
@@ -31,7 +30,6 @@ from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient, client_ssl_context
 
 log = logging.getLogger(__name__)
-TOKEN_TTL_S = 3600.0
 FINISH_POLL_S = 0.1
 DRAIN_TIMEOUT_S = 3.0
 RETIRE_GRACE_S = 2.0
@@ -46,24 +44,15 @@ class UnknownStream(ConfigError):
     """No stream has this id."""
 
 
-def token_provider(settings: IngestSettings) -> TokenSigner | str:
-    """A fixed token from settings, or a signer to mint a fresh one per connect."""
-    if settings.token is not None:
-        return settings.token.get_secret_value()
-    if settings.token_secrets is None:
-        raise ConfigError(
-            "no tunnel credentials: set FRAMERELAY_INGEST_TOKEN (a token granting "
-            "worker:<id>) or FRAMERELAY_TOKEN_SECRETS (the worker's secrets)"
-        )
-    return TokenSigner(split_secrets(settings.token_secrets))
-
-
 class IngestService:
     def __init__(self, settings: IngestSettings, store: StreamStore | None = None) -> None:
         self.settings = settings
         self.store = store
         self.bus = ResultBus()
-        self._credentials = token_provider(settings)
+        check_worker_url(settings.worker_url, allow_insecure=settings.allow_insecure_workers)
+        self._token_for = tunnel_tokens(settings)
+        """``token_for(worker_id)``: a fixed token (it must grant every worker used), or
+        one minted per connect."""
         ctx = client_ssl_context(
             str(settings.tls_ca) if settings.tls_ca else None,
             str(settings.tls_client_cert) if settings.tls_client_cert else None,
@@ -84,6 +73,7 @@ class IngestService:
             ssl_context=ctx,
             frame_timeout_s=settings.frame_timeout_s,
             reconnect_max_s=settings.reconnect_max_s,
+            allow_insecure=settings.allow_insecure_workers,
         )
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
@@ -93,12 +83,6 @@ class IngestService:
 
     def _token(self) -> str:
         return self._token_for(self.settings.worker_id)
-
-    def _token_for(self, worker_id: str) -> str:
-        """A fixed token (it must grant every worker used), or one minted per connect."""
-        if isinstance(self._credentials, str):
-            return self._credentials
-        return self._credentials.mint("ingest", [f"worker:{worker_id}"], TOKEN_TTL_S)
 
     @property
     def streams(self) -> dict[str, IngestStream]:

@@ -15,8 +15,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from framerelay.settings import ServiceSettings
 from framerelay.wire import STREAM_ID
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
@@ -186,8 +187,12 @@ class ResultsSettings(BaseModel):
     redis_timeout_s: float = Field(2.0, gt=0, le=60, description="Per Redis round trip.")
 
 
-class IngestSettings(BaseSettings):
-    """Where the worker is, how to authenticate, and what to serve."""
+class IngestSettings(ServiceSettings):
+    """Where the worker is, how to authenticate, and what to serve.
+
+    Every ``SecretStr`` setting ``X`` also reads the file named by ``X_FILE``
+    (e.g. ``FRAMERELAY_SIGNING_KEYS_FILE``).
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="FRAMERELAY_INGEST_",
@@ -203,7 +208,38 @@ class IngestSettings(BaseSettings):
     token_secrets: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("token_secrets", "FRAMERELAY_TOKEN_SECRETS"),
-        description="Alternatively, secrets to mint the tunnel token locally.",
+        description="HS256 shared secrets (single host only): mint tunnel tokens and verify "
+        "API tokens with them.",
+    )
+    signing_keys: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("signing_keys", "FRAMERELAY_SIGNING_KEYS"),
+        description="The primary cloud's private key set (JWKS from 'framerelay keys "
+        "generate'): mints tunnel tokens (aud framerelay-worker) and verifies API tokens "
+        "(aud framerelay-ingest). A public set suffices with a fixed FRAMERELAY_INGEST_TOKEN.",
+    )
+    token_leeway_s: float = Field(
+        30.0, ge=0, le=3600, description="Clock skew allowed on exp/nbf/iat of API tokens."
+    )
+    auth_max_failures: int = Field(
+        20, ge=1, le=1_000_000, description="Failed authentications per peer address per window "
+        "before it is refused with 429.",
+    )  # fmt: skip
+    auth_window_s: float = Field(
+        60.0, gt=0, le=86_400, description="Window of auth_max_failures, in seconds."
+    )
+    metrics_auth: bool = Field(False, description="GET /metrics needs a metrics:read token.")
+    api_tls_cert: Path | None = Field(
+        None, description="Serve the API (REST and the results WebSocket) over HTTPS/WSS."
+    )
+    api_tls_key: Path | None = Field(None, description="Private key of api_tls_cert.")
+    api_tls_client_ca: Path | None = Field(
+        None, description="mTLS: API clients must present a certificate signed by this CA."
+    )
+    allow_insecure_workers: bool = Field(
+        False,
+        description="Allow plain ws:// to workers that are not on this host (loopback is "
+        "always allowed). Frames then cross the network unencrypted.",
     )
     worker_id: str = Field("*", description="Worker id to scope a locally minted token to.")
     tls_ca: Path | None = Field(None, description="CA bundle to verify the worker (wss://).")
@@ -236,3 +272,11 @@ class IngestSettings(BaseSettings):
         max_length=200,
         description="Redis hash holding this ingest's stream definitions.",
     )
+
+    @model_validator(mode="after")
+    def _check_api_tls(self) -> IngestSettings:
+        if (self.api_tls_cert is None) != (self.api_tls_key is None):
+            raise ValueError("set both api_tls_cert and api_tls_key (or neither)")
+        if self.api_tls_client_ca is not None and self.api_tls_cert is None:
+            raise ValueError("api_tls_client_ca (mTLS) needs api_tls_cert and api_tls_key")
+        return self

@@ -9,9 +9,11 @@
   it in the next epoch;
 * ``DELETE /v1/streams/{id}`` - stop it and free its state (ingest and worker).
 
-Definitions are validated (unknown fields are errors: 422) and persisted
-before anything changes (store down: 503). Validation errors never echo the
-submitted values (they may hold a password).
+Reading needs a token granting ``streams:read``, changing one granting
+``streams:write`` (audience ``framerelay-ingest``); a refused request (401,
+403, 429) has no effect. Definitions are validated (unknown fields are
+errors: 422) and persisted before anything changes (store down: 503).
+Validation errors never echo the submitted values (they may hold a password).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from framerelay.auth.web import ApiAuth
 from framerelay.errors import ConfigError, SourceError
+from ingest.auth import AuthFirstRoute
 from ingest.service import IngestService, StreamExists, UnknownStream
 from ingest.settings import StreamConfig
 from ingest.store import StoreError
@@ -113,46 +115,35 @@ async def _guarded(change: Awaitable[T]) -> T:
         raise _http_error(exc) from None
 
 
-def streams_router(service: IngestService) -> APIRouter:
-    router = APIRouter(prefix="/v1/streams", tags=["streams"])
+def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
+    router = APIRouter(prefix="/v1/streams", tags=["streams"], route_class=AuthFirstRoute)
+    read = [api.requires("streams:read")]
+    write = [api.requires("streams:write")]
 
-    @router.get("")
+    @router.get("", dependencies=read)
     async def list_streams() -> list[StreamStatus]:
         return [_status(s) for s in list(service.streams.values())]
 
-    @router.post("", status_code=status.HTTP_201_CREATED)
+    @router.post("", status_code=status.HTTP_201_CREATED, dependencies=write)
     async def add_stream(config: StreamConfig) -> StreamDetail:
         return _detail(await _guarded(service.create_stream(config)))
 
-    @router.get("/{stream_id}")
+    @router.get("/{stream_id}", dependencies=read)
     async def get_stream(stream_id: str) -> StreamDetail:
         stream = service.streams.get(stream_id)
         if stream is None:
             raise _http_error(UnknownStream(f"no stream {stream_id!r}"))
         return _detail(stream)
 
-    @router.put("/{stream_id}")
+    @router.put("/{stream_id}", dependencies=write)
     async def replace_stream(stream_id: str, config: StreamConfig) -> StreamDetail:
         if config.id != stream_id:
             raise _http_error(ConfigError(f"body id {config.id!r} differs from {stream_id!r}"))
         return _detail(await _guarded(service.update_stream(config)))
 
-    @router.delete("/{stream_id}", status_code=status.HTTP_204_NO_CONTENT)
+    @router.delete("/{stream_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=write)
     async def remove_stream(stream_id: str) -> Response:
         await _guarded(service.remove_stream(stream_id))
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     return router
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    """422 with where and why, but not the submitted values (passwords, URLs)."""
-    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    detail = [
-        {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors
-    ]
-    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
-
-
-def install_validation_handler(app: FastAPI) -> None:
-    app.add_exception_handler(RequestValidationError, _validation_error)

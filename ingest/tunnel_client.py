@@ -51,15 +51,20 @@ class TunnelClient:
         on_result: Callable[[ResultRecord], None],
         *,
         ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
         frame_timeout_s: float = 10.0,
         reconnect_max_s: float = 10.0,
     ) -> None:
         if not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"worker URL must start with ws:// or wss://, got {url!r}")
+        if server_hostname is not None and (ssl_context is None or not url.startswith("wss://")):
+            raise ConfigError("a TLS server name needs a wss:// worker URL and a TLS context")
         self.url = url
         self._token = token
         self._on_result = on_result
         self._ssl = ssl_context
+        self.server_hostname = server_hostname
+        """The name the worker's certificate must carry (default: the URL's host)."""
         self.frame_timeout_s = frame_timeout_s
         self.reconnect_max_s = reconnect_max_s
         self.streams: dict[str, IngestStream] = {}
@@ -120,11 +125,14 @@ class TunnelClient:
 
     async def _connect_once(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self._token()}"}
+        tls: dict[str, Any] = {"ssl": self._ssl}
+        if self.server_hostname is not None:
+            tls["server_hostname"] = self.server_hostname
         try:
             ws = await connect(
                 self.url,
                 additional_headers=headers,
-                ssl=self._ssl,
+                **tls,
                 compression=None,
                 max_size=wire.DEFAULT_LIMITS.max_message,
                 open_timeout=HELLO_TIMEOUT_S,

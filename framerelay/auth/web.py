@@ -74,7 +74,7 @@ def install_validation_handler(app: FastAPI) -> None:
 def route_scopes(app: FastAPI) -> dict[tuple[str, str], str | None]:
     """``(method or "WS", path) -> scope`` of every route (None: open)."""
     out: dict[tuple[str, str], str | None] = {}
-    for route in app.routes:
+    for route in _all_routes(app):
         path = getattr(route, "path", "")
         deps = getattr(getattr(route, "dependant", None), "dependencies", [])
         calls: list[Callable[..., Awaitable[Any]]] = [d.call for d in deps if d.call is not None]
@@ -82,3 +82,12 @@ def route_scopes(app: FastAPI) -> dict[tuple[str, str], str | None]:
         for method in getattr(route, "methods", None) or {"WS"}:
             out[(method, path)] = scope
     return out
+
+
+def _all_routes(app: FastAPI) -> list[Any]:
+    """Every route, those of included routers too (newer FastAPI includes them lazily)."""
+    try:
+        from fastapi.routing import iter_route_contexts  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:  # older FastAPI: included routes are copied into app.routes
+        return list(app.routes)
+    return list(iter_route_contexts(app.routes))

@@ -15,8 +15,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "ingest",
         help=HELP,
-        description=HELP + ". Credentials come from FRAMERELAY_INGEST_TOKEN or "
-        "FRAMERELAY_TOKEN_SECRETS; every option also reads FRAMERELAY_INGEST_<NAME>.",
+        description=HELP + ". Keys come from FRAMERELAY_SIGNING_KEYS_FILE (a key set from "
+        "'framerelay keys generate'; it mints tunnel tokens and verifies API tokens) or, on one "
+        "host, FRAMERELAY_TOKEN_SECRETS; a fixed tunnel token from FRAMERELAY_INGEST_TOKEN. "
+        "Every option also reads FRAMERELAY_INGEST_<NAME>.",
     )
     p.add_argument("--worker-url", help="ws(s)://host:port/v1/tunnel of the worker")
     p.add_argument("--worker-id", help="worker id a locally minted token is scoped to")
@@ -36,11 +38,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tls-client-key", type=Path, help="client key (mTLS)")
     p.add_argument("--api-host", help="results API address (default 127.0.0.1)")
     p.add_argument("--api-port", type=int, help="results API port (default 8080)")
+    p.add_argument("--api-tls-cert", type=Path, help="serve the API over HTTPS/WSS with this cert")
+    p.add_argument("--api-tls-key", type=Path, help="private key of --api-tls-cert")
+    p.add_argument("--api-tls-client-ca", type=Path, help="mTLS: API clients' CA")
     p.add_argument("--out", type=Path, help="also append results to this JSON Lines file")
     p.set_defaults(func=run)
 
 
 def build_settings(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from framerelay.errors import ConfigError
+
+    try:
+        return _build_settings(args)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"bad ingest settings: {problems}") from None
+
+
+def _build_settings(args: argparse.Namespace) -> Any:
     from ingest.settings import IngestSettings, StreamConfig
 
     keys = (
@@ -51,6 +68,9 @@ def build_settings(args: argparse.Namespace) -> Any:
         "tls_client_key",
         "api_host",
         "api_port",
+        "api_tls_cert",
+        "api_tls_key",
+        "api_tls_client_ca",
         "out",
     )
     over: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}

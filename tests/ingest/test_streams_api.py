@@ -18,6 +18,7 @@ from ingest.settings import IngestSettings, StreamConfig
 from ingest.store import FileStore, RedisStore, StreamStore
 from ingest.stream import COUNTERS
 from ingest.streams_api import StreamStatus
+from tests.support.auth import mint
 from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import RedisServer, free_port
@@ -39,8 +40,12 @@ async def running(store: StreamStore) -> AsyncIterator[tuple[IngestService, http
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     transport = httpx.ASGITransport(app=create_app(service))
+    token = mint(SECRET, ["streams:read", "streams:write", "metrics:read"], "ingest", ttl=600)
+    headers = {"Authorization": f"Bearer {token}"}
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://ingest") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://ingest", headers=headers
+        ) as http:
             await wait_for(service.started.is_set, 10, "service start")
             yield service, http
     finally:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
 from tests.support.media import Media
 from tests.support.servers import RedisServer, free_port
@@ -29,6 +30,9 @@ pytestmark = pytest.mark.integration
 class IngestProcess:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
+        token = mint(env["FRAMERELAY_TOKEN_SECRETS"], ["streams:read", "streams:write"], "ingest",
+                     ttl=600)  # fmt: skip
+        self.auth = {"Authorization": f"Bearer {token}"}
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
@@ -59,7 +63,7 @@ class IngestProcess:
         return out
 
     def streams(self) -> dict[str, dict[str, Any]]:
-        return {s["id"]: s for s in httpx.get(f"{self.base}/v1/streams").json()}
+        return {s["id"]: s for s in httpx.get(f"{self.base}/v1/streams", headers=self.auth).json()}
 
 
 @pytest.fixture(params=["file", "redis"])
@@ -90,9 +94,9 @@ def test_two_of_three_streams_come_back_after_a_restart(
     first = IngestProcess(env).start()
     try:
         for body in defs.values():
-            r = httpx.post(f"{first.base}/v1/streams", json=body)
+            r = httpx.post(f"{first.base}/v1/streams", json=body, headers=first.auth)
             assert r.status_code == 201, r.text
-        assert httpx.delete(f"{first.base}/v1/streams/cam-2").status_code == 204
+        assert httpx.delete(f"{first.base}/v1/streams/cam-2", headers=first.auth).status_code == 204
         assert set(first.streams()) == {"cam-1", "cam-3"}
     finally:
         out = first.stop()
@@ -112,7 +116,9 @@ def test_two_of_three_streams_come_back_after_a_restart(
         assert set(streams) == {"cam-1", "cam-3"}
         assert {s["state"] for s in streams.values()} == {"RUNNING"}
         for sid in streams:
-            config = httpx.get(f"{second.base}/v1/streams/{sid}").json()["config"]
+            config = httpx.get(f"{second.base}/v1/streams/{sid}", headers=second.auth).json()[
+                "config"
+            ]
             assert {k: config[k] for k in defs[sid]} == defs[sid]
     finally:
         out = second.stop()

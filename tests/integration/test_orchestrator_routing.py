@@ -8,12 +8,12 @@ import itertools
 
 import pytest
 
-from framerelay.auth import TokenSigner
 from framerelay.results import ResultRecord
 from ingest.routing import WorkerPool
 from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
 from tests.integration.worker_harness import running_worker, wait_until
+from tests.support.auth import mint
 
 pytestmark = pytest.mark.integration
 
@@ -27,8 +27,7 @@ def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
             running_worker(secret, "gpu-a", **fast) as (_, url_a),
             running_worker(secret, "gpu-b", **fast) as (worker_b, url_b),
         ):
-            signer = TokenSigner([secret])
-            pool = WorkerPool(lambda w: signer.mint("ingest", [f"worker:{w}"], 60), records.append)
+            pool = WorkerPool(lambda w: mint(secret, [f"worker:{w}"], "worker"), records.append)
             cfg = StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True)
             pool.add_stream(cfg)
             try:

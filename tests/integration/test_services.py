@@ -17,9 +17,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from framerelay.auth import TokenSigner
 from gpu_worker.launcher import LocalWorker
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
+from tests.support.auth import mint
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +55,12 @@ def ingest(local_worker: LocalWorker, secret: str) -> Iterator[str]:
     assert secret not in out
 
 
-def test_streams_api_reports_state_and_counters(ingest: str) -> None:
+def test_streams_api_reports_state_and_counters(ingest: str, secret: str) -> None:
+    assert httpx.get(f"{ingest}/v1/streams").status_code == 401
+    headers = {"Authorization": f"Bearer {mint(secret, ['streams:read'], 'ingest')}"}
     deadline = time.monotonic() + 20 * TIMEOUT_FACTOR
     while time.monotonic() < deadline:
-        (stream,) = httpx.get(f"{ingest}/v1/streams").json()
+        (stream,) = httpx.get(f"{ingest}/v1/streams", headers=headers).json()
         if stream["results"] > 0:
             break
         time.sleep(0.2)
@@ -67,20 +69,20 @@ def test_streams_api_reports_state_and_counters(ingest: str) -> None:
     assert stream["results"] > 0 and stream["decode_error"] == 0
 
 
-def test_results_websocket_needs_a_stream_token(ingest: str, secret: str) -> None:
+def test_results_websocket_needs_a_results_token(ingest: str, secret: str) -> None:
     url = ingest.replace("http://", "ws://") + "/v1/results?stream=stream-1"
 
     async def main() -> dict[str, object]:
         with pytest.raises(InvalidStatus):
             async with connect(url, proxy=None):
                 pass
-        other = TokenSigner([secret]).mint("app", ["stream:other"], 60)
+        other = mint(secret, ["results:other"], "ingest")
         with pytest.raises(InvalidStatus):
             async with connect(
                 url, proxy=None, additional_headers={"Authorization": f"Bearer {other}"}
             ):
                 pass
-        good = TokenSigner([secret]).mint("app", ["stream:stream-1"], 60)
+        good = mint(secret, ["results:stream-1"], "ingest")
         async with connect(
             url, proxy=None, additional_headers={"Authorization": f"Bearer {good}"}
         ) as ws:

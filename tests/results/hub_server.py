@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from framerelay.results import ResultRecord
 from ingest.bus import ResultBus
-from ingest.hub import api_server, build_hub, results_router
+from ingest.hub import build_hub, results_router
+from ingest.server import api_server
 from ingest.settings import IngestSettings, ResultsSettings
 
 

@@ -15,9 +15,13 @@ from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
+from framerelay.auth import AuthGuard
 from framerelay.results import DetectionOut, ResultRecord
-from ingest.hub import ResultHub, api_server, results_router
+from ingest.auth import api_guard
+from ingest.hub import ResultHub, results_router
+from ingest.server import api_server
 from ingest.settings import IngestSettings
 from tests.conftest import TIMEOUT_FACTOR
 
@@ -116,21 +120,31 @@ def redis_server(directory: Path, *, appendonly: bool = False) -> Iterator[Redis
 
 @contextlib.asynccontextmanager
 async def serving(hub: ResultHub, settings: IngestSettings) -> AsyncIterator[str]:
-    """The hub on a real loopback socket in this event loop; yields ``ws://.../v1/results``."""
+    """The hub on a real loopback socket in this event loop; yields ``ws://.../v1/results``
+    (``wss://`` when ``settings`` has an API certificate)."""
     app = FastAPI()
     app.include_router(results_router(hub))
     server, sock = api_server(app, settings)
     port = sock.getsockname()[1]
     task = asyncio.create_task(server.serve(sockets=[sock]))
+    scheme = "wss" if settings.api_tls_cert is not None else "ws"
     try:
         await wait_async(lambda: server.started, 10, "uvicorn started")
-        yield f"ws://127.0.0.1:{port}/v1/results"
+        yield f"{scheme}://127.0.0.1:{port}/v1/results"
     finally:
         server.should_exit = True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await task
         sock.close()
+
+
+def hub_guard(secret: str, *, leeway_s: float = 30.0, max_failures: int = 1000) -> AuthGuard:
+    """The ingest API's gate for HS256 ``secret`` (tokens: ``mint(secret, ..., "ingest")``)."""
+    settings = IngestSettings(
+        token_secrets=secret, token_leeway_s=leeway_s, auth_max_failures=max_failures
+    )
+    return api_guard(settings, CollectorRegistry())
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from framerelay.auth import TokenSigner
 from framerelay.client import Aligner, SubscribeState, subscribe
 from framerelay.errors import AuthError, ConfigError
 from framerelay.results import ResultRecord
@@ -23,7 +22,8 @@ from ingest.hub import ResultHub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
 from tests.results.conftest import load_records
-from tests.results.support import serving
+from tests.results.support import hub_guard, serving
+from tests.support.auth import mint
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ async def feeding_hub(
     records: list[ResultRecord], secret: str
 ) -> AsyncIterator[tuple[str, ResultBus]]:
     bus = ResultBus()
-    hub = ResultHub(bus, signer=TokenSigner([secret]), registry=CollectorRegistry())
+    hub = ResultHub(bus, guard=hub_guard(secret), registry=CollectorRegistry())
     settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
 
     async def feed() -> None:
@@ -95,7 +95,7 @@ def test_subscribe_survives_cuts_without_loss_or_duplicates(
     minted: list[str] = []
 
     def fresh_token() -> str:
-        minted.append(TokenSigner([secret]).mint("app", ["stream:cam-1"], 60))
+        minted.append(mint(secret, ["results:cam-1"], "ingest", sub="app"))
         return minted[-1]
 
     async def main() -> tuple[list[str], list[str], SubscribeState]:
@@ -133,12 +133,12 @@ def test_subscribe_raises_when_retrying_cannot_help(
                 async for _ in subscribe(url, streams=["cam-1"], **kw):  # type: ignore[arg-type]
                     return
 
-    other = TokenSigner([secret]).mint("app", ["stream:cam-2"], 60)
+    other = mint(secret, ["results:cam-2"], "ingest")
     with pytest.raises(AuthError, match="403"):
         asyncio.run(first(token=other))
     with pytest.raises(AuthError, match="401"):
-        asyncio.run(first(token="fr1.not.valid"))
-    good = TokenSigner([secret]).mint("app", ["stream:cam-1"], 60)
+        asyncio.run(first(token="not.a.jwt"))
+    good = mint(secret, ["results:cam-1"], "ingest")
     with pytest.raises(ConfigError, match="min_confidence"):
         asyncio.run(first(token=good, min_confidence=3.0))
 

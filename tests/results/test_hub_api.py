@@ -1,9 +1,11 @@
-"""The WebSocket results API on a real loopback socket: refusals (acceptance 2),
-subscription filters, drop reporting, resume and token expiry."""
+"""The WebSocket results API on a real loopback socket: refusals (acceptance 2; issue 10:
+401/403/429 before the upgrade), subscription filters, drop reporting, resume and token
+expiry."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -16,15 +18,18 @@ from prometheus_client import CollectorRegistry
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from framerelay.auth import TokenSigner
+from framerelay.auth import KeySet
+from framerelay.auth.keys import Key
+from framerelay.errors import ConfigError
 from framerelay.results import ResultRecord
 from framerelay.schemas import SERVER_MESSAGE, ErrorMessage, ResultMessage, SubscribedMessage
 from ingest.bus import ResultBus, parse_id
-from ingest.hub import HubConfig, ResultHub
+from ingest.hub import HubConfig, ResultHub, build_hub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
 from tests.results.conftest import load_records
-from tests.results.support import serving
+from tests.results.support import hub_guard, serving
+from tests.support.auth import ed_keys, hs_keys, mint
 
 pytestmark = pytest.mark.integration
 OTHER_SECRET = "another-secret-that-is-long-enough"
@@ -37,12 +42,13 @@ def records(real_results: Path) -> list[ResultRecord]:
 
 @asynccontextmanager
 async def hub_with_feed(
-    records: list[ResultRecord], secret: str | None, rate: float = 50.0, **config: Any
-) -> AsyncIterator[tuple[str, ResultBus, ResultHub]]:
+    records: list[ResultRecord], secret: str, rate: float = 50.0, max_failures: int = 1000,
+    **config: Any,
+) -> AsyncIterator[tuple[str, ResultBus, ResultHub]]:  # fmt: skip
     """A hub (in this loop, real socket) and a task publishing ``records`` as cam-1."""
     bus = ResultBus()
-    signer = TokenSigner([secret], leeway_s=0) if secret else None
-    hub = ResultHub(bus, signer=signer, config=HubConfig(**config), registry=CollectorRegistry())
+    guard = hub_guard(secret, leeway_s=0, max_failures=max_failures)
+    hub = ResultHub(bus, guard=guard, config=HubConfig(**config), registry=CollectorRegistry())
     settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
 
     async def feed() -> None:
@@ -60,8 +66,28 @@ async def hub_with_feed(
             task.cancel()
 
 
-def token(secret: str, *scopes: str, ttl: float = 60, now: float | None = None) -> str:
-    return TokenSigner([secret]).mint("app", list(scopes), ttl, now=now)
+def token(
+    secret: str | KeySet, *scopes: str, ttl: float = 60, now: float | None = None,
+    aud: str = "ingest",
+) -> str:  # fmt: skip
+    return mint(secret, scopes, aud, ttl, now=now, sub="app")
+
+
+def forged(secret: str) -> str:
+    """A token under the right key id but signed with another secret (a bad signature)."""
+    kid = hs_keys(secret).kids[0]
+    other = hs_keys(OTHER_SECRET).get(hs_keys(OTHER_SECRET).kids[0])
+    assert other is not None
+    return mint(KeySet([Key(kid, "HS256", other.jwk)]), ["results:cam-1"], "ingest")
+
+
+def widened(secret: str) -> str:
+    """A valid token whose claims were edited afterwards (scope widened)."""
+    head, claims, sig = token(secret, "results:cam-2").split(".")
+    raw = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+    raw["scope"] = "results:*"
+    edited = base64.urlsafe_b64encode(json.dumps(raw).encode()).rstrip(b"=").decode()
+    return f"{head}.{edited}.{sig}"
 
 
 def auth(tok: str) -> dict[str, str]:
@@ -82,20 +108,36 @@ REFUSALS = [
     ("no token", lambda s: {}, "stream=cam-1", 401, "unauthorized"),
     ("not bearer", lambda s: {"Authorization": "Basic abc"}, "stream=cam-1", 401, "unauthorized"),
     ("malformed", lambda s: auth("fr1.garbage"), "stream=cam-1", 401, "unauthorized"),
-    ("wrong secret", lambda s: auth(token(OTHER_SECRET, "stream:cam-1")), "stream=cam-1",
+    ("old fr1 format", lambda s: auth("fr1.eyJzdWIiOiJhcHAifQ.c2ln"), "stream=cam-1", 401,
+     "unauthorized"),
+    ("unknown key", lambda s: auth(token(OTHER_SECRET, "results:cam-1")), "stream=cam-1",
      401, "unauthorized"),
-    ("expired", lambda s: auth(token(s, "stream:cam-1", ttl=60, now=time.time() - 3600)),
+    ("bad signature", lambda s: auth(forged(s)), "stream=cam-1", 401, "unauthorized"),
+    ("claims edited", lambda s: auth(widened(s)), "stream=cam-1", 401, "unauthorized"),
+    ("ed25519 not listed", lambda s: auth(token(ed_keys(), "results:*")), "stream=cam-1", 401,
+     "unauthorized"),
+    ("expired", lambda s: auth(token(s, "results:cam-1", ttl=60, now=time.time() - 3600)),
      "stream=cam-1", 401, "token_expired"),
-    ("other stream", lambda s: auth(token(s, "stream:cam-2")), "stream=cam-1", 403, "forbidden"),
-    ("one of two", lambda s: auth(token(s, "stream:cam-1")), "stream=cam-1&stream=cam-2",
+    ("not yet valid", lambda s: auth(token(s, "results:cam-1", now=time.time() + 3600)),
+     "stream=cam-1", 401, "unauthorized"),
+    ("tunnel audience", lambda s: auth(token(s, "results:cam-1", aud="worker")), "stream=cam-1",
+     401, "unauthorized"),
+    ("orchestrator audience", lambda s: auth(token(s, "results:*", aud="orchestrator")),
+     "stream=cam-1", 401, "unauthorized"),
+    ("other stream", lambda s: auth(token(s, "results:cam-2")), "stream=cam-1", 403, "forbidden"),
+    ("one of two", lambda s: auth(token(s, "results:cam-1")), "stream=cam-1&stream=cam-2",
      403, "forbidden"),
-    ("all streams", lambda s: auth(token(s, "stream:cam-1")), "", 403, "forbidden"),
+    ("all streams", lambda s: auth(token(s, "results:cam-1")), "", 403, "forbidden"),
+    ("old stream scope", lambda s: auth(token(s, "stream:cam-1", "stream:*")), "stream=cam-1", 403,
+     "forbidden"),
     ("worker scope", lambda s: auth(token(s, "worker:*")), "stream=cam-1", 403, "forbidden"),
-    ("bad confidence", lambda s: auth(token(s, "stream:cam-1")),
+    ("streams scope", lambda s: auth(token(s, "streams:read", "streams:write")), "stream=cam-1",
+     403, "forbidden"),
+    ("bad confidence", lambda s: auth(token(s, "results:cam-1")),
      "stream=cam-1&min_confidence=2", 400, "bad_request"),
-    ("bad resume", lambda s: auth(token(s, "stream:cam-1")), "stream=cam-1&resume=cam-1",
+    ("bad resume", lambda s: auth(token(s, "results:cam-1")), "stream=cam-1&resume=cam-1",
      400, "bad_request"),
-    ("bad stream id", lambda s: auth(token(s, "stream:*")), "stream=no%20spaces", 400,
+    ("bad stream id", lambda s: auth(token(s, "results:*")), "stream=no%20spaces", 400,
      "bad_request"),
 ]  # fmt: skip
 
@@ -121,12 +163,14 @@ def test_refused_before_any_result(
     assert (body.code, body.http_status) == (code, status)
     assert secret not in body.message
     assert all(v.split()[-1] not in body.message for v in sent.values())  # token never echoed
+    if status in (401, 403):
+        assert "Bearer" in exc.response.headers["www-authenticate"]
 
 
 def test_capacity_is_a_503(records: list[ResultRecord], secret: str) -> None:
     async def main() -> int:
         async with hub_with_feed(records, secret, max_subscribers=1) as (url, _, _):
-            headers = auth(token(secret, "stream:cam-1"))
+            headers = auth(token(secret, "results:cam-1"))
             async with _client(url, "stream=cam-1", headers) as first:
                 assert isinstance(await recv(first), SubscribedMessage)
                 with pytest.raises(InvalidStatus) as info:
@@ -141,7 +185,7 @@ def test_subscribed_first_then_filtered_results(records: list[ResultRecord], sec
     async def main() -> tuple[SubscribedMessage, list[ResultMessage]]:
         async with hub_with_feed(records, secret) as (url, _, _):
             query = "stream=cam-1&class=person,bicycle&min_confidence=0.8"
-            async with _client(url, query, auth(token(secret, "stream:*"))) as ws:
+            async with _client(url, query, auth(token(secret, "results:*"))) as ws:
                 first = await recv(ws)
                 got = [await recv(ws) for _ in range(40)]
         return first, got
@@ -160,7 +204,7 @@ def test_subscribed_first_then_filtered_results(records: list[ResultRecord], sec
 def test_a_full_queue_drops_oldest_and_says_so(records: list[ResultRecord], secret: str) -> None:
     async def main() -> list[Any]:
         async with hub_with_feed(records, secret, rate=0, queue_size=4) as (url, bus, _):
-            async with _client(url, "stream=cam-1", auth(token(secret, "stream:cam-1"))) as ws:
+            async with _client(url, "stream=cam-1", auth(token(secret, "results:cam-1"))) as ws:
                 assert isinstance(await recv(ws), SubscribedMessage)
                 for r in records[:100]:  # a burst faster than any sender: the queue overflows
                     bus.publish(r)
@@ -185,7 +229,7 @@ def test_resume_replays_what_was_missed_without_duplicates(
         async with hub_with_feed(records, secret, rate=0) as (url, bus, _):
             published = [bus.push(r) for r in records[:20]]
             query = f"stream=cam-1&resume=cam-1@{published[9].id}"
-            async with _client(url, query, auth(token(secret, "stream:cam-1"))) as ws:
+            async with _client(url, query, auth(token(secret, "results:cam-1"))) as ws:
                 sub = await recv(ws)
                 assert isinstance(sub, SubscribedMessage) and sub.replay == {"cam-1": 10}
                 got = [await recv(ws) for _ in range(10)]
@@ -202,7 +246,7 @@ def test_token_expiring_mid_session_closes_with_4401(
 ) -> None:
     async def main() -> tuple[list[Any], int | None]:
         async with hub_with_feed(records, secret, token_leeway_s=0) as (url, _, _):
-            tok = token(secret, "stream:cam-1", ttl=1)
+            tok = token(secret, "results:cam-1", ttl=1)
             msgs: list[Any] = []
             async with _client(url, "stream=cam-1", auth(tok)) as ws:
                 try:
@@ -218,13 +262,58 @@ def test_token_expiring_mid_session_closes_with_4401(
     assert any(m.type == "result" for m in msgs)
 
 
-def test_without_secrets_the_hub_is_open(records: list[ResultRecord]) -> None:
-    async def main() -> Any:
-        async with hub_with_feed(records, None) as (url, _, _):
-            async with _client(url, "") as ws:
-                return [await recv(ws) for _ in range(3)]
+def test_throttled_after_repeated_failures_even_with_a_good_token(
+    records: list[ResultRecord], secret: str
+) -> None:
+    async def main() -> tuple[list[int], InvalidStatus, ResultHub]:
+        async with hub_with_feed(records, secret, max_failures=3) as (url, _, hub):
+            statuses = []
+            for _ in range(3):
+                with pytest.raises(InvalidStatus) as info:
+                    async with _client(url, "stream=cam-1", auth(token(OTHER_SECRET, "results:*"))):
+                        pass
+                statuses.append(info.value.response.status_code)
+            with pytest.raises(InvalidStatus) as info:  # even a good token: throttled first
+                async with _client(url, "stream=cam-1", auth(token(secret, "results:cam-1"))):
+                    pass
+            assert hub.metrics.sent._value.get() == 0
+            return statuses, info.value, hub
 
-    first, *rest = asyncio.run(main())
-    assert isinstance(first, SubscribedMessage) and first.expires_at is None
-    assert all(isinstance(m, ResultMessage) for m in rest)
-    assert json.loads(rest[0].model_dump_json())["type"] == "result"
+    statuses, exc, hub = asyncio.run(main())
+    assert statuses == [401, 401, 401]
+    assert exc.response.status_code == 429
+    assert 1 <= int(exc.response.headers["retry-after"]) <= 60
+    body = ErrorMessage.model_validate_json(exc.response.body)
+    assert body.code == "throttled" and "too many failed authentications" in body.message
+    assert hub.metrics.refused.labels("throttled")._value.get() == 1
+
+
+def test_refusals_are_counted_by_reason(records: list[ResultRecord], secret: str) -> None:
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry()
+    settings = IngestSettings(
+        token_secrets=secret, api_port=0, results=ResultsSettings(ping_interval_s=0)
+    )
+    hub = build_hub(ResultBus(), settings, registry)
+
+    async def main() -> None:
+        async with serving(hub, settings) as url:
+            old = time.time() - 3600
+            for headers in ({}, auth(token(secret, "results:cam-2")),
+                            auth(token(secret, "results:cam-1", now=old))):  # fmt: skip
+                with pytest.raises(InvalidStatus):
+                    async with _client(url, "stream=cam-1", headers):
+                        pass
+
+    asyncio.run(main())
+    text = generate_latest(registry).decode()
+    for reason in ("missing", "scope", "expired"):
+        assert f'framerelay_ingest_auth_refused_total{{reason="{reason}"}} 1.0' in text
+    assert secret not in text
+
+
+def test_without_keys_there_is_no_hub() -> None:
+    """The hub used to be open when no secrets were set; now it refuses to exist."""
+    with pytest.raises(ConfigError, match="no token keys"):
+        build_hub(ResultBus(), IngestSettings(), CollectorRegistry())

@@ -31,9 +31,9 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from framerelay.auth import TokenSigner
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.results.support import child_env, p99, wait_until
+from tests.support.auth import mint
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -133,7 +133,7 @@ def _metric(host: str, name: str) -> float:
 
 
 def test_a_stuck_subscriber_does_not_delay_the_others(hubs: tuple[str, str], secret: str) -> None:
-    token = TokenSigner([secret]).mint("app", ["stream:cam-1"], 600)
+    token = mint(secret, ["results:cam-1"], "ingest", ttl=600, sub="app")
     alone: list[float] = []
     beside_stuck: list[float] = []
     stuck = []

@@ -26,6 +26,7 @@ from tests.results.support import RedisServer, redis_server, wait_async
 pytestmark = pytest.mark.integration
 KEYS = RedisKeys("t")
 STREAM = "cam-1"
+SECRET = "a-single-host-secret-long-enough"
 
 
 @pytest.fixture(scope="module")
@@ -269,18 +270,20 @@ def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
     from framerelay.schemas import SERVER_MESSAGE, ResultMessage, SubscribedMessage
     from ingest.hub import HubConfig, ResultHub
     from ingest.settings import IngestSettings, ResultsSettings
-    from tests.results.support import serving
+    from tests.results.support import hub_guard, serving
+    from tests.support.auth import mint
 
     async def body(bus: ResultBus, pub: RedisPublisher) -> tuple[Any, list[str], list[str]]:
         bus.resize_history(5)  # the hub itself remembers only the last 5
         ids = [bus.push(r).id for r in records[:40]]
         await wait_async(lambda: pub.counts["stored"] == 40, 10, "40 stored")
-        hub = ResultHub(bus, signer=None, config=HubConfig(resume_max=100),
+        hub = ResultHub(bus, guard=hub_guard(SECRET), config=HubConfig(resume_max=100),
                         registry=CollectorRegistry(), durable=pub.read_after)  # fmt: skip
         settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
         async with serving(hub, settings) as url:
             query = f"{url}?stream={records[0].stream_id}&resume={records[0].stream_id}@{ids[9]}"
-            async with ws_connect(query, proxy=None) as ws:
+            headers = {"Authorization": f"Bearer {mint(SECRET, ['results:*'], 'ingest')}"}
+            async with ws_connect(query, proxy=None, additional_headers=headers) as ws:
                 first = SERVER_MESSAGE.validate_json(await ws.recv())
                 got = [SERVER_MESSAGE.validate_json(await ws.recv()) for _ in range(30)]
         assert all(isinstance(m, ResultMessage) for m in got)
