@@ -19,11 +19,10 @@ never the submitted values; stream URLs are shown without their passwords.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, FastAPI, HTTPException, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,7 +30,7 @@ from deploy.cost import CostTotals
 from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
-from framerelay.auth.web import SCOPE_ATTR, ApiAuth, install_validation_handler
+from framerelay.auth.web import ApiAuth, AuthFirstRoute, install_validation_handler
 
 READ, WRITE, METRICS = "fleet:read", "fleet:write", "metrics:read"
 
@@ -118,25 +117,6 @@ def render_metrics(status: dict[str, Any], refused: Mapping[str, int] | None = N
     for kind, n in status["counters"].items():
         events.labels(kind).set(n)
     return bytes(generate_latest(reg))
-
-
-class AuthFirstRoute(APIRoute):
-    """Checks the token before FastAPI reads the body: an unauthenticated request with a
-    malformed body is a 401, never a 422 (the scope dependency then passes again)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-        calls = [d.call for d in self.dependant.dependencies if d.call is not None]
-        checks = [c for c in calls if hasattr(c, SCOPE_ATTR)]
-        if not checks:
-            return handler
-
-        async def checked(request: Request) -> Response:
-            for check in checks:
-                await check(request)  # raises the 401/403/429 HTTPException
-            return await handler(request)
-
-        return checked
 
 
 def api_auth(orch: Orchestrator) -> ApiAuth:

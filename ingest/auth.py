@@ -14,17 +14,13 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from fastapi import Request, Response
-from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter
 
 from framerelay.auth import AUD_INGEST, AuthGuard, FailureLimiter, KeySet, TokenIssuer
 from framerelay.auth.config import load_keys, verifier
-from framerelay.auth.web import SCOPE_ATTR
 from framerelay.errors import ConfigError
 from ingest.settings import IngestSettings
 
@@ -73,26 +69,6 @@ def api_guard(settings: IngestSettings, registry: CollectorRegistry) -> AuthGuar
         limiter=FailureLimiter(settings.auth_max_failures, settings.auth_window_s),
         on_refusal=lambda reason: refused.labels(reason).inc(),
     )
-
-
-class AuthFirstRoute(APIRoute):
-    """A route that checks its token before FastAPI reads the body, so an unauthenticated
-    request with a malformed body is a 401 too, never a 422 (the scope dependency
-    checks it again, harmlessly)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-        calls = [d.call for d in self.dependant.dependencies if d.call is not None]
-        checks = [c for c in calls if hasattr(c, SCOPE_ATTR)]
-        if not checks:
-            return handler
-
-        async def checked(request: Request) -> Response:
-            for check in checks:
-                await check(request)  # raises the 401/403/429 HTTPException
-            return await handler(request)
-
-        return checked
 
 
 def is_loopback(host: str) -> bool:

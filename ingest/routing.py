@@ -34,10 +34,10 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay import wire
-from framerelay.auth.web import ApiAuth
+from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.errors import ConfigError
 from framerelay.results import ResultRecord
-from ingest.auth import HOSTNAME, AuthFirstRoute, check_worker_url
+from ingest.auth import HOSTNAME, check_worker_url
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient

@@ -24,9 +24,8 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from framerelay.auth.web import ApiAuth
+from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.errors import ConfigError, SourceError
-from ingest.auth import AuthFirstRoute
 from ingest.service import IngestService, StreamExists, UnknownStream
 from ingest.settings import StreamConfig
 from ingest.store import StoreError

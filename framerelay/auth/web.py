@@ -7,12 +7,13 @@ effect; body validation (422) comes only after it passed.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from framerelay.auth.guard import AuthGuard, Throttled, status_of
 from framerelay.auth.tokens import Claims
@@ -56,6 +57,26 @@ class ApiAuth:
 
         setattr(check, SCOPE_ATTR, scope)
         return Depends(check)
+
+
+class AuthFirstRoute(APIRoute):
+    """A route that checks its token before FastAPI reads the body, so an unauthenticated
+    request with a malformed body is a 401 too, never a 422 (the scope dependency then
+    passes again). Use it as ``APIRouter(route_class=AuthFirstRoute)``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        calls = [d.call for d in self.dependant.dependencies if d.call is not None]
+        checks = [c for c in calls if hasattr(c, SCOPE_ATTR)]
+        if not checks:
+            return handler
+
+        async def checked(request: Request) -> Response:
+            for check in checks:
+                await check(request)  # raises the 401/403/429 HTTPException
+            return await handler(request)
+
+        return checked
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
