@@ -124,7 +124,8 @@ class TokenIssuer:
         scopes = list(scope)
         if not scopes or any(not s or " " in s for s in scopes):
             raise ConfigError("a token needs at least one scope, each without spaces")
-        issued = int(time.time() if now is None else now)
+        t = time.time() if now is None else now
+        issued = int(t)
         claims = {
             "iss": ISSUER,
             "sub": sub,
@@ -132,7 +133,7 @@ class TokenIssuer:
             "scope": " ".join(scopes),
             "iat": issued,
             "nbf": issued,
-            "exp": issued + max(1, math.ceil(ttl_s)),
+            "exp": math.ceil(t + ttl_s),  # at least ttl_s from now, though iat is floored
             "jti": secrets.token_hex(8),
         }
         key = self._key

@@ -246,7 +246,7 @@ def test_token_expiring_mid_session_closes_with_4401(
 ) -> None:
     async def main() -> tuple[list[Any], int | None]:
         async with hub_with_feed(records, secret, token_leeway_s=0) as (url, _, _):
-            tok = token(secret, "results:cam-1", ttl=1)
+            tok = token(secret, "results:cam-1", ttl=2)
             msgs: list[Any] = []
             async with _client(url, "stream=cam-1", auth(tok)) as ws:
                 try:
