@@ -131,7 +131,10 @@ class KubernetesSettings(BaseModel):
 
 class OrchestratorSettings(ServiceSettings):
     model_config = SettingsConfigDict(
-        env_prefix="FRAMERELAY_ORCH_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="FRAMERELAY_ORCH_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        hide_input_in_errors=True,  # a value in the wrong place may be a secret (API key)
     )
 
     host: str = "127.0.0.1"

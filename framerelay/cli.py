@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from pydantic import ValidationError
+
 from framerelay import __version__
 from framerelay.commands import COMMAND_MODULES, load
 from framerelay.errors import FramerelayError
@@ -43,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except FramerelayError as exc:
         print(f"framerelay: error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # bad settings: where and why, never the values given
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        print(f"framerelay: error: invalid {exc.title}: {problems}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -31,6 +31,9 @@ class WorkerMetrics:
             registry=r,
         )
         self.connections = Gauge("framerelay_worker_connections", "Open tunnels", registry=r)
+        self.tunnels = Counter(
+            "framerelay_worker_tunnels", "Tunnels accepted (token checked, upgraded)", registry=r
+        )
         self.streams = Gauge("framerelay_worker_streams", "Open stream sessions", registry=r)
         self.queue_depth = Gauge("framerelay_worker_queue_depth", "Frames waiting", registry=r)
         self.resumed = Counter(
@@ -38,7 +41,10 @@ class WorkerMetrics:
         )
         self.ready = Gauge("framerelay_worker_ready", "1 after warm-up", registry=r)
         self.auth_failures = Counter(
-            "framerelay_worker_auth_failures", "Refused connections", ["reason"], registry=r
+            "framerelay_worker_auth_failures",
+            "Refused requests and tunnels (401/403/429), by reason",
+            ["reason"],
+            registry=r,
         )
 
     def render(self) -> bytes:

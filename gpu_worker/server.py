@@ -23,7 +23,6 @@ from http import HTTPStatus
 
 import numpy as np
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from framerelay import wire
@@ -53,6 +52,16 @@ def batch_limit(settings: WorkerSettings, detector: Detector) -> int:
     return settings.detector.max_batch if on_gpu else 1
 
 
+def _ok(conn: ServerConnection, body: bytes, content_type: str) -> Response:
+    """200 with ``body``; keeps ``Connection: close`` (this server answers one request each)."""
+    resp = conn.respond(HTTPStatus.OK, "")
+    resp.body = body
+    for name, value in (("Content-Type", content_type), ("Content-Length", str(len(body)))):
+        del resp.headers[name]  # Headers is a multidict: setting adds
+        resp.headers[name] = value
+    return resp
+
+
 class Worker:
     """Owns the detector, the batcher and the server; ``run()`` until stopped."""
 
@@ -73,6 +82,8 @@ class Worker:
         self.ready = False
         self.warmup_ms = 0.0
         self.server: Server | None = None
+        self.tls = False
+        """True once serving ``wss://`` (a certificate from files or from PEM text)."""
         self._batch_task: asyncio.Task[None] | None = None
         self._scope = f"worker:{settings.worker_id}"
 
@@ -115,12 +126,7 @@ class Worker:
                 denied = self._refusal(conn, request, "metrics:read")
                 if denied is not None:
                     return denied
-            resp = conn.respond(HTTPStatus.OK, "")
-            resp.body = self.metrics.render()
-            resp.headers = Headers(
-                {"Content-Type": "text/plain; version=0.0.4", "Content-Length": str(len(resp.body))}
-            )
-            return resp
+            return _ok(conn, self.metrics.render(), "text/plain; version=0.0.4")
         if path != TUNNEL_PATH:
             return conn.respond(
                 HTTPStatus.NOT_FOUND, f"unknown path; the tunnel is {TUNNEL_PATH}\n"
@@ -139,12 +145,7 @@ class Worker:
             "ms_per_inference": round(self.warmup_ms, 3),
             "capacity_fps": round(1000.0 / self.warmup_ms, 2) if self.warmup_ms > 0 else 0.0,
         }
-        resp = conn.respond(HTTPStatus.OK, "")
-        resp.body = json.dumps(info).encode()
-        resp.headers = Headers(
-            {"Content-Type": "application/json", "Content-Length": str(len(resp.body))}
-        )
-        return resp
+        return _ok(conn, json.dumps(info).encode(), "application/json")
 
     def _refusal(self, conn: ServerConnection, request: Request, scope: str) -> Response | None:
         """None when the bearer token grants ``scope``; else the 401/403/429 answer."""
@@ -165,7 +166,12 @@ class Worker:
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "worker is warming up; retry\n")
         return None
 
+    @property
+    def scheme(self) -> str:
+        return "wss" if self.tls else "ws"
+
     async def _handle(self, ws: ServerConnection) -> None:
+        self.metrics.tunnels.inc()
         conn = TunnelConnection(
             ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello
         )
@@ -178,12 +184,14 @@ class Worker:
         self.ready = True
         self.metrics.ready.set(1)
         log.info("warm-up done: %.1f ms per inference on %s", ms, ",".join(self.detector.providers))
+        ssl_ctx = server_ssl_context(self.settings)
+        self.tls = ssl_ctx is not None
         self._batch_task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.server = await serve(
             self._handle,
             self.settings.host,
             self.settings.port,
-            ssl=server_ssl_context(self.settings),
+            ssl=ssl_ctx,
             process_request=self._process_request,
             compression=None,
             max_size=wire.Limits(max_payload=self.settings.max_message_bytes).max_message,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,9 @@ from framerelay.errors import ConfigError
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings
 from gpu_worker.detectors.base import OnnxDetectorSettings, UltralyticsDetectorSettings
 
+PREFIX = "FRAMERELAY_WORKER_"
+RENAMED = {"FRAMERELAY_WORKER_FAULT": "FRAMERELAY_WORKER_TEST_FAULT (test only, with _TEST_HOOKS)"}
+
 DetectorField = Annotated[
     OnnxDetectorSettings | UltralyticsDetectorSettings, Field(discriminator="type")
 ]
@@ -22,7 +26,7 @@ class WorkerSettings(ServiceSettings):
     """Everything a worker needs; every field can come from the environment."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FRAMERELAY_WORKER_",
+        env_prefix=PREFIX,
         env_nested_delimiter="__",
         extra="forbid",
         hide_input_in_errors=True,
@@ -100,3 +104,19 @@ class WorkerSettings(ServiceSettings):
         if self.tls_cert_pem is not None and self.tls_cert is not None:
             raise ConfigError("set FRAMERELAY_WORKER_TLS_CERT (a file) or ..._TLS_CERT_PEM")
         return self
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """``FRAMERELAY_WORKER_*`` names that are no setting (pydantic-settings ignores them).
+
+    Names only, never values: a typo or a stale variable (the old
+    ``FRAMERELAY_WORKER_FAULT``) is worth a warning, not silence.
+    """
+    names = {f"{PREFIX}{n.upper()}": "SecretStr" in str(f.annotation)
+             for n, f in WorkerSettings.model_fields.items()}  # fmt: skip
+
+    def known(var: str) -> bool:
+        base = var.removesuffix("_FILE")
+        return var in names or names.get(base, False) or var.split("__")[0] in names
+
+    return sorted(v for v in environ if v.upper().startswith(PREFIX) and not known(v.upper()))

@@ -53,7 +53,10 @@ def test_security_section_commands_run(tmp_path: Path) -> None:
     app = (tmp_path / "app.token").read_text().strip()
     claims = jwt.decode(app, options={"verify_signature": False})
     assert claims["aud"] == "framerelay-ingest" and claims["scope"] == "results:cam-1"
-    assert claims["sub"] == "lobby-app" and claims["exp"] - claims["iat"] in (30 * 86_400, 30 * 86_400 + 1)
+    assert claims["sub"] == "lobby-app" and claims["exp"] - claims["iat"] in (
+        30 * 86_400,
+        30 * 86_400 + 1,
+    )
     assert jwt.get_unverified_header(app)["kid"] == "2026-12"  # signed before the rotation
     ops = jwt.decode((tmp_path / "ops.token").read_text().strip(),
                      options={"verify_signature": False})  # fmt: skip

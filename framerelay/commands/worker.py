@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("framerelay.worker")
 HELP = "run a GPU worker: tunnel server, batched detection, tracking"
 
 
@@ -16,8 +19,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "worker",
         help=HELP,
-        description=HELP + ". Token secrets come from "
-        "FRAMERELAY_TOKEN_SECRETS; every option also reads FRAMERELAY_WORKER_<NAME>.",
+        description=HELP + ". Tunnel tokens verify against the PUBLIC key set in "
+        "FRAMERELAY_WORKER_TUNNEL_KEYS[_FILE] ('framerelay keys public'), or HS256 secrets in "
+        "FRAMERELAY_TOKEN_SECRETS[_FILE] on a single host; a certificate can also come as PEM "
+        "text (FRAMERELAY_WORKER_TLS_CERT_PEM / _TLS_KEY_PEM). Every option also reads "
+        "FRAMERELAY_WORKER_<NAME>.",
     )
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8443; 0 = any free port)")
@@ -80,7 +86,17 @@ def build_settings(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_serve(build_settings(args), args.announce))
+    settings = build_settings(args)
+    _warn_unknown_env()
+    return asyncio.run(_serve(settings, args.announce))
+
+
+def _warn_unknown_env() -> None:
+    from gpu_worker.settings import RENAMED, unknown_env
+
+    for name in unknown_env(os.environ):
+        hint = f"; it is now {RENAMED[name]}" if name in RENAMED else ""
+        log.warning("ignoring %s: not a worker setting%s", name, hint)
 
 
 async def _serve(settings: Any, announce: bool) -> int:
@@ -91,10 +107,9 @@ async def _serve(settings: Any, announce: bool) -> int:
     stop = asyncio.Event()
     install_signal_handlers(stop)
     host, port = await worker.start()
-    scheme = "wss" if settings.tls_cert else "ws"
     info = {
         "event": "ready",
-        "url": f"{scheme}://{host}:{port}{TUNNEL_PATH}",
+        "url": f"{worker.scheme}://{host}:{port}{TUNNEL_PATH}",
         "worker_id": settings.worker_id,
         "providers": list(worker.detector.providers),
     }

@@ -1,35 +1,34 @@
-"""A worker holds only the public key set: what it accepts, what it refuses.
+"""What a worker holds and how it is started (issue 10).
 
-Acceptance (issue 10): a worker verifies EdDSA tunnel tokens minted by the
-primary cloud's private set; tokens forged with anything a worker holds (the
-public JWK as an HS256 secret, its own TLS key) are refused before the
-upgrade; a private key set is refused at start; /info needs a token; failed
-authentications are counted and throttled; the fault hook is a validated,
-test-only setting.
+A key set that can sign is refused at start; ``/info`` needs a token and
+failed authentications are counted and throttled; a certificate given as PEM
+text is served and its key is on disk only while ``ssl`` loads it; the fault
+hook is a validated, test-only setting (the quoted bug: any
+``FRAMERELAY_WORKER_FAULT`` in a pod's environment armed it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import ssl
+import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
-import jwt
 import pytest
 import trustme
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
 
-from framerelay import wire
+from deploy.health import Canary
 from framerelay.auth import KeySet
+from framerelay.auth.keys import generate
 from framerelay.errors import ConfigError
+from gpu_worker.launcher import LocalWorker
 from gpu_worker.settings import WorkerSettings
-from tests.conftest import ROOT
+from gpu_worker.trust import pem_files
+from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
 from tests.integration.worker_harness import running_worker
 from tests.support.auth import ed_keys, mint
 
@@ -37,76 +36,30 @@ pytestmark = pytest.mark.integration
 SECRET = "unused-single-host-secret-" * 2
 
 
-async def _status(url: str, token: str | None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    try:
-        async with connect(url, additional_headers=headers, compression=None, proxy=None,
-                           open_timeout=10) as ws:  # fmt: skip
-            header, _ = wire.decode(await asyncio.wait_for(ws.recv(decode=False), 10))
-            assert isinstance(header, wire.Hello)
-            return 101
-    except InvalidStatus as exc:
-        return exc.response.status_code
+def _worker_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "FRAMERELAY_WORKER_PORT": "0", **env}
+    return subprocess.run([sys.executable, "-m", "framerelay", "worker"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
-def _forged_hs256(public_jwk: dict[str, object], kid: str) -> str:
-    now = int(time.time())
-    claims = {"iss": "framerelay", "sub": "x", "aud": "framerelay-worker", "scope": "worker:*",
-              "iat": now, "nbf": now, "exp": now + 60}  # fmt: skip
-    import base64
-    import hashlib
-    import hmac
-
-    def b64(data: bytes) -> bytes:
-        return base64.urlsafe_b64encode(data).rstrip(b"=")
-
-    head = b64(json.dumps({"alg": "HS256", "kid": kid}).encode())
-    body = b64(json.dumps(claims).encode())
-    secret = json.dumps(public_jwk).encode()
-    sig = b64(hmac.new(secret, head + b"." + body, hashlib.sha256).digest())
-    return (head + b"." + body + b"." + sig).decode()
-
-
-def _signed_with_tls_key(key_pem: bytes, kid: str) -> str:
-    now = int(time.time())
-    claims = {"iss": "framerelay", "sub": "x", "aud": "framerelay-worker", "scope": "worker:*",
-              "iat": now, "nbf": now, "exp": now + 60}  # fmt: skip
-    return jwt.encode(claims, key_pem, algorithm="ES256", headers={"kid": kid})
-
-
-def test_public_set_verifies_primary_tokens_and_refuses_forgeries() -> None:
-    keys = ed_keys("primary-1")
-    kid = keys.kids[0]
-    ca = trustme.CA(key_type=trustme.KeyType.ECDSA)
-    tls_key = ca.issue_cert("127.0.0.1").private_key_pem.bytes()
-    public = keys.public()
-    public_jwk = dict(next(iter(public)).public_jwk())
-
-    async def main() -> dict[str, int]:
-        async with running_worker(SECRET, tunnel_keys=public.to_json()) as (worker, url):
-            got = {
-                "primary": await _status(url, mint(keys, "worker:gpu-a", "worker")),
-                "alg_confusion": await _status(url, _forged_hs256(public_jwk, kid)),
-                "tls_key_same_kid": await _status(url, _signed_with_tls_key(tls_key, kid)),
-                "tls_key_own_kid": await _status(url, _signed_with_tls_key(tls_key, "pod")),
-                "other_private_set": await _status(url, mint(ed_keys(kid), "worker:*", "worker")),
-                "for_the_ingest": await _status(url, mint(keys, "worker:gpu-a", "ingest")),
-            }
-            assert worker.metrics.connections._value.get() <= 1
-            return got
-
-    got = asyncio.run(main())
-    assert got == {"primary": 101, "alg_confusion": 401, "tls_key_same_kid": 401,
-                   "tls_key_own_kid": 401, "other_private_set": 401,
-                   "for_the_ingest": 401}  # fmt: skip
-
-
-def test_a_private_key_set_is_refused_at_start() -> None:
-    from gpu_worker.server import Worker
-
-    settings = WorkerSettings(port=0, worker_id="w", tunnel_keys=ed_keys().to_json())
-    with pytest.raises(ConfigError, match="public"):
-        Worker(settings, detector=None)  # refused before the model loads
+@pytest.mark.parametrize(
+    "signing",
+    [
+        pytest.param(lambda: ed_keys(), id="private EdDSA set"),
+        pytest.param(lambda: KeySet([generate("ES256")]), id="private ES256 set"),
+        pytest.param(lambda: ed_keys().public().merged(KeySet([generate("HS256")])), id="oct key"),
+    ],
+)
+def test_a_key_set_that_can_sign_is_refused_at_start(signing: object) -> None:
+    keys: KeySet = signing()  # type: ignore[operator]
+    proc = _worker_cli({"FRAMERELAY_WORKER_TUNNEL_KEYS": keys.to_json()})
+    assert proc.returncode == 2, proc.stderr[-800:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "framerelay keys public" in lines[0], proc.stderr[-800:]
+    for key in keys:  # no key material in the error
+        for member in ("d", "k", "x"):
+            if member in key.jwk:
+                assert str(key.jwk[member]) not in proc.stderr
 
 
 def test_info_needs_a_token_and_failures_are_counted_and_throttled() -> None:
@@ -115,47 +68,106 @@ def test_info_needs_a_token_and_failures_are_counted_and_throttled() -> None:
             base = url.replace("ws://", "http://").removesuffix("/v1/tunnel")
             good = {"Authorization": f"Bearer {mint(SECRET, 'worker:gpu-a', 'worker')}"}
             metrics_tok = {"Authorization": f"Bearer {mint(SECRET, 'metrics:read', 'worker')}"}
-            async with httpx.AsyncClient() as http:
-                assert (await http.get(f"{base}/healthz")).status_code == 200
-                assert (await http.get(f"{base}/readyz")).status_code == 200
-                assert (await http.get(f"{base}/info")).status_code == 401
-                assert (await http.get(f"{base}/info", headers=good)).json()["worker_id"] == "gpu-a"
-                assert (await http.get(f"{base}/metrics", headers=good)).status_code == 403
-                text = (await http.get(f"{base}/metrics", headers=metrics_tok)).text
+            async with httpx.AsyncClient(base_url=base) as http:
+                assert (await http.get("/healthz")).status_code == 200
+                assert (await http.get("/readyz")).status_code == 200
+                assert (await http.get("/info")).status_code == 401
+                assert (await http.get("/info", headers=good)).json()["worker_id"] == "gpu-a"
+                assert (await http.get("/metrics", headers=good)).status_code == 403
+                text = (await http.get("/metrics", headers=metrics_tok)).text
                 assert 'framerelay_worker_auth_failures_total{reason="missing"} 1.0' in text
+                assert 'framerelay_worker_auth_failures_total{reason="scope"} 1.0' in text
                 for _ in range(3):
-                    await http.get(f"{base}/info", headers={"Authorization": "Bearer junk"})
-                throttled = await http.get(f"{base}/info", headers=good)
+                    await http.get("/info", headers={"Authorization": "Bearer junk"})
+                throttled = await http.get("/info", headers=good)
                 assert throttled.status_code == 429 and "Retry-After" in throttled.headers
-                assert await _status(url, mint(SECRET, "worker:gpu-a", "worker")) == 429
+                tunnel = await http.get("/v1/tunnel", headers=good)  # the same gate
+                assert tunnel.status_code == 429
 
     asyncio.run(main())
 
 
-def test_fault_hook_is_a_test_only_setting(tmp_path: Path) -> None:
+def test_pem_files_are_private_and_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    with pem_files("CERT", "KEY") as (cert, key):
+        assert stat.S_IMODE(cert.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+        assert key.read_text() == "KEY" and cert.parent.parent == tmp_path
+    assert not cert.parent.exists()
+
+
+def test_worker_serves_a_pem_certificate_from_its_env(tmp_path: Path) -> None:
+    """As a provider starts a pod: public key set and certificate as env text."""
+    ca = trustme.CA(key_type=trustme.KeyType.ECDSA)
+    cert = ca.issue_cert("gpu-a.pods.framerelay", "127.0.0.1")
+    key_pem = cert.private_key_pem.bytes().decode()
+    keys = ed_keys()
+    env = {
+        "FRAMERELAY_WORKER_TUNNEL_KEYS": keys.public().to_json(),
+        "FRAMERELAY_WORKER_TLS_CERT_PEM": b"".join(
+            c.bytes() for c in cert.cert_chain_pems
+        ).decode(),
+        "FRAMERELAY_WORKER_TLS_KEY_PEM": key_pem,
+        "TMPDIR": str(tmp_path),
+    }  # fmt: skip
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    with LocalWorker(worker_id="gpu-a", args=["--model", str(MODEL)], env=env) as worker:
+        assert worker.url.startswith("wss://"), worker.url
+        assert worker.proc is not None
+        cmdline = Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().decode()
+        persons, _ = asyncio.run(
+            Canary(timeout_s=30 * TIMEOUT_FACTOR).run(
+                worker.url, mint(keys, "worker:gpu-a", "worker"), ssl_context=ctx,
+                server_hostname="gpu-a.pods.framerelay",
+            )
+        )  # fmt: skip
+        left = list(tmp_path.glob("framerelay-tls-*"))
+    assert persons >= 3
+    assert left == []  # the key left the disk once loaded
+    assert key_pem.splitlines()[1] not in cmdline
+
+
+def test_fault_hook_is_a_test_only_setting() -> None:
     with pytest.raises(ConfigError, match="TEST_HOOKS"):
         WorkerSettings(test_fault="hang_inference_after:1")
     assert WorkerSettings(test_fault="hang_inference_after:1", test_hooks=True).test_fault
-    env = {"PATH": os.environ["PATH"], "FRAMERELAY_TOKEN_SECRETS": SECRET,
-           "FRAMERELAY_WORKER_TEST_FAULT": "hang_inference_after:1",
-           "FRAMERELAY_WORKER_PORT": "0"}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "framerelay", "worker"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = _worker_cli({"FRAMERELAY_TOKEN_SECRETS": SECRET,
+                        "FRAMERELAY_WORKER_TEST_FAULT": "hang_inference_after:1"})  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-500:]
-    assert "TEST_HOOKS" in proc.stderr and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TEST_HOOKS" in lines[0], proc.stderr[-500:]
 
 
-def test_the_old_fault_variable_arms_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The quoted bug: any FRAMERELAY_WORKER_FAULT in a pod's env armed the hook."""
-    monkeypatch.setenv("FRAMERELAY_WORKER_FAULT", "hang_inference_after:0")
+def _canary(worker: LocalWorker, timeout_s: float) -> int:
+    token = mint(SECRET, "worker:gpu-a", "worker")
+    return asyncio.run(Canary(timeout_s=timeout_s).run(worker.url, token))[0]
 
-    async def main() -> None:
-        async with running_worker(SECRET) as (worker, url):
-            assert worker.settings.test_fault is None
-            assert worker.batcher._faults.hang_after is None
-            assert await _status(url, mint(SECRET, "worker:gpu-a", "worker")) == 101
 
-    asyncio.run(main())
+def test_the_old_fault_variable_arms_nothing_in_a_worker_process() -> None:
+    """The quoted bug: a stray FRAMERELAY_WORKER_FAULT in a pod's env hung inference."""
+    env = {"FRAMERELAY_WORKER_FAULT": "hang_inference_after:0"}
+    with LocalWorker(SECRET, worker_id="gpu-a", args=["--model", str(MODEL)], env=env) as worker:
+        assert _canary(worker, 30 * TIMEOUT_FACTOR) >= 3  # inference runs
+    log = worker.log_path.read_text()
+    assert "ignoring FRAMERELAY_WORKER_FAULT" in log and "TEST_FAULT" in log
+
+
+def test_the_hook_arms_only_with_the_test_switch() -> None:
+    """The positive control of the test above: both variables set, inference hangs."""
+    env = {"FRAMERELAY_WORKER_TEST_FAULT": "hang_inference_after:0",
+           "FRAMERELAY_WORKER_TEST_HOOKS": "true"}  # fmt: skip
+    worker = LocalWorker(SECRET, worker_id="gpu-a", args=["--model", str(MODEL)], env=env)
+    with worker:
+        try:
+            with pytest.raises(TimeoutError):
+                _canary(worker, 3)
+        finally:
+            worker.kill()  # its inference thread never returns
+    assert "TEST FAULT ARMED" in worker.log_path.read_text()
 
 
 def test_key_set_file_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

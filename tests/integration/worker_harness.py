@@ -16,8 +16,8 @@ from tests.support.auth import mint
 
 
 @contextlib.asynccontextmanager
-async def running_worker(
-    secret: str, worker_id: str = "gpu-a", **overrides: Any
+async def running_worker(  # secret None: overrides give tunnel_keys
+    secret: str | None, worker_id: str = "gpu-a", **overrides: Any
 ) -> AsyncIterator[tuple[Worker, str]]:
     settings = WorkerSettings(
         host="127.0.0.1", port=0, worker_id=worker_id, token_secrets=secret,
@@ -27,9 +27,8 @@ async def running_worker(
     host, port = await worker.start()
     stop = asyncio.Event()
     task = asyncio.create_task(worker.serve_forever(stop))
-    scheme = "wss" if settings.tls_cert else "ws"
     try:
-        yield worker, f"{scheme}://{host}:{port}/v1/tunnel"
+        yield worker, f"{worker.scheme}://{host}:{port}/v1/tunnel"
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
