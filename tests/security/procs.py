@@ -100,14 +100,16 @@ def wait_healthy(svc: Service, base: str, timeout_s: float = 30.0, **client: Any
     raise RuntimeError(f"{svc.name} is not healthy: {svc.output()[-2000:]}")
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str | Callable[[], str]) -> Any:
+    """``check()`` once truthy; TimeoutError naming ``what`` (a callable: said at the end)."""
     deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
     while True:
         got = check()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s * TIMEOUT_FACTOR:.0f} s")
+            said = what if isinstance(what, str) else what()
+            raise TimeoutError(f"{said}: not within {timeout_s * TIMEOUT_FACTOR:.0f} s")
         time.sleep(0.2)
 
 

@@ -95,7 +95,8 @@ def _pod_ready(orch: str, auth: dict[str, str]) -> bool:
 
 
 def _routed(ingest: str, auth: dict[str, str]) -> bool:
-    return httpx.get(f"{ingest}/v1/routing", headers=auth, timeout=5).json().get(STREAM) == POD
+    routing = httpx.get(f"{ingest}/v1/routing", headers=auth, timeout=5).json()
+    return bool(routing.get(STREAM) == POD)
 
 
 def _start_all(tmp: Path, keys: KeySet, keys_file: Path, prefix: str) -> tuple[Service, Service]:
