@@ -152,8 +152,8 @@ def report(
         print(f"  full pipeline ({name:3s})     {statistics.median(v):7.1f} frames/s   "
               f"ratio pipeline / bare {ratios[name]:5.2f}")  # fmt: skip
     print("\nper-stage ms (last pipeline run)      p50      p99")
-    for k, v in per_stage.items():
-        print(f"  {k:32s} {v['p50']:8.2f} {v['p99']:8.2f}")
+    for k, pcts in per_stage.items():
+        print(f"  {k:32s} {pcts['p50']:8.2f} {pcts['p99']:8.2f}")
     write_results("pipeline", {
         "bare_fps": bare_fps, "pipeline_fps": pipe_fps["ws"], "ratio": ratios["ws"],
         "pipeline_fps_by_mode": pipe_fps, "ratios": ratios, "frames": args.frames,

@@ -35,6 +35,8 @@ def test_worker_process_environment_and_command_line(monkeypatch: pytest.MonkeyP
     secret = "the-shared-secret-of-this-test"
     monkeypatch.setenv("FRAMERELAY_SIGNING_KEYS", '{"keys": "private"}')
     monkeypatch.setenv("FRAMERELAY_ORCH_RUNPOD__API_KEY", "rp-api-key-value")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
+    monkeypatch.setenv("FRAMERELAY_WORKER_TEST_FAULT", "hang_inference_after:0")
     with LocalWorker(secret, worker_id="env-test", args=["--model", str(MODEL)]) as worker:
         assert worker.proc is not None
         environ = _proc_file(worker.proc.pid, "environ")
@@ -42,5 +44,6 @@ def test_worker_process_environment_and_command_line(monkeypatch: pytest.MonkeyP
     names = {e.partition("=")[0] for e in environ if e}
     assert "FRAMERELAY_SIGNING_KEYS" not in names
     assert "FRAMERELAY_ORCH_RUNPOD__API_KEY" not in names
+    assert "AWS_SECRET_ACCESS_KEY" not in names and "FRAMERELAY_WORKER_TEST_FAULT" not in names
     assert f"FRAMERELAY_TOKEN_SECRETS={secret}" in environ
     assert secret not in cmdline and "rp-api-key-value" not in cmdline

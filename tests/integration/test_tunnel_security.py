@@ -19,6 +19,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jwt
@@ -135,8 +136,11 @@ def test_attack_matrix_on_a_worker_holding_only_the_public_set(pod_ca: trustme.C
     ctx = ssl.create_default_context()
     pod_ca.configure_trust(ctx)
     public = PRIMARY.public().merged(NEXT.public())
-    tls = {"tls_cert_pem": SecretStr(b"".join(c.bytes() for c in cert.cert_chain_pems).decode()),
-           "tls_key_pem": SecretStr(tls_key.decode())}  # fmt: skip
+    chain = b"".join(c.bytes() for c in cert.cert_chain_pems).decode()
+    tls: dict[str, Any] = {
+        "tls_cert_pem": SecretStr(chain),
+        "tls_key_pem": SecretStr(tls_key.decode()),
+    }
     endpoints = {"/v1/tunnel": ("worker:gpu-a", "metrics:read"),
                  "/info": ("worker:gpu-a", "metrics:read"),
                  "/metrics": ("metrics:read", "worker:gpu-a")}  # fmt: skip
@@ -291,7 +295,11 @@ def test_tls_round_trip_with_self_signed_ca(secret: str, pki: dict[str, Path]) -
 
 def test_mtls_requires_client_certificate(secret: str, pki: dict[str, Path]) -> None:
     async def main() -> None:
-        tls = {"tls_cert": pki["server"], "tls_key": pki["server"], "tls_client_ca": pki["ca"]}
+        tls: dict[str, Any] = {
+            "tls_cert": pki["server"],
+            "tls_key": pki["server"],
+            "tls_client_ca": pki["ca"],
+        }
         async with running_worker(secret, **tls) as (_, url):
             ok = await _open(url, token(secret), _client_ctx(pki, with_cert=True))
             assert isinstance(ok, wire.Hello)
