@@ -26,19 +26,6 @@ DEFAULT_MODEL = SAMPLES / "models" / "yolox_nano_416.onnx"
 DEFAULT_CLIP = SAMPLES / "mot15" / "TUD-Stadtmitte" / "TUD-Stadtmitte.mp4"
 
 
-def split_secrets(value: SecretStr | None, env_name: str = "FRAMERELAY_TOKEN_SECRETS") -> list[str]:
-    """Comma-separated secrets -> list; a clear error when none are set."""
-    secrets = [
-        s.strip() for s in (value.get_secret_value() if value else "").split(",") if s.strip()
-    ]
-    if not secrets:
-        raise ConfigError(
-            f"{env_name} is not set: give one or more comma-separated token secrets "
-            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
-    return secrets
-
-
 MAX_SECRET_FILE_BYTES = 1 << 20
 
 
