@@ -26,12 +26,12 @@ import httpx
 from deploy.models import StreamSpec
 from deploy.tls import describe_http_error, verify_context
 from framerelay.auth import TokenIssuer
+from framerelay.net import is_loopback
 
 log = logging.getLogger(__name__)
 INGEST_SCOPES = ("routing:write", "streams:read")
 TOKEN_TTL_S = 900.0
 RENEW_BEFORE_S = 180.0
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class IngestLink(Protocol):
@@ -111,7 +111,7 @@ class HttpIngestLink:
     ) -> None:
         url = base_url.rstrip("/")
         verify: ssl.SSLContext | bool = verify_context(ca, "the ingest API") if ca else True
-        if url.startswith("http://") and urlsplit(url).hostname not in _LOOPBACK:
+        if url.startswith("http://") and not is_loopback(urlsplit(url).hostname):
             log.warning("the ingest API %s is plain http: tokens cross the network in clear", url)
         self._http = httpx.AsyncClient(base_url=url, timeout=timeout_s, verify=verify)
         self._token = IngestToken(issuer)

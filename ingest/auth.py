@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -22,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from framerelay.auth import AUD_INGEST, AuthGuard, FailureLimiter, KeySet, TokenIssuer
 from framerelay.auth.config import load_keys, verifier
 from framerelay.errors import ConfigError
+from framerelay.net import is_loopback
 from ingest.settings import IngestSettings
 
 TUNNEL_TOKEN_TTL_S = 3600.0
@@ -69,15 +69,6 @@ def api_guard(settings: IngestSettings, registry: CollectorRegistry) -> AuthGuar
         limiter=FailureLimiter(settings.auth_max_failures, settings.auth_window_s),
         on_refusal=lambda reason: refused.labels(reason).inc(),
     )
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_worker_url(url: str, *, allow_insecure: bool, tls_server_name: str | None = None) -> None:
