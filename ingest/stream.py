@@ -8,7 +8,9 @@ waits instead, so nothing is lost.
 
 States: ``STARTING`` (first open) -> ``RUNNING`` (frames decode) ->
 ``RECONNECTING`` (a failure; waiting out the backoff or opening again) ->
-``RUNNING`` ... and finally ``STOPPED`` (stopped, removed, the file ended,
+``RUNNING`` ... ; ``STALLED`` (decoding, but the worker's tunnel stopped answering:
+see :meth:`IngestStream.stall`); ``AUTH_FAILED`` (the camera refused the
+credentials: retried slowly); and finally ``STOPPED`` (stopped, removed, the file ended,
 ``max_frames``) or ``FAILED`` (a file that cannot be read, ``max_retries``
 exhausted, a bug; ``error`` says why).
 
@@ -59,6 +61,8 @@ class StreamState(enum.StrEnum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
     RECONNECTING = "RECONNECTING"
+    STALLED = "STALLED"
+    AUTH_FAILED = "AUTH_FAILED"
     STOPPED = "STOPPED"
     FAILED = "FAILED"
 
@@ -134,6 +138,8 @@ class IngestStream:
         self._seq = 0
         self._taken = 0
         self._source: AVSource | None = None
+        self.stalled: str | None = None
+        """Why the worker serving this stream stopped answering (None: it answers)."""
         self._record(StreamState.STARTING, "created")
 
     @property
@@ -189,6 +195,28 @@ class IngestStream:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def fail(self, reason: str) -> None:
+        """Fail this stream only (e.g. its sender hit a bug): FAILED with ``reason``, stopped.
+
+        Safe from the event loop; the decode thread ends at its next frame.
+        """
+        self.error = self.last_error = self.spec.scrub(reason)
+        self._record(StreamState.FAILED, self.error)
+        log.error("stream %s failed: %s", self.id, self.error)
+        self.stop()
+
+    def stall(self, reason: str) -> None:
+        """The tunnel serving this stream stalled: ``STALLED`` until :meth:`unstall`."""
+        self.stalled = reason
+        if self.state in (StreamState.STARTING, StreamState.RUNNING):
+            self._record(StreamState.STALLED, reason)
+
+    def unstall(self) -> None:
+        """Results flow again (same worker after a pause, or another one)."""
+        self.stalled = None
+        if self.state is StreamState.STALLED:
+            self._record(StreamState.RUNNING, "worker answers again")
+
     def sender_started(self) -> None:
         """Called by the tunnel client (event loop) when a sender task starts serving us."""
         self.sender_idle.clear()
@@ -229,6 +257,8 @@ class IngestStream:
         )
         try:
             runner.run()
+            if self.state is StreamState.FAILED:  # failed by fail() while decoding
+                return
             self._record(StreamState.STOPPED, "stopped" if self._stop.is_set() else "source ended")
         except SlotClosed:
             self._record(StreamState.STOPPED, "stopped")
@@ -274,7 +304,7 @@ class IngestStream:
     def on_frame(self, item: Decoded) -> bool:
         """Runner hook: one decoded frame. False once ``max_frames`` is reached."""
         self.last_frame_at = time.monotonic()
-        if self.state is not StreamState.RUNNING:
+        if self.state is not StreamState.RUNNING and self.stalled is None:
             self.error = None
             self._record(StreamState.RUNNING, "decoding")
         self._count("decoded")
