@@ -15,6 +15,10 @@ change anything; ``/metrics`` is open unless ``metrics_auth`` (then
 counted in ``framerelay_orch_auth_refused_total{reason}``, and failed
 authentications are throttled per peer address. A 422 says where and why,
 never the submitted values; stream URLs are shown without their passwords.
+Request bodies are capped at ``max_body_bytes`` (default 1 MiB; 413, see
+:mod:`framerelay.web_limits`): a larger ``Content-Length`` is refused before
+the token is checked, a larger chunked body once the route reads it (after
+its token passed). Every number in a body is finite and bounded (422).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
 from framerelay.auth.web import ApiAuth, AuthFirstRoute, install_validation_handler
+from framerelay.web_limits import BodyLimit
 
 READ, WRITE, METRICS = "fleet:read", "fleet:write", "metrics:read"
 
@@ -137,6 +142,8 @@ def create_app(orch: Orchestrator) -> FastAPI:
         openapi_url=None,
     )  # fmt: skip
     install_validation_handler(app)
+    app.add_middleware(BodyLimit, max_bytes=orch.settings.max_body_bytes,
+                       setting="FRAMERELAY_ORCH_MAX_BODY_BYTES")  # fmt: skip
     auth = api_auth(orch)
     app.include_router(_fleet_router(orch, auth))
     app.include_router(_pods_router(orch, auth))

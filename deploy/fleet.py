@@ -208,15 +208,17 @@ class Fleet:
     def _apply_probe(self, rec: PodRecord, probe: Probe, now: float) -> None:
         if probe.canary_ok is not None:
             rec.last_canary = now
-        ok = probe.alive and probe.canary_ok is not False
+        ok = probe.alive and probe.ready is not False and probe.canary_ok is not False
         if probe.capacity_fps > 0:
             rec.capacity_fps = probe.capacity_fps
         if not ok:
             rec.fails += 1
             rec.last_error = (probe.error or "failed")[:500]
-            if rec.ready and rec.fails >= self.settings.unhealthy_after:
+            # a worker that says it is not ready (/readyz) loses its streams on this pass
+            if rec.ready and (rec.fails >= self.settings.unhealthy_after or probe.ready is False):
                 rec.ready = False
-                self.event("unhealthy", rec.name, error=rec.last_error, healthz_ok=probe.alive)
+                self.event("unhealthy", rec.name, error=rec.last_error, healthz_ok=probe.alive,
+                           readyz_ok=probe.ready)  # fmt: skip
             elif not rec.ready:
                 self.counters["canary_not_ready"] += 1
             return

@@ -11,9 +11,12 @@ tunnel. ``/healthz`` alone
 proves only that the process answers HTTP; a hung inference thread still
 answers it, the canary does not.
 
-Heartbeats (``GET /healthz``) run every tick; the canary every
-``canary_interval_s``. ``unhealthy_after`` consecutive failures of either
-make the worker unhealthy and the orchestrator replaces it, at most
+Heartbeats (``GET /healthz``, then ``GET /readyz``) run every tick; the
+canary every ``canary_interval_s``. A worker whose ``/readyz`` fails (its
+inference loop stalled or ended: it has closed its tunnels too) is not ready
+at once, with the worker's own reason, and gets no canary; the fleet takes its
+streams away on that pass. ``unhealthy_after`` consecutive failures of any
+kind make the worker unhealthy and the orchestrator replaces it, at most
 ``max_replacements`` per tier per ``replacement_window_s`` (no storms).
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -42,6 +46,9 @@ PERSON = 0
 TokenFn = Callable[[str], str]
 """worker name -> a token granting ``worker:<name>``."""
 CANARY_STREAM = "framerelay-canary"
+MAX_CAPACITY_FPS = 1_000_000.0
+"""A worker's reported capacity above this (or not finite) counts as unknown (0)."""
+REASON_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,8 @@ class Probe:
     canary_ms: float = 0.0
     capacity_fps: float = 0.0
     error: str | None = None
+    ready: bool | None = None
+    """The worker's own ``/readyz``; None when not asked (it did not answer ``/healthz``)."""
 
 
 class Prober(Protocol):
@@ -166,9 +175,16 @@ class WorkerProber:
         self._ssl = ssl_context
         self._http = httpx.AsyncClient(timeout=heartbeat_timeout_s, verify=ssl_context or True)
 
-    async def _info(self, http_url: str, token: str, tls_name: str | None) -> float:
-        ext = {"sni_hostname": tls_name} if tls_name and http_url.startswith("https://") else None
+    async def _heartbeat(self, http_url: str, ext: dict[str, str] | None) -> str | None:
+        """``/healthz`` (raises when it fails), then ``/readyz``: why the worker is not
+        ready (its own words), or None when it is."""
         (await self._http.get(f"{http_url}/healthz", extensions=ext)).raise_for_status()
+        resp = await self._http.get(f"{http_url}/readyz", extensions=ext)
+        if resp.is_success or resp.status_code == 404:  # 404: a worker without /readyz
+            return None
+        return f"HTTP {resp.status_code}: {_reason(resp.text) or resp.reason_phrase}"
+
+    async def _info(self, http_url: str, token: str, ext: dict[str, str] | None) -> float:
         resp = await self._http.get(
             f"{http_url}/info", headers={"Authorization": f"Bearer {token}"}, extensions=ext
         )
@@ -178,35 +194,61 @@ class WorkerProber:
             )
         resp.raise_for_status()
         info = resp.json()
-        return float(info.get("capacity_fps", 0.0)) if isinstance(info, dict) else 0.0
+        return _capacity(info.get("capacity_fps") if isinstance(info, dict) else None)
 
     async def probe(
         self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
         tls_name: str | None = None,
     ) -> Probe:  # fmt: skip
         token = self._token_for(name)
+        ext = {"sni_hostname": tls_name} if tls_name and http_url.startswith("https://") else None
         try:
-            capacity = await self._info(http_url, token, tls_name)
+            unready = await self._heartbeat(http_url, ext)
+            if unready is not None:  # no canary: the worker refuses tunnels while unready
+                return Probe(alive=True, ready=False, error=f"worker not ready: {unready}")
+            capacity = await self._info(http_url, token, ext)
         except FramerelayError as exc:
             return Probe(alive=False, error=f"heartbeat failed: {exc}")
         except (httpx.HTTPError, ValueError) as exc:
             return Probe(alive=False, error=f"heartbeat failed: {describe_http_error(exc)}")
         if not canary:
-            return Probe(alive=True, capacity_fps=capacity)
+            return Probe(alive=True, capacity_fps=capacity, ready=True)
+        return await self._canary(tunnel_url, token, tls_name, capacity)
+
+    async def _canary(
+        self, tunnel_url: str, token: str, tls_name: str | None, capacity: float
+    ) -> Probe:
         try:
             persons, ms = await self.canary.run(
                 tunnel_url, token, ssl_context=self._ssl, server_hostname=tls_name
             )
         except (TimeoutError, OSError, WebSocketException, FramerelayError) as exc:
-            return Probe(True, False, capacity_fps=capacity, error=_canary_error(exc))
+            return Probe(True, False, capacity_fps=capacity, error=_canary_error(exc), ready=True)
         ok = persons >= self.canary.min_persons
         error = (
             None if ok else f"canary saw {persons} persons, expected >= {self.canary.min_persons}"
         )
-        return Probe(True, ok, persons, ms, capacity, error)
+        return Probe(True, ok, persons, ms, capacity, error, ready=True)
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _reason(text: str) -> str:
+    """A worker's ``/readyz`` body as a one-line reason: printable, at most 200 characters."""
+    line = " ".join(text.split())
+    return "".join(c for c in line if c.isprintable())[:REASON_CHARS]
+
+
+def _capacity(value: object) -> float:
+    """The capacity a worker reports, if it is a plausible number; else 0 (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        fps = float(value)
+    except OverflowError:
+        return 0.0
+    return fps if math.isfinite(fps) and 0 <= fps <= MAX_CAPACITY_FPS else 0.0
 
 
 def _canary_error(exc: BaseException) -> str:
@@ -229,4 +271,4 @@ class StatusProber:
         self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
         tls_name: str | None = None,
     ) -> Probe:  # fmt: skip
-        return Probe(True, True if canary else None, capacity_fps=self.capacity_fps)
+        return Probe(True, True if canary else None, capacity_fps=self.capacity_fps, ready=True)

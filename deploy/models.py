@@ -29,9 +29,10 @@ _POD_NAME = re.compile(r"^(?P<fleet>[a-z0-9]+)-(?P<tier>.+)-(?P<slot>\d+)-g(?P<g
 
 
 class StreamSpec(BaseModel):
-    """A stream the operator declared: where it comes from and what it needs."""
+    """A stream the operator declared: where it comes from and what it needs. Every
+    number is finite and bounded (NaN, Infinity and out-of-range values are a 422)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str = Field(pattern=STREAM_ID)
     url: str = Field(min_length=1, description="Anything the ingest's PyAV opens.")
@@ -90,7 +91,7 @@ class PodInfo:
 class PodRecord(BaseModel):
     """The orchestrator's record of one pod (kept in Redis)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     tier: str

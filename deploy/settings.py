@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -25,7 +25,8 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 from deploy.models import check_name_part
-from framerelay.settings import DEFAULT_MODEL, ServiceSettings
+from framerelay.settings import DEFAULT_MODEL, ServiceSettings, redis_url_problem
+from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES
 
 CloudType = Literal["SECURE", "COMMUNITY"]
 
@@ -33,7 +34,7 @@ CloudType = Literal["SECURE", "COMMUNITY"]
 class Window(BaseModel):
     """A time window in which a tier keeps at least ``min_warm`` workers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     days: tuple[int, ...] = Field((0, 1, 2, 3, 4), description="Weekdays, 0 = Monday.")
     start: dt.time = Field(dt.time(7, 0), description="Local start time (HH:MM).")
@@ -51,7 +52,7 @@ class Window(BaseModel):
 class TierConfig(BaseModel):
     """A pool of like GPU workers: what to rent, how many, when."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Lowercase id, part of pod names.")
     spot: bool = Field(False, description="Interruptible (spot) capacity; never takes critical.")
@@ -63,11 +64,14 @@ class TierConfig(BaseModel):
     min_warm: int = Field(0, ge=0, le=1000, description="Warm workers outside any window.")
     max_workers: int = Field(4, ge=0, le=1000)
     windows: tuple[Window, ...] = ()
-    lead_s: float = Field(900.0, ge=0, description="Scale up this long before a window opens.")
+    lead_s: float = Field(
+        900.0, ge=0, le=86_400, description="Scale up this long before a window opens."
+    )
     batch_only: bool = Field(False, description="Only batch streams; zero outside windows.")
     capacity_fps: float = Field(
         0.0,
         ge=0,
+        le=1_000_000,
         description="Capacity per worker in fps of the reference model; 0 = measured by each "
         "worker's warm-up benchmark (GET /info).",
     )
@@ -86,16 +90,18 @@ def default_tiers() -> list[TierConfig]:
 
 
 class RunPodSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
     base_url: str = "https://rest.runpod.io/v1"
     image: str = Field("ghcr.io/framerelay/worker:latest", description="Worker image.")
     container_disk_gb: int = Field(20, ge=1, le=2000)
     network_volume_id: str | None = None
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(30.0, gt=0, le=600)
     max_retries: int = Field(4, ge=0, le=20, description="Retries of 429/5xx per request.")
-    backoff_s: float = Field(0.5, gt=0, description="First retry delay; doubles, with jitter.")
+    backoff_s: float = Field(
+        0.5, gt=0, le=600, description="First retry delay; doubles, with jitter."
+    )
     tls: bool = Field(
         True, description="Pods serve wss:// with their own certificate from the orchestrator's CA."
     )
@@ -105,18 +111,22 @@ class RunPodSettings(BaseModel):
 
 
 class LocalSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: Path = DEFAULT_MODEL
     threads: int = Field(1, ge=0, le=256)
-    ready_timeout_s: float = Field(120.0, gt=0)
-    price_per_hr: float = Field(0.0, ge=0, description="Nominal $/h of a local on-demand worker.")
-    spot_price_per_hr: float = Field(0.0, ge=0, description="Nominal $/h of a local spot worker.")
+    ready_timeout_s: float = Field(120.0, gt=0, le=86_400)
+    price_per_hr: float = Field(
+        0.0, ge=0, le=1e6, description="Nominal $/h of a local on-demand worker."
+    )
+    spot_price_per_hr: float = Field(
+        0.0, ge=0, le=1e6, description="Nominal $/h of a local spot worker."
+    )
     tls: bool = Field(False, description="Local workers serve wss:// with a CA certificate too.")
 
 
 class KubernetesSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     namespace: str = "framerelay"
     image: str = "ghcr.io/framerelay/worker:latest"
@@ -139,7 +149,9 @@ class OrchestratorSettings(ServiceSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8090, ge=0, le=65535)
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="Redis holding the fleet state (checked at start)."
+    )
     key_prefix: str = Field("framerelay:orch:", description="Prefix of every Redis key.")
     provider: Literal["local", "runpod", "kubernetes"] = "local"
     fleet: str = Field("fr", description="Fleet name: prefix of every pod name.")
@@ -157,9 +169,14 @@ class OrchestratorSettings(ServiceSettings):
         description="HS256 shared secrets (single host only: local pods get them).",
     )
     token_leeway_s: float = Field(30.0, ge=0, le=3600, description="Clock skew allowed.")
-    auth_max_failures: int = Field(20, ge=1, description="Failed authentications per window.")
-    auth_window_s: float = Field(60.0, gt=0, description="...per peer, before 429.")
+    auth_max_failures: int = Field(
+        20, ge=1, le=1_000_000, description="Failed authentications per window."
+    )
+    auth_window_s: float = Field(60.0, gt=0, le=86_400, description="...per peer, before 429.")
     metrics_auth: bool = Field(False, description="/metrics needs scope metrics:read.")
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES, ge=1, le=1 << 30, description="Largest API request body (413)."
+    )
     tls_cert: Path | None = Field(None, description="PEM certificate chain: the API over HTTPS.")
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="CA bundle; set to require mTLS.")
@@ -167,24 +184,45 @@ class OrchestratorSettings(ServiceSettings):
     pod_cert_ttl_h: float = Field(72.0, ge=1, le=2160, description="Lifetime of pod certificates.")
     ingest_url: str | None = Field(None, description="Ingest API to push assignments to.")
     ingest_ca: Path | None = Field(None, description="CA bundle to verify an https ingest.")
-    tick_s: float = Field(2.0, gt=0, description="Reconcile period.")
-    lease_ttl_s: float = Field(15.0, gt=0, description="Leader lease; one active orchestrator.")
-    canary_interval_s: float = Field(30.0, gt=0, description="Canary period per ready worker.")
-    canary_timeout_s: float = Field(10.0, gt=0, description="Deadline of one canary.")
-    canary_min_persons: int = Field(3, ge=1, description="Persons the canary frame must yield.")
-    heartbeat_timeout_s: float = Field(2.0, gt=0, description="Deadline of one /healthz.")
-    unhealthy_after: int = Field(2, ge=1, description="Consecutive failures before replacing.")
-    startup_grace_s: float = Field(900.0, gt=0, description="Time a new pod has to get ready.")
-    drain_timeout_s: float = Field(120.0, ge=0, description="Most a draining pod is kept.")
-    create_backoff_s: float = Field(
-        10.0, gt=0, description="Wait after a failed create (doubling per failure in a row)."
+    tick_s: float = Field(2.0, gt=0, le=3600, description="Reconcile period.")
+    lease_ttl_s: float = Field(
+        15.0, gt=0, le=3600, description="Leader lease; one active orchestrator."
     )
-    create_backoff_max_s: float = Field(600.0, gt=0, description="Longest wait between creates.")
-    max_replacements: int = Field(3, ge=0, description="Restart budget per tier and window.")
-    replacement_window_s: float = Field(600.0, gt=0)
+    canary_interval_s: float = Field(
+        30.0, gt=0, le=86_400, description="Canary period per ready worker."
+    )
+    canary_timeout_s: float = Field(10.0, gt=0, le=600, description="Deadline of one canary.")
+    canary_min_persons: int = Field(
+        3, ge=1, le=1000, description="Persons the canary frame must yield."
+    )
+    heartbeat_timeout_s: float = Field(2.0, gt=0, le=600, description="Deadline of one /healthz.")
+    unhealthy_after: int = Field(
+        2, ge=1, le=1000, description="Consecutive failures before replacing."
+    )
+    startup_grace_s: float = Field(
+        900.0, gt=0, le=86_400, description="Time a new pod has to get ready."
+    )
+    drain_timeout_s: float = Field(
+        120.0, ge=0, le=86_400, description="Most a draining pod is kept."
+    )
+    create_backoff_s: float = Field(
+        10.0,
+        gt=0,
+        le=86_400,
+        description="Wait after a failed create (doubling per failure in a row).",
+    )
+    create_backoff_max_s: float = Field(
+        600.0, gt=0, le=86_400, description="Longest wait between creates."
+    )
+    max_replacements: int = Field(
+        3, ge=0, le=1000, description="Restart budget per tier and window."
+    )
+    replacement_window_s: float = Field(600.0, gt=0, le=7 * 86_400)
     target_utilization: float = Field(0.8, gt=0, le=1, description="Fill workers to this share.")
-    default_capacity_fps: float = Field(20.0, gt=0, description="Per worker, before measured.")
-    model_costs: dict[str, float] = Field(
+    default_capacity_fps: float = Field(
+        20.0, gt=0, le=1_000_000, description="Per worker, before measured."
+    )
+    model_costs: dict[str, Annotated[float, Field(gt=0, le=1000)]] = Field(
         default_factory=lambda: {"yolox_nano": 1.0},
         description="Demand weight of each model relative to the reference model.",
     )
@@ -197,6 +235,14 @@ class OrchestratorSettings(ServiceSettings):
     def _fleet(cls, v: str) -> str:
         if not v.isalnum() or not v.islower():
             raise ValueError("fleet must be lowercase letters and digits (it prefixes pod names)")
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str) -> str:
+        problem = redis_url_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("timezone")

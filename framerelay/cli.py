@@ -47,8 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"framerelay: error: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:  # bad settings: where and why, never the values given
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        print(f"framerelay: error: invalid {exc.title}: {problems}", file=sys.stderr)
+        from framerelay.settings import describe_invalid
+
+        print(f"framerelay: error: {describe_invalid(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

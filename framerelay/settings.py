@@ -4,19 +4,32 @@ Each service has one ``pydantic-settings`` model (env prefix ``FRAMERELAY_``,
 ``extra="forbid"``) built in ``main()``, never at import time. Secrets are
 ``SecretStr`` so they never print, and each secret setting ``X`` can instead
 be read from the file named by ``X_FILE`` (:class:`ServiceSettings`).
+
+Every number of every setting is finite: NaN and Infinity are refused at the
+top level (``allow_inf_nan=False``) and, with the path to the value, in nested
+models and lists too (stream definitions, tiers, results settings), so a time
+setting can never be ``inf``. Redis URLs are checked at load with
+:func:`redis_url_problem`, which never repeats a password.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, SecretStr
+from pydantic import AliasChoices, BaseModel, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from framerelay.errors import ConfigError
 
@@ -27,6 +40,8 @@ DEFAULT_CLIP = SAMPLES / "mot15" / "TUD-Stadtmitte" / "TUD-Stadtmitte.mp4"
 
 
 MAX_SECRET_FILE_BYTES = 1 << 20
+MAX_NESTING = 8
+"""Nested settings deeper than this are not searched for non-finite numbers."""
 
 
 def _is_secret(annotation: object) -> bool:
@@ -122,8 +137,69 @@ class _EnvWithoutSecretFiles(EnvSettingsSource):
         return {k: v for k, v in env.items() if k.lower() not in files}
 
 
+def non_finite(value: object, path: str = "", depth: int = MAX_NESTING) -> str | None:
+    """The dotted path of the first NaN/Infinity in ``value`` (models, dicts, lists), else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path or "value"
+    if depth <= 0 or isinstance(value, str | bytes | SecretStr):
+        return None
+    items: list[tuple[str, object]]
+    if isinstance(value, BaseModel):
+        items = [(name, getattr(value, name, None)) for name in type(value).model_fields]
+    elif isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return None
+    for key, item in items:
+        found = non_finite(item, f"{path}.{key}" if path else key, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+REDIS_URL_FORM = "redis://[user:password@]host[:port][/db], rediss://... or unix:///path"
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why redis-py cannot use ``url`` (never quoting its password), or None when it can."""
+    from redis.asyncio.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        reason = str(exc)
+        try:
+            secret = urlsplit(url).password
+        except ValueError:
+            secret = None
+        if secret:
+            reason = reason.replace(secret, "***")
+        return f"not a usable Redis URL ({reason[:200]}); expected {REDIS_URL_FORM}"
+    return None
+
+
 class ServiceSettings(BaseSettings):
-    """Base of every service's settings: env, then ``*_FILE`` for secret settings."""
+    """Base of every service's settings: env, then ``*_FILE`` for secret settings; every
+    number finite (subclasses' ``model_config`` is merged with this one)."""
+
+    model_config = SettingsConfigDict(allow_inf_nan=False)
+
+    @classmethod
+    def env_name(cls, field: str) -> str | None:
+        """The environment variable of the top-level setting ``field`` (None: no such one)."""
+        info = cls.model_fields.get(field)
+        if info is None:
+            return None
+        return _env_names(str(cls.model_config.get("env_prefix", "")), field, info)[-1]
+
+    @model_validator(mode="after")
+    def _finite_everywhere(self) -> ServiceSettings:
+        where = non_finite(self)
+        if where is not None:
+            raise ValueError(f"{where} must be a finite number (not NaN or Infinity)")
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -136,3 +212,28 @@ class ServiceSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         env = _EnvWithoutSecretFiles(settings_cls)
         return (init_settings, env, SecretFilesSource(settings_cls), dotenv_settings)
+
+
+def settings_class(title: str) -> type[ServiceSettings] | None:
+    """The service settings model called ``title`` (a ValidationError's title)."""
+    todo: list[type[ServiceSettings]] = [ServiceSettings]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == title:
+            return cls
+        todo.extend(cls.__subclasses__())
+    return None
+
+
+def describe_invalid(exc: ValidationError) -> str:
+    """One line: each bad setting (and its environment variable) and why; no values."""
+    model = settings_class(exc.title)
+    problems = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        env = model.env_name(loc[0]) if model is not None and loc else None
+        where = ".".join(loc) + (f" ({env})" if env and len(loc) == 1 else "")
+        where += f" (in {env})" if env and len(loc) > 1 else ""
+        problems.append(f"{where}: {msg}" if where else msg)
+    return f"invalid {exc.title}: " + "; ".join(problems).replace("\n", " ")

@@ -13,6 +13,11 @@
   publisher, ``framerelay_ingest_auth_refused_total{reason}``. Open unless
   ``metrics_auth`` (then ``metrics:read``).
 
+Request bodies are capped at ``max_body_bytes`` (default 1 MiB): a larger
+``Content-Length`` is a 413 before anything else (the token is not checked); a
+chunked body is a 413 once the route reads past the limit, and routes check
+their token before reading (:mod:`framerelay.web_limits`).
+
 Tokens are for audience ``framerelay-ingest`` (:mod:`ingest.auth`); without
 keys to verify them the API does not start. With ``api_tls_cert`` the API is
 HTTPS/WSS only (:mod:`ingest.server`).
@@ -33,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from framerelay.auth import AuthGuard
 from framerelay.auth.web import ApiAuth, install_validation_handler
 from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
+from framerelay.web_limits import BodyLimit
 from ingest.auth import api_guard
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
@@ -66,6 +72,8 @@ def create_app(
     api = ApiAuth(guard)
     register_stream_metrics(service, registry)  # stream state/counters (ingest.metrics)
     install_validation_handler(app)  # 422s never echo submitted values (passwords)
+    app.add_middleware(BodyLimit, max_bytes=service.settings.max_body_bytes,
+                       setting="FRAMERELAY_INGEST_MAX_BODY_BYTES")  # fmt: skip
     app.include_router(_metrics_router(registry, api if service.settings.metrics_auth else None))
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=[api.requires("streams:read")])

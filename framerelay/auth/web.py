@@ -3,6 +3,12 @@
 ``dependencies=[auth.requires("streams:write")]`` on a route (or a router)
 checks the bearer token before the route runs, so a refused request has no
 effect; body validation (422) comes only after it passed.
+
+Body size (:mod:`framerelay.web_limits`, outside every route): a request whose
+``Content-Length`` is over the limit is a 413 before its token is checked (the
+cheapest refusal, and nothing of it is read); a chunked body over the limit is
+counted as the route reads it, so on an :class:`AuthFirstRoute` an
+unauthenticated one is a 401 (never read) and an authenticated one a 413.
 """
 
 from __future__ import annotations

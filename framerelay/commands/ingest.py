@@ -53,8 +53,9 @@ def build_settings(args: argparse.Namespace) -> Any:
     try:
         return _build_settings(args)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"bad ingest settings: {problems}") from None
+        from framerelay.settings import describe_invalid
+
+        raise ConfigError(describe_invalid(exc)) from None
 
 
 def _build_settings(args: argparse.Namespace) -> Any:

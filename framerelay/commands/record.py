@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = RecorderSettings(**over)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"bad recorder settings: {problems}") from None
+        from framerelay.settings import describe_invalid
+
+        raise ConfigError(describe_invalid(exc)) from None
     return asyncio.run(_record(settings))
 
 

@@ -14,7 +14,10 @@ class RecorderSettings(BaseSettings):
     """What to record, where, and how long to keep it."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FRAMERELAY_RECORD_", extra="forbid", hide_input_in_errors=True
+        env_prefix="FRAMERELAY_RECORD_",
+        extra="forbid",
+        hide_input_in_errors=True,
+        allow_inf_nan=False,
     )
 
     stream_id: str = Field(pattern=STREAM_ID, description="The stream whose results to align.")
@@ -26,9 +29,14 @@ class RecorderSettings(BaseSettings):
         10.0, gt=0, le=3600, description="Segment length (cut at the next keyframe after it)."
     )
     retention_s: float = Field(
-        86_400.0, gt=0, description="Segments (and sidecars) older than this are deleted."
+        86_400.0,
+        gt=0,
+        le=10 * 366 * 86_400,
+        description="Segments (and sidecars) older than this are deleted.",
     )
-    max_bytes: int = Field(0, ge=0, description="Keep at most this many bytes (0: no limit).")
+    max_bytes: int = Field(
+        0, ge=0, le=2**62, description="Keep at most this many bytes (0: no limit)."
+    )
     redis_url: SecretStr = Field(
         validation_alias=AliasChoices("redis_url", "FRAMERELAY_REDIS_URL"),
         description="Redis holding the durable results (FRAMERELAY_REDIS_URL).",
@@ -39,7 +47,7 @@ class RecorderSettings(BaseSettings):
         None, max_length=128, description="Consumer name (default record-<stream_id>)."
     )
     claim_idle_s: float = Field(
-        30.0, gt=0, description="Claim other consumers' entries pending this long."
+        30.0, gt=0, le=86_400, description="Claim other consumers' entries pending this long."
     )
     open_timeout_s: float = Field(10.0, gt=0, le=300, description="Camera open timeout.")
     read_timeout_s: float = Field(10.0, gt=0, le=300, description="Camera read timeout.")
@@ -52,7 +60,9 @@ class RecorderSettings(BaseSettings):
         description="A result is looked for among frames recorded within this many seconds "
         "of its capture time; past that without a frame it goes to a gap file.",
     )  # fmt: skip
-    pending_max: int = Field(20_000, ge=1, description="Results waiting for their frame, at most.")
+    pending_max: int = Field(
+        20_000, ge=1, le=10_000_000, description="Results waiting for their frame, at most."
+    )
 
     @property
     def consumer_name(self) -> str:
