@@ -4,6 +4,11 @@ The frame never goes through BGR on the ingest side: swscale resizes the
 decoder's planes straight to full-range 4:2:0 (JPEG's range), the planes are
 pasted top-left into grey canvases, and simplejpeg encodes the planes (4:2:0).
 The worker decodes the JPEG to BGR for the model (``gpu_worker.images``).
+
+A frame whose letterbox the wire cannot carry (a scale above
+:data:`MAX_SCALE`, a side above :data:`MAX_SIDE`: sources are size-checked
+before, this is the second line) raises :class:`Unsendable` before any work,
+for the caller to drop and count, never to reach the sender.
 """
 
 from __future__ import annotations
@@ -21,6 +26,23 @@ from framerelay.geometry import PAD_VALUE, Letterbox
 
 U8 = NDArray[np.uint8]
 _CHROMA_NEUTRAL = 128
+MAX_SCALE = 64.0
+"""The largest letterbox scale ``framerelay.wire.Frame`` accepts (``scale``)."""
+MAX_SIDE = 16_384
+"""The largest source side ``framerelay.wire.Frame`` accepts (``src_w``, ``src_h``)."""
+
+
+class Unsendable(ValueError):
+    """The frame's letterbox is outside what the wire carries: drop it and count it."""
+
+
+def check_sendable(lb: Letterbox) -> None:
+    """Raise :class:`Unsendable` unless ``lb`` fits the wire's FRAME header."""
+    if not 0 < lb.scale <= MAX_SCALE or not (0 < lb.src_w <= MAX_SIDE and 0 < lb.src_h <= MAX_SIDE):
+        raise Unsendable(
+            f"a {lb.src_w}x{lb.src_h} frame letterboxed to {lb.dst_w}x{lb.dst_h} has scale "
+            f"{lb.scale:g}; the wire carries scale <= {MAX_SCALE:g} and sides <= {MAX_SIDE}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +91,7 @@ class Preparer:
         """Letterbox ``frame`` into the model input and encode it as JPEG."""
         t0 = time.perf_counter()
         lb = Letterbox.fit(frame.width, frame.height, self.input_w, self.input_h)
+        check_sendable(lb)
         small = self._scaler.reformat(
             frame,
             width=lb.new_w,

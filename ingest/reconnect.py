@@ -6,8 +6,13 @@
 backoff with jitter and opens another, for ever by default (``max_retries``).
 The backoff goes back to its first delay only after a session stayed healthy
 (decoding) for ``healthy_after_s``, so a camera that accepts connections and
-drops them at once is not hammered. A local file that fails is not retried.
-A looping file starts over at once at its end.
+drops them at once is not hammered. A local file that fails is not retried,
+nor a source refused for what it is (:class:`ingest.source.SourceRefused`:
+its size); a camera that refuses the credentials
+(:class:`ingest.source.SourceAuthFailed`) is retried every ``auth_retry_s``
+instead of at the backoff rate. A looping file starts over at once at its end.
+After every session the source releases its memory (the failure's traceback,
+which holds the decoder, is dropped first).
 
 What happens to the frames, the state and the counters is the caller's
 business, through :class:`RunnerHooks`.
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from framerelay.errors import SourceError
-from ingest.source import AVSource, Decoded, Opened
+from ingest.source import AVSource, Decoded, Opened, SourceAuthFailed, SourceRefused
 
 
 @dataclass(slots=True)
@@ -54,6 +59,14 @@ class Backoff:
         self.attempt = 0
 
 
+def detached(exc: SourceError) -> SourceError:
+    """``exc`` without its traceback and context, which hold the decoder's frames (memory)."""
+    exc.__traceback__ = None
+    exc.__context__ = None
+    exc.__cause__ = None
+    return exc
+
+
 class RunnerHooks(Protocol):
     def on_open(self, opened: Opened) -> None:
         """A session opened (the first, a reconnect or a loop)."""
@@ -77,6 +90,7 @@ class SourceRunner:
         backoff: Backoff,
         healthy_after_s: float = 30.0,
         max_retries: int | None = None,
+        auth_retry_s: float = 300.0,
         rng: random.Random | None = None,
     ) -> None:
         self.source = source
@@ -85,6 +99,7 @@ class SourceRunner:
         self.backoff = backoff
         self.healthy_after_s = healthy_after_s
         self.max_retries = max_retries
+        self.auth_retry_s = auth_retry_s
         self.failures = 0
         """Failed attempts since the last session that decoded a frame."""
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
@@ -95,13 +110,22 @@ class SourceRunner:
         """Return when stopped or at the end; raise SourceError when giving up."""
         while not self.stop.is_set():
             self._first_frame_at = None
-            try:
-                self.source.session(self.stop, self.hooks.on_open, self._on_frame)
-            except SourceError as exc:
-                self._failed(exc)
+            failure = self._attempt()
+            if failure is not None:
+                self._failed(failure)
                 continue
             if self._stopped_by_hook or not self.source.spec.loop:
                 return
+
+    def _attempt(self) -> SourceError | None:
+        """One session; its failure (detached from the decoder's frames), if any."""
+        failure: SourceError | None = None
+        try:
+            self.source.session(self.stop, self.hooks.on_open, self._on_frame)
+        except SourceError as exc:
+            failure = detached(exc)
+        self.source.release()
+        return failure
 
     def _on_frame(self, decoded: Decoded) -> bool:
         if self._first_frame_at is None:
@@ -114,7 +138,7 @@ class SourceRunner:
     def _failed(self, exc: SourceError) -> None:
         if self.stop.is_set():
             return
-        if not self.source.spec.network:
+        if not self.source.spec.network or isinstance(exc, SourceRefused):
             raise exc
         first = self._first_frame_at
         if first is not None and time.monotonic() - first >= self.healthy_after_s:
@@ -125,6 +149,9 @@ class SourceRunner:
                 f"gave up after {self.failures} failed attempts in a row "
                 f"(max_retries={self.max_retries}): {exc}"
             ) from exc
-        delay = self.backoff.next_delay(self._rng)
+        if isinstance(exc, SourceAuthFailed):
+            delay = self.auth_retry_s  # not the backoff: a camera may lock the account
+        else:
+            delay = self.backoff.next_delay(self._rng)
         self.hooks.on_retry(exc, delay)
         self.stop.wait(delay)

@@ -8,6 +8,19 @@ new worker with the latest session snapshot the old worker sent, so the new
 worker resumes the tracker and track ids continue. A stream is therefore
 never served by two workers at once, and its decode thread never stops.
 
+**Failover.** When a worker's tunnel is unhealthy - ``STALLED`` (the worker
+stopped answering heartbeats or frames, see :mod:`ingest.tunnel_health`), or
+not back within the stall threshold after its connection dropped - and
+another worker's tunnel is ``UP``, the pool moves every stream of the
+unhealthy worker there at once (fewest streams first), with its latest
+snapshot, so track ids continue; the unhealthy tunnel is then closed (frames
+in flight there count ``disconnected``). Each such move counts in ``moves``
+and ``failovers`` and is logged; ``GET /v1/routing`` shows the new placement.
+With no other worker up the streams stay ``STALLED`` and recover by
+themselves when the worker answers again. The orchestrator may place a
+stream again later: a ``PUT`` naming the worker it is on now changes
+nothing, one naming another worker (the old one too) moves it there.
+
 ``routing_router`` exposes it to the orchestrator:
 
 * ``PUT /v1/streams/{id}/worker`` ``{"worker_id", "url", "stream"?,
@@ -40,7 +53,8 @@ from framerelay.results import ResultRecord
 from ingest.auth import HOSTNAME, check_worker_url
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
-from ingest.tunnel_client import TunnelClient
+from ingest.tunnel_client import TunnelClient, supervise
+from ingest.tunnel_health import TunnelState
 
 log = logging.getLogger(__name__)
 Snapshot = tuple[wire.SessionClock, bytes]
@@ -60,6 +74,8 @@ class WorkerPool:
         frame_timeout_s: float = 10.0,
         reconnect_max_s: float = 10.0,
         allow_insecure: bool = False,
+        heartbeat_interval_s: float = 0.5,
+        stall_after_s: float = 3.0,
     ) -> None:
         self._token_for = token_for
         self._on_result = on_result
@@ -67,13 +83,20 @@ class WorkerPool:
         self._ssl = ssl_context
         self.allow_insecure = allow_insecure
         self._timeouts = (frame_timeout_s, reconnect_max_s)
+        self._heartbeat = (heartbeat_interval_s, stall_after_s)
         self.clients: dict[str, TunnelClient] = {}
         self.streams: dict[str, IngestStream] = {}
         self.where: dict[str, str] = {}
         self.moves = 0
+        self.failovers = 0
+        """Streams moved off an unhealthy worker by the pool itself."""
         self._adopted: dict[str, Snapshot | None] = {}
         self._runs: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
+        self._failover_due = False
+        self._failing: asyncio.Task[None] | None = None
+        self._stuck: set[str] = set()
+        """Unhealthy workers whose streams had nowhere to go (logged once)."""
 
     def _client(self, worker_id: str, url: str, server_name: str | None) -> TunnelClient:
         client = self.clients.get(worker_id)
@@ -90,14 +113,73 @@ class WorkerPool:
             server_hostname=server_name,
             frame_timeout_s=self._timeouts[0],
             reconnect_max_s=self._timeouts[1],
+            heartbeat_interval_s=self._heartbeat[0],
+            stall_after_s=self._heartbeat[1],
+            on_state=lambda c, w=worker_id: self._tunnel_changed(w, c),  # type: ignore[misc]
         )
         self.clients[worker_id] = client
         stop = asyncio.Event()
         self._runs[worker_id] = (
             stop,
-            asyncio.create_task(client.run(stop), name=f"tunnel-{worker_id}"),
+            asyncio.create_task(supervise(client, stop), name=f"tunnel-{worker_id}"),
         )
         return client
+
+    def _tunnel_changed(self, worker_id: str, client: TunnelClient) -> None:
+        """A tunnel's state changed: fail streams over if one is unhealthy and one is up."""
+        if self.clients.get(worker_id) is not client:
+            return
+        if not client.unhealthy:
+            self._stuck.discard(worker_id)
+        if any(c.unhealthy for c in self.clients.values()):
+            self._failover_due = True
+            if self._failing is None or self._failing.done():
+                self._failing = asyncio.create_task(self._fail_over(), name="tunnel-failover")
+
+    async def _fail_over(self) -> None:
+        while self._failover_due:
+            self._failover_due = False
+            try:
+                async with self._lock:
+                    for worker_id, client in list(self.clients.items()):
+                        if client.unhealthy and self.clients.get(worker_id) is client:
+                            await self._evacuate(worker_id, client)
+                    await self._close_idle()
+            except Exception:  # a bug here must not end failover for good
+                log.exception("failover failed; trying again at the next tunnel change")
+
+    async def _evacuate(self, worker_id: str, client: TunnelClient) -> None:
+        """Move every stream of the unhealthy ``worker_id`` to workers that are up."""
+        moved: list[str] = []
+        for stream_id in sorted(s for s, w in self.where.items() if w == worker_id):
+            target = self._healthy_target(exclude=worker_id)
+            if target is None:
+                break
+            detached = await client.detach(stream_id, close=False)  # no CLOSE into a stall
+            if detached is None:
+                continue
+            stream, snapshot = detached
+            target_id, target_client = target
+            target_client.add(stream, snapshot=snapshot)
+            self.where[stream_id] = target_id
+            self.moves += 1
+            self.failovers += 1
+            moved.append(f"{stream_id} -> {target_id}")
+        if moved:
+            log.warning("worker %s unhealthy (%s): failed over %s",
+                        worker_id, client.stall_reason, ", ".join(moved))  # fmt: skip
+        elif client.streams and worker_id not in self._stuck:
+            self._stuck.add(worker_id)
+            log.warning("worker %s unhealthy (%s) and no other worker is up: its streams wait",
+                        worker_id, client.stall_reason)  # fmt: skip
+
+    def _healthy_target(self, exclude: str) -> tuple[str, TunnelClient] | None:
+        up = [(len(c.streams), w, c) for w, c in self.clients.items()
+              if w != exclude and c.state is TunnelState.UP]  # fmt: skip
+        if not up:
+            return None
+        _, worker_id, client = min(up, key=lambda t: (t[0], t[1]))
+        return worker_id, client
 
     def add_stream(self, config: StreamConfig) -> IngestStream:
         stream = self.streams.get(config.id)
@@ -133,9 +215,15 @@ class WorkerPool:
             if stream is None:
                 raise KeyError(stream_id)
             old = self.where.get(stream_id)
-            if old == worker_id and (self.clients[old].url, self.clients[old].server_hostname) == (
-                url,
-                tls_server_name,
+            here = self.clients.get(old) if old is not None else None
+            if (
+                old == worker_id
+                and here is not None
+                and (here.url, here.server_hostname)
+                == (
+                    url,
+                    tls_server_name,
+                )
             ):
                 return False
             snapshot: Snapshot | None = self._adopted.pop(stream_id, None)
@@ -177,6 +265,9 @@ class WorkerPool:
                 await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_S)
 
     async def aclose(self) -> None:
+        if self._failing is not None:
+            self._failing.cancel()
+            await asyncio.gather(self._failing, return_exceptions=True)
         for stream in self.streams.values():
             stream.stop()
         for stop, _ in self._runs.values():

@@ -10,7 +10,9 @@ forgets every per-stream state of the ingest.
 
 Streams run on the default worker (``worker_url``) unless the orchestrator
 places them: ``pool`` (:mod:`ingest.routing`) holds one tunnel per worker it
-named and moves streams between them live, with their session snapshots.
+named and moves streams between them live, with their session snapshots
+(and fails them over when a worker stalls). Every tunnel client runs under
+:func:`ingest.tunnel_client.supervise`: ``run`` never ends because one did.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from ingest.settings import IngestSettings, StreamConfig
 from ingest.source import SourceSpec
 from ingest.store import StreamStore
 from ingest.stream import IngestStream
-from ingest.tunnel_client import TunnelClient, client_ssl_context
+from ingest.tunnel_client import TunnelClient, client_ssl_context, supervise
 
 log = logging.getLogger(__name__)
+DEFAULT_TUNNEL = "default"
+"""The name of the tunnel to ``worker_url`` among :attr:`IngestService.tunnels`."""
 FINISH_POLL_S = 0.1
 DRAIN_TIMEOUT_S = 3.0
 RETIRE_GRACE_S = 2.0
@@ -65,6 +69,8 @@ class IngestService:
             ssl_context=ctx if settings.worker_url.startswith("wss://") else None,
             frame_timeout_s=settings.frame_timeout_s,
             reconnect_max_s=settings.reconnect_max_s,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            stall_after_s=settings.stall_after_s,
         )
         self.pool = WorkerPool(
             self._token_for,
@@ -74,6 +80,8 @@ class IngestService:
             frame_timeout_s=settings.frame_timeout_s,
             reconnect_max_s=settings.reconnect_max_s,
             allow_insecure=settings.allow_insecure_workers,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            stall_after_s=settings.stall_after_s,
         )
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
@@ -88,6 +96,11 @@ class IngestService:
     def streams(self) -> dict[str, IngestStream]:
         """Every stream: on the default worker, or placed by the orchestrator."""
         return {**self.client.streams, **self.pool.streams}
+
+    @property
+    def tunnels(self) -> dict[str, TunnelClient]:
+        """Every tunnel: ``default`` (to ``worker_url``) and the pool's, by worker id."""
+        return {DEFAULT_TUNNEL: self.client, **self.pool.clients}
 
     async def adopt_stream(self, stream_id: str) -> tuple[IngestStream, Snapshot | None] | None:
         """Hand a default-worker stream over to the pool (the orchestrator places it)."""
@@ -177,11 +190,9 @@ class IngestService:
         self._pending = []
         self.started.set()
         client_stop = asyncio.Event()
-        client = asyncio.create_task(self.client.run(client_stop), name="tunnel-client")
+        client = asyncio.create_task(supervise(self.client, client_stop), name="tunnel-client")
         try:
             while not stop.is_set():
-                if client.done():
-                    break
                 if (
                     until_finished
                     and self.streams

@@ -17,10 +17,12 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
-from framerelay.settings import ServiceSettings
+from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.wire import STREAM_ID
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
+MAX_SOURCE_SIDE = 16_384
+"""The largest source side the wire carries (``framerelay.wire.Frame.src_w``)."""
 SENSITIVE_OPTIONS = ("header", "auth", "key", "token", "pass", "cookie", "secret")
 """FFmpeg options whose values the API masks (e.g. ``headers``, ``cookies``)."""
 
@@ -28,7 +30,9 @@ SENSITIVE_OPTIONS = ("header", "auth", "key", "token", "pass", "cookie", "secret
 class StreamConfig(BaseModel):
     """One camera or file and how to read it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, hide_input_in_errors=True, allow_inf_nan=False
+    )
 
     id: str = Field(pattern=STREAM_ID, description="Unique stream id (letters, digits, ._:-).")
     url: str = Field(
@@ -48,7 +52,7 @@ class StreamConfig(BaseModel):
     )
     loop: bool = Field(False, description="Start a file over at its end (new epoch each pass).")
     max_frames: int = Field(
-        0, ge=0, description="Stop after this many decoded frames (0 = no limit)."
+        0, ge=0, le=10**12, description="Stop after this many decoded frames (0 = no limit)."
     )
     jpeg_quality: int = Field(90, ge=1, le=100)
     tracker: str = Field("default", max_length=64)
@@ -79,10 +83,44 @@ class StreamConfig(BaseModel):
     )
     reconnect_max_s: float = Field(10.0, gt=0, le=600, description="Reconnect delay cap.")
     healthy_after_s: float = Field(
-        30.0, ge=0, description="Running this long resets the backoff to its first delay."
+        30.0,
+        ge=0,
+        le=86_400,
+        description="Running this long resets the backoff to its first delay.",
     )
     max_retries: int | None = Field(
-        None, ge=0, description="Failed attempts in a row before FAILED; null retries forever."
+        None,
+        ge=0,
+        le=10**9,
+        description="Failed attempts in a row before FAILED; null retries forever.",
+    )
+    auth_retry_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="The camera refused the credentials (401/403): AUTH_FAILED, next attempt "
+        "after this long (not at the reconnect backoff: no account lockouts).",
+    )
+    min_width: int = Field(
+        32, ge=1, le=MAX_SOURCE_SIDE, description="Narrower sources are refused (FAILED)."
+    )
+    min_height: int = Field(
+        32, ge=1, le=MAX_SOURCE_SIDE, description="Lower sources are refused (FAILED)."
+    )
+    max_width: int = Field(
+        3840,
+        ge=1,
+        le=MAX_SOURCE_SIDE,
+        description="Sources that do not fit max_width x max_height (either orientation) are "
+        "refused (FAILED) before any frame is decoded or sent.",
+    )
+    max_height: int = Field(2160, ge=1, le=MAX_SOURCE_SIDE, description="See max_width.")
+    max_epochs_per_min: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="Discontinuities that may start an epoch per 60 s; past it they are counted "
+        "(corrupt_timestamps) and frames are sampled in decode order.",
     )
 
     @field_validator("options")
@@ -95,6 +133,15 @@ class StreamConfig(BaseModel):
                     "1024 characters"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> StreamConfig:
+        if self.min_width > self.max_width or self.min_height > self.max_height:
+            raise ValueError(
+                f"min_width x min_height ({self.min_width}x{self.min_height}) must not exceed "
+                f"max_width x max_height ({self.max_width}x{self.max_height})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_credentials(self) -> StreamConfig:
@@ -145,7 +192,7 @@ class ResultsSettings(BaseModel):
     Env: ``FRAMERELAY_INGEST_RESULTS__<NAME>``; Redis itself is ``FRAMERELAY_REDIS_URL``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     queue_size: int = Field(
         256, ge=1, le=100_000, description="Results queued per subscriber; beyond, drop oldest."
@@ -161,10 +208,16 @@ class ResultsSettings(BaseModel):
         10.0, gt=0, le=3600, description="No pong in this long: the subscriber is dropped."
     )
     send_buffer_bytes: int = Field(
-        262_144, ge=0, description="Kernel send buffer per subscriber socket (0: OS default)."
+        262_144,
+        ge=0,
+        le=64 * 1024 * 1024,
+        description="Kernel send buffer per subscriber socket (0: OS default).",
     )
     tcp_user_timeout_s: float = Field(
-        30.0, ge=0, description="Unacknowledged data this old: the kernel drops the socket."
+        30.0,
+        ge=0,
+        le=3600,
+        description="Unacknowledged data this old: the kernel drops the socket.",
     )
     history: int = Field(
         1024, ge=0, le=1_000_000, description="Results per stream kept in memory for resume."
@@ -174,13 +227,22 @@ class ResultsSettings(BaseModel):
         "framerelay", pattern=r"^[A-Za-z0-9._:-]{1,64}$", description="Redis key prefix."
     )
     redis_maxlen: int = Field(
-        100_000, ge=1, description="Approximate entries kept per durable stream (MAXLEN ~)."
+        100_000,
+        ge=1,
+        le=10**9,
+        description="Approximate entries kept per durable stream (MAXLEN ~).",
     )
     redis_retention_s: float = Field(
-        86_400.0, gt=0, description="Durable entries older than this are trimmed (MINID ~)."
+        86_400.0,
+        gt=0,
+        le=10 * 366 * 86_400,
+        description="Durable entries older than this are trimmed (MINID ~).",
     )
     redis_buffer: int = Field(
-        10_000, ge=1, description="Results waiting for Redis at most; beyond, drop oldest."
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Results waiting for Redis at most; beyond, drop oldest.",
     )
     redis_batch: int = Field(256, ge=1, le=10_000, description="Results per pipeline.")
     redis_live: bool = Field(True, description="Also PUBLISH each result on the live channel.")
@@ -229,6 +291,12 @@ class IngestSettings(ServiceSettings):
         60.0, gt=0, le=86_400, description="Window of auth_max_failures, in seconds."
     )
     metrics_auth: bool = Field(False, description="GET /metrics needs a metrics:read token.")
+    max_body_bytes: int = Field(
+        1_048_576,  # framerelay.web_limits.DEFAULT_MAX_BODY_BYTES
+        ge=1,
+        le=1 << 30,
+        description="Largest API request body; a larger one is refused with 413.",
+    )
     api_tls_cert: Path | None = Field(
         None, description="Serve the API (REST and the results WebSocket) over HTTPS/WSS."
     )
@@ -248,6 +316,15 @@ class IngestSettings(ServiceSettings):
     max_inflight: int = Field(4, ge=1, le=64, description="Credit cap per stream.")
     frame_timeout_s: float = Field(10.0, gt=0, description="Give up on a frame with no answer.")
     reconnect_max_s: float = Field(10.0, gt=0)
+    heartbeat_interval_s: float = Field(
+        0.5, gt=0, le=60, allow_inf_nan=False,
+        description="Ping each worker tunnel this often (one ping outstanding at a time).",
+    )  # fmt: skip
+    stall_after_s: float = Field(
+        3.0, gt=0, le=3600, allow_inf_nan=False,
+        description="No heartbeat or result for this long (at least; derived from the streams' "
+        "fps and the round trip): the tunnel is STALLED and its streams fail over.",
+    )  # fmt: skip
     streams: list[StreamConfig] = Field(default_factory=list)
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
@@ -272,6 +349,14 @@ class IngestSettings(ServiceSettings):
         max_length=200,
         description="Redis hash holding this ingest's stream definitions.",
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        problem = redis_url_problem(value.get_secret_value()) if value is not None else None
+        if problem is not None:  # never quotes the password
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _check_api_tls(self) -> IngestSettings:

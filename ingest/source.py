@@ -14,6 +14,12 @@ blocking forever. A live source (RTSP, RTMP...) reaching end-of-file has
 been disconnected (a killed RTSP server looks exactly like a normal end):
 :class:`SourceLost`. Corrupt packets are counted and skipped.
 
+A source's size is checked at open (from the headers, before decoding) and at
+every change; outside ``min_width``...``max_height`` it is refused
+(:class:`SizeRefused`: FAILED, never retried). A 401/403 raises
+:class:`SourceAuthFailed` (retried slowly). Large frames' memory goes back to
+the system after their session (:meth:`AVSource.release`, :mod:`ingest.memory`).
+
 Never leak secrets: the URL given to FFmpeg carries the credentials, but
 :attr:`SourceSpec.display` (what logs and errors show) does not, and every
 FFmpeg message is scrubbed before it goes anywhere (FFmpeg errors quote the
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
 
 from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
+from ingest import memory
 from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 
 LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
@@ -56,6 +63,14 @@ NO_FRAME_PACKETS = 250
 ``read_timeout_s`` of them) means the decoder cannot follow (codec change,
 garbage): reopen, which probes the stream again."""
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+LARGE_FRAME_AREA = 1920 * 1080
+"""A session with frames larger than this trims the C heap when it ends."""
+MAX_TIME_BASE = 2**31
+"""Numerator and denominator of a time base the wire carries (int32)."""
+AUTH_ERRORS: tuple[type[av.error.FFmpegError], ...] = (
+    av.error.HTTPUnauthorizedError,  # 401, over RTSP and HTTP alike
+    av.error.HTTPForbiddenError,  # 403
+)
 
 
 class SourceUnavailable(SourceError):
@@ -68,6 +83,18 @@ class SourceStalled(SourceError):
 
 class SourceLost(SourceError):
     """The connection ended or broke while reading."""
+
+
+class SourceRefused(SourceError):
+    """The source can never be used as it is (its size, its time base): FAILED, not retried."""
+
+
+class SizeRefused(SourceRefused):
+    """The source is smaller or larger than its size settings allow."""
+
+
+class SourceAuthFailed(SourceError):
+    """The source refused the credentials (401/403): retried slowly (``auth_retry_s``)."""
 
 
 def scheme_of(url: str) -> str:
@@ -115,6 +142,10 @@ class SourceSpec:
     read_timeout_s: float = 10.0
     options: dict[str, str] = field(default_factory=dict, repr=False)
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    min_size: tuple[int, int] = (1, 1)
+    """Smallest usable width and height (``min_width``, ``min_height``)."""
+    max_size: tuple[int, int] = (16_384, 16_384)
+    """Largest usable width and height, either orientation (``max_width``, ``max_height``)."""
 
     @classmethod
     def from_config(cls, config: StreamConfig) -> SourceSpec:
@@ -147,12 +178,35 @@ class SourceSpec:
             read_timeout_s=config.read_timeout_s,
             options=options,
             secrets=tuple(s for s in secrets if s),
+            min_size=(config.min_width, config.min_height),
+            max_size=(config.max_width, config.max_height),
         )
 
     def reason(self, exc: BaseException) -> str:
         """An FFmpeg/OS error as a short, credential-free reason (without the URL it quotes)."""
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return self.scrub(str(text))
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        """Why a ``width`` x ``height`` source cannot be used (None: it can)."""
+        (min_w, min_h), (max_w, max_h) = self.min_size, self.max_size
+        if width < min_w or height < min_h:
+            return f"{width}x{height} is smaller than min_width x min_height ({min_w}x{min_h})"
+        if not (width <= max_w and height <= max_h) and not (width <= max_h and height <= max_w):
+            return (
+                f"{width}x{height} is larger than max_width x max_height ({max_w}x{max_h}, "
+                "either orientation)"
+            )
+        return None
+
+    def check_size(self, width: int, height: int) -> None:
+        """Raise :class:`SourceRefused` if the source's size is not usable."""
+        problem = self.size_problem(width, height)
+        if problem is not None:
+            raise SizeRefused(
+                f"{self.display}: source size {problem}: refused (change the source or those "
+                "settings)"
+            )
 
     def scrub(self, text: str) -> str:
         """``text`` (an FFmpeg message, a traceback) without credentials."""
@@ -197,6 +251,9 @@ class AVSource:
         self._on_skip = on_skip or (lambda: None)
         self.catchup: Catchup | None = None
         """The current session's lag tracker (live sources)."""
+        self.large = False
+        """The last session had large frames: :meth:`release` trims the C heap."""
+        memory.tune()
 
     def session(
         self,
@@ -213,22 +270,48 @@ class AVSource:
         try:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
-            tb = Fraction(stream.time_base or Fraction(1, 90_000))
-            fmt = container.format.name or ""
-            on_open(
-                Opened(
-                    time_base=tb,
-                    wrap_bits=WRAP_BITS.get(fmt.split(",")[0]),
-                    fps=float(stream.average_rate or stream.guessed_rate or 0.0),
-                    codec=stream.codec_context.name,
-                    format=fmt,
-                )
-            )
-            ended = self._decode(container, stream, tb, stop, on_frame)
+            opened = self._opened(container, stream)
+            on_open(opened)
+            ended = self._decode(container, stream, opened.time_base, stop, on_frame)
         finally:
             container.close()
         if ended and self.spec.live and not stop.is_set():
             raise SourceLost(f"{self.spec.display} ended the stream (live source: reconnecting)")
+
+    def release(self) -> None:
+        """After a session, once nothing refers to its decoder: give large frames' memory back.
+
+        (The caller drops the session's exception traceback first: see :func:`detached`.)
+        """
+        if self.large:
+            self.large = False
+            memory.trim()
+
+    def _opened(self, container: av.container.InputContainer, stream: VideoStream) -> Opened:
+        """What the source is; refuses a size (from the headers) or time base it cannot use."""
+        ctx = stream.codec_context
+        if ctx.width > 0 and ctx.height > 0:
+            self.large = self.large or ctx.width * ctx.height > LARGE_FRAME_AREA
+            self.spec.check_size(ctx.width, ctx.height)
+        tb = Fraction(stream.time_base or Fraction(1, 90_000))
+        if not (0 < tb.numerator <= MAX_TIME_BASE and 0 < tb.denominator <= MAX_TIME_BASE):
+            raise SourceRefused(
+                f"{self.spec.display}: time base {tb} is out of range (int32 terms): refused"
+            )
+        fmt = container.format.name or ""
+        return Opened(
+            time_base=tb,
+            wrap_bits=WRAP_BITS.get(fmt.split(",")[0]),
+            fps=float(stream.average_rate or stream.guessed_rate or 0.0),
+            codec=ctx.name,
+            format=fmt,
+        )
+
+    def _auth_failed(self, exc: av.error.FFmpegError) -> SourceAuthFailed:
+        return SourceAuthFailed(
+            f"authentication failed: {self.spec.display}: {self.spec.reason(exc)} "
+            "(check username and password)"
+        )
 
     def _open(self) -> av.container.InputContainer:
         spec = self.spec
@@ -243,6 +326,8 @@ class AVSource:
                 f"cannot open {spec.display}: no answer in {spec.open_timeout_s:g} s "
                 "(open_timeout_s)"
             ) from None
+        except AUTH_ERRORS as exc:
+            raise self._auth_failed(exc) from None
         except (av.error.FFmpegError, OSError) as exc:
             raise SourceUnavailable(f"cannot open {spec.display}: {spec.reason(exc)}") from None
         if not container.streams.video:
@@ -261,6 +346,7 @@ class AVSource:
         """Decode until the end (True) or until stopped (False)."""
         pacer = _Pacer() if self.spec.pace else None
         watch = _NoFrameWatch(self.spec)
+        sizes = _SizeWatch(self)
         catchup = Catchup(tb) if self.spec.live else None
         self.catchup = catchup
         packets = container.demux(stream)
@@ -278,6 +364,7 @@ class AVSource:
                 frames = []
             watch.packet(len(frames))
             for frame in frames:
+                sizes.check(frame)
                 if pacer is not None and frame.pts is not None:
                     pacer.wait(float(frame.pts * tb), stop)
                 if not on_frame(Decoded(frame, frame.pts, tb, time.time())):
@@ -304,6 +391,8 @@ class AVSource:
             if stop.is_set():
                 return None
             raise self._stalled() from None
+        except AUTH_ERRORS as exc:
+            raise self._auth_failed(exc) from None
         except (av.error.FFmpegError, OSError) as exc:
             if not spec.network:  # a damaged file: count it and end like EOF
                 self._on_error()
@@ -360,6 +449,21 @@ class Catchup:
         elif self.skipping and packet.is_keyframe and self.lag_s < self.LOW_S:
             self.skipping = False
         return self.skipping and not packet.is_keyframe
+
+
+class _SizeWatch:
+    """Checks each decoded frame's size when it changes (a camera reconfigured mid-stream)."""
+
+    def __init__(self, source: AVSource) -> None:
+        self._source = source
+        self._size: tuple[int, int] | None = None
+
+    def check(self, frame: av.VideoFrame) -> None:
+        size = (frame.width, frame.height)
+        if size != self._size:
+            self._source.spec.check_size(*size)
+            self._source.large |= size[0] * size[1] > LARGE_FRAME_AREA
+            self._size = size
 
 
 class _NoFrameWatch:

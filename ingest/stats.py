@@ -15,7 +15,9 @@ def percentile(values: Iterable[float], q: float) -> float:
     return float(np.percentile(arr, q)) if arr.size else float("nan")
 
 
-DROP_REASONS = ("no_credit", "behind", "replaced", "disconnected", "timeout", "worker_error")
+DROP_REASONS = (
+    "no_credit", "behind", "replaced", "disconnected", "timeout", "worker_error", "out_of_range",
+)  # fmt: skip
 """Decoded frames that never got a result (sampling by design is not a drop)."""
 
 

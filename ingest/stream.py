@@ -1,7 +1,8 @@
 """One ingest stream: its decode thread, state machine, counters and credit window.
 
 The decode thread keeps the source running (:mod:`ingest.reconnect`), stamps
-``(epoch, pts)``, samples by PTS, letterboxes and encodes, and offers the
+``(epoch, pts)`` (within the epoch budget, :mod:`framerelay.timeline`),
+samples by PTS (live sources also by wall clock), letterboxes and encodes, and offers the
 frame to a one-slot mailbox (:class:`LatestSlot`): for live sources the newest
 frame replaces an unsent one; for files read as fast as possible the thread
 waits instead, so nothing is lost.
@@ -10,9 +11,9 @@ States: ``STARTING`` (first open) -> ``RUNNING`` (frames decode) ->
 ``RECONNECTING`` (a failure; waiting out the backoff or opening again) ->
 ``RUNNING`` ... ; ``STALLED`` (decoding, but the worker's tunnel stopped answering:
 see :meth:`IngestStream.stall`); ``AUTH_FAILED`` (the camera refused the
-credentials: retried slowly); and finally ``STOPPED`` (stopped, removed, the file ended,
-``max_frames``) or ``FAILED`` (a file that cannot be read, ``max_retries``
-exhausted, a bug; ``error`` says why).
+credentials: retried every ``auth_retry_s``); and finally ``STOPPED`` (stopped, removed,
+the file ended, ``max_frames``) or ``FAILED`` (a file that cannot be read, a source
+of unusable size, ``max_retries`` exhausted, a bug; ``error`` says why).
 
 Counters (one per reason, every frame lands in exactly one outcome):
 ``decoded``; ``no_pts`` (no timestamp: cannot be placed in time, dropped);
@@ -26,7 +27,12 @@ skipped), ``corrupt`` (frames the decoder flagged as damaged and concealed;
 kept and counted), ``behind`` (live: packets dropped undecoded to catch up
 with the source, see :class:`ingest.source.Catchup`), ``encode_error``,
 ``open_error``, ``stall`` (read timeout), ``source_lost`` (disconnect, live
-end-of-file), ``reconnects``.
+end-of-file), ``reconnects``, ``auth_failed`` (the camera answered 401/403),
+``size_refused`` (the source's size is outside min/max_width/height: FAILED),
+``corrupt_timestamps`` (PTS discontinuities over ``max_epochs_per_min``: not
+new epochs; frames are sampled in decode order meanwhile), ``out_of_range``
+(a frame the wire cannot carry, e.g. a letterbox scale above 64 or a PTS beyond
+2^62: dropped before encoding).
 """
 
 from __future__ import annotations
@@ -44,17 +50,36 @@ from fractions import Fraction
 
 from framerelay.credits import CreditWindow
 from framerelay.errors import FramerelayError, SourceError
-from framerelay.timeline import Sampler, Timeline
+from framerelay.timeline import (
+    BUDGET_WINDOW_S,
+    EpochBudget,
+    FrameClock,
+    Sampler,
+    Timeline,
+    frame_ticks,
+)
 from ingest.handoff import LatestSlot, SlotClosed
-from ingest.prepare import Prepared, Preparer
+from ingest.prepare import Prepared, Preparer, Unsendable
 from ingest.reconnect import Backoff, SourceRunner
 from ingest.settings import StreamConfig
-from ingest.source import AVSource, Decoded, Opened, SourceLost, SourceSpec, SourceStalled
+from ingest.source import (
+    AVSource,
+    Decoded,
+    Opened,
+    SizeRefused,
+    SourceAuthFailed,
+    SourceLost,
+    SourceSpec,
+    SourceStalled,
+)
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 4096
 HISTORY = 32
 NO_PTS_WARN_AFTER = 50
+PTS_LIMIT = 2**62
+"""The wire carries ``-PTS_LIMIT <= pts < PTS_LIMIT``."""
+CORRUPT_TIMESTAMPS = "corrupt_timestamps"
 
 
 class StreamState(enum.StrEnum):
@@ -83,6 +108,7 @@ COUNTERS = (
     "decoded", "no_pts", "sampled_out", "no_credit", "prepared", "sent", "results", "replaced",
     "decode_error", "encode_error", "disconnected", "timeout", "worker_error",
     "corrupt", "behind", "open_error", "stall", "source_lost", "reconnects",
+    "auth_failed", "size_refused", "corrupt_timestamps", "out_of_range",
 )  # fmt: skip
 
 
@@ -135,11 +161,17 @@ class IngestStream:
         self._size_known = threading.Event()
         self._preparer: Preparer | None = None
         self._sampler = Sampler(config.fps)
+        self._budget = EpochBudget(config.max_epochs_per_min, BUDGET_WINDOW_S)
+        self._frames = FrameClock()
+        """Decode-order time: the clock of the rate bound and of the epoch budget for files
+        read as fast as possible (live sources use the wall clock)."""
         self._seq = 0
         self._taken = 0
         self._source: AVSource | None = None
         self.stalled: str | None = None
         """Why the worker serving this stream stopped answering (None: it answers)."""
+        self._failure: str | None = None
+        """Why :meth:`fail` failed this stream (the decode thread must not undo it)."""
         self._record(StreamState.STARTING, "created")
 
     @property
@@ -198,11 +230,11 @@ class IngestStream:
     def fail(self, reason: str) -> None:
         """Fail this stream only (e.g. its sender hit a bug): FAILED with ``reason``, stopped.
 
-        Safe from the event loop; the decode thread ends at its next frame.
+        Safe from the event loop; the decode thread ends at its next frame, and the
+        stream stays FAILED whatever that thread was doing meanwhile.
         """
-        self.error = self.last_error = self.spec.scrub(reason)
-        self._record(StreamState.FAILED, self.error)
-        log.error("stream %s failed: %s", self.id, self.error)
+        self._failure = reason
+        self._failed(reason)
         self.stop()
 
     def stall(self, reason: str) -> None:
@@ -237,7 +269,7 @@ class IngestStream:
 
     # -- decode thread ------------------------------------------------------
 
-    def _run(self) -> None:
+    def _runner(self) -> SourceRunner:
         source = AVSource(
             self.spec,
             on_decode_error=lambda: self._count("decode_error"),
@@ -245,7 +277,7 @@ class IngestStream:
         )
         self._source = source
         cfg = self.config
-        runner = SourceRunner(
+        return SourceRunner(
             source,
             self,
             self._stop,
@@ -254,41 +286,68 @@ class IngestStream:
             ),
             healthy_after_s=cfg.healthy_after_s,
             max_retries=cfg.max_retries,
+            auth_retry_s=cfg.auth_retry_s,
         )
+
+    def _run(self) -> None:
+        """The decode thread: whatever goes wrong fails this stream only, with a message."""
         try:
-            runner.run()
-            if self.state is StreamState.FAILED:  # failed by fail() while decoding
-                return
-            self._record(StreamState.STOPPED, "stopped" if self._stop.is_set() else "source ended")
+            self._runner().run()
+            self._stopped("stopped" if self._stop.is_set() else "source ended")
         except SlotClosed:
-            self._record(StreamState.STOPPED, "stopped")
+            self._stopped("stopped")
         except FramerelayError as exc:
-            self.error = self.last_error = self.spec.scrub(str(exc))
-            self._record(StreamState.FAILED, self.error)
-            log.error("stream %s failed: %s", self.id, self.error)
+            if isinstance(exc, SizeRefused):
+                self._count("size_refused")
+            self._failed(str(exc))
         except Exception as exc:  # a bug must not kill other streams; report it
-            self.error = self.last_error = self.spec.scrub(f"{type(exc).__name__}: {exc}")
-            self._record(StreamState.FAILED, self.error)
+            self._failed(f"{type(exc).__name__}: {exc}")
             trace = self.spec.scrub("".join(traceback.format_exception(exc)))
             log.error("stream %s crashed:\n%s", self.id, trace)
         finally:
             self.slot.close()
+            if self._source is not None:
+                self._source.release()
+
+    def _stopped(self, reason: str) -> None:
+        if self._failure is None:
+            self._record(StreamState.STOPPED, reason)
+        elif self.state is not StreamState.FAILED:  # a frame was decoded after fail()
+            self._failed(self._failure)
+
+    def _failed(self, reason: str) -> None:
+        self.error = self.last_error = self.spec.scrub(reason)
+        self._record(StreamState.FAILED, self.error)
+        log.error("stream %s failed: %s", self.id, self.error)
 
     def on_open(self, opened: Opened) -> None:
         """Runner hook: a session opened. Every session after the first is a new epoch."""
         tl = self.timeline
-        if tl is None:
-            self.timeline = Timeline(opened.time_base, opened.wrap_bits, epoch=self._first_epoch)
-        elif (tl.time_base, tl.wrap_bits) == (opened.time_base, opened.wrap_bits):
+        step = frame_ticks(opened.fps, opened.time_base)
+        if tl is not None and (tl.time_base, tl.wrap_bits) == (opened.time_base, opened.wrap_bits):
             tl.new_epoch()
-        else:  # another clock: a new timeline, epochs continue
-            self.timeline = Timeline(opened.time_base, opened.wrap_bits, epoch=tl.epoch + 1)
+            tl.step = step
+        else:  # the first session, or another clock: a new timeline, epochs continue
+            if tl is not None:
+                self._budget.spend(self._clock())
+            self.timeline = Timeline(
+                opened.time_base,
+                opened.wrap_bits,
+                epoch=self._first_epoch if tl is None else tl.epoch + 1,
+                budget=self._budget,
+                step=step,
+            )
+        self._sampler.step_s = self._frames.step_s = float(step * opened.time_base)
         self.source_info = opened
         self.source_fps = opened.fps
 
     def on_retry(self, error: SourceError, delay_s: float) -> None:
         """Runner hook: a session failed; another attempt in ``delay_s``."""
-        if isinstance(error, SourceStalled):
+        state = StreamState.RECONNECTING
+        if isinstance(error, SourceAuthFailed):
+            self._count("auth_failed")
+            state = StreamState.AUTH_FAILED
+        elif isinstance(error, SourceStalled):
             self._count("stall")
         elif isinstance(error, SourceLost):
             self._count("source_lost")
@@ -296,13 +355,15 @@ class IngestStream:
             self._count("open_error")
         self._count("reconnects")
         self.retry_delay_s = delay_s
-        self.error = self.last_error = str(error)
-        if self.state is not StreamState.RECONNECTING:
-            self._record(StreamState.RECONNECTING, self.error)
+        self.error = self.last_error = self.spec.scrub(str(error))
+        if self.state is not state:
+            self._record(state, self.error)
         log.warning("stream %s: %s; retrying in %.1f s", self.id, self.error, delay_s)
 
     def on_frame(self, item: Decoded) -> bool:
-        """Runner hook: one decoded frame. False once ``max_frames`` is reached."""
+        """Runner hook: one decoded frame. False once ``max_frames`` is reached, or stopped."""
+        if self._stop.is_set():
+            return False
         self.last_frame_at = time.monotonic()
         if self.state is not StreamState.RUNNING and self.stalled is None:
             self.error = None
@@ -317,6 +378,7 @@ class IngestStream:
     def _offer(self, item: Decoded) -> None:
         timeline = self.timeline
         if item.raw_pts is None or timeline is None:
+            self._frames.tick()
             self._count("no_pts")
             if self.counters["no_pts"] == self.counters["decoded"] == NO_PTS_WARN_AFTER:
                 log.warning(
@@ -326,25 +388,61 @@ class IngestStream:
                     NO_PTS_WARN_AFTER,
                 )
             return
-        epoch, pts = timeline.stamp(item.raw_pts)
-        if not self._sampler.keep(epoch, timeline.seconds(pts)):
+        epoch, pts = self._stamp(timeline, item.raw_pts)
+        t = timeline.seconds(pts)
+        self._frames.tick(epoch, t)
+        if not -PTS_LIMIT <= pts < PTS_LIMIT:
+            self._count("out_of_range")
+            return
+        if not self._sampler.keep(epoch, t, self._clock()):
             self._count("sampled_out")
             return
         preparer = self._ready_preparer()
         if preparer is None:
             self._count("no_credit")
             return
-        try:
-            prepared = preparer.prepare(item.frame)
-        except (ValueError, OSError) as exc:
-            self._count("encode_error")
-            log.debug("encode error on %s: %s", self.id, exc)
+        prepared = self._prepare(preparer, item)
+        if prepared is None:
             return
         self._count("prepared")
         out = Outgoing(self._seq, epoch, pts, item.time_base, item.captured_at, prepared)
         self._seq += 1
         if self.slot.put(out) is not None:
             self._count("replaced")
+
+    def _clock(self) -> float:
+        """The rate bound's and epoch budget's clock: wall time (live), decode order (files)."""
+        return self._frames.now if self.lossless else time.monotonic()
+
+    def _stamp(self, timeline: Timeline, raw_pts: int) -> tuple[int, int]:
+        """``(epoch, pts)``; discontinuities over the epoch budget are counted and reported."""
+        corrupt, ordered = timeline.corrupt, timeline.decode_order
+        now = self._clock()
+        stamped = timeline.stamp(raw_pts, now)
+        if timeline.corrupt > corrupt:
+            self.counters[CORRUPT_TIMESTAMPS] += timeline.corrupt - corrupt
+            self.error = self.last_error = (
+                f"{CORRUPT_TIMESTAMPS}: {self._budget.count(now)} discontinuities in "
+                f"{BUDGET_WINDOW_S:g} s; sampling in decode order"
+            )
+            if not ordered:
+                log.warning("stream %s: %s", self.id, self.error)
+        elif ordered and not timeline.decode_order:
+            log.info("stream %s: timestamps usable again (epoch %d)", self.id, timeline.epoch)
+            if self.error is not None and self.error.startswith(CORRUPT_TIMESTAMPS):
+                self.error = None
+        return stamped
+
+    def _prepare(self, preparer: Preparer, item: Decoded) -> Prepared | None:
+        try:
+            return preparer.prepare(item.frame)
+        except Unsendable as exc:
+            self._count("out_of_range")
+            log.debug("frame of %s dropped: %s", self.id, exc)
+        except (ValueError, OSError) as exc:
+            self._count("encode_error")
+            log.debug("encode error on %s: %s", self.id, exc)
+        return None
 
     def _ready_preparer(self) -> Preparer | None:
         """The encoder for the worker's input size; None (live) when no worker is there.

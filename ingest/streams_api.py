@@ -7,7 +7,10 @@
   (credentials masked) and its recent state changes;
 * ``PUT /v1/streams/{id}`` - replace its definition; the stream restarts with
   it in the next epoch;
-* ``DELETE /v1/streams/{id}`` - stop it and free its state (ingest and worker).
+* ``DELETE /v1/streams/{id}`` - stop it and free its state (ingest and worker);
+* ``GET /v1/workers`` - every worker tunnel (the default one and the
+  orchestrator's): its state (IDLE, CONNECTING, UP, STALLED, DOWN), why it
+  stalled, the age of its last result and heartbeat, its streams, stalls.
 
 Reading needs a token granting ``streams:read``, changing one granting
 ``streams:write`` (audience ``framerelay-ingest``); a refused request (401,
@@ -41,9 +44,14 @@ class StreamStatus(BaseModel):
 
     id: str
     source: str = Field(description="The URL without credentials.")
-    state: str = Field(description="STARTING, RUNNING, RECONNECTING, STOPPED or FAILED.")
+    state: str = Field(
+        description="STARTING, RUNNING, RECONNECTING, STALLED, AUTH_FAILED, STOPPED or FAILED."
+    )
     state_since: float = Field(description="Unix time of the last state change.")
     error: str | None = Field(description="What is wrong now (RECONNECTING, FAILED).")
+    stalled: str | None = Field(
+        None, description="Why the worker serving it is not answering (STALLED)."
+    )
     last_error: str | None
     epoch: int
     codec: str | None
@@ -71,6 +79,10 @@ class StreamStatus(BaseModel):
     stall: int
     source_lost: int
     reconnects: int
+    auth_failed: int = 0
+    size_refused: int = 0
+    corrupt_timestamps: int = 0
+    out_of_range: int = 0
 
 
 class StateChange(BaseModel):
@@ -86,14 +98,39 @@ class StreamDetail(StreamStatus):
     history: list[StateChange]
 
 
+class TunnelStatus(BaseModel):
+    """One worker tunnel: its state and health (see ``ingest.tunnel_health``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="'default' (worker_url) or the orchestrator's worker id.")
+    url: str
+    worker_id: str | None = Field(description="As the worker's HELLO said (once connected).")
+    state: str = Field(description="IDLE, CONNECTING, UP, STALLED or DOWN.")
+    state_since: float
+    stall_reason: str | None = Field(description="Why the worker is not answering.")
+    streams: list[str]
+    last_result_age_s: float | None = Field(description="While connected.")
+    last_heartbeat_age_s: float | None = Field(description="Since the last pong (connected).")
+    rtt_p95_ms: float | None
+    threshold_s: float = Field(description="No answer this long: STALLED.")
+    stalls: int
+    connects: int
+    errors: int = Field(description="Unexpected errors that ended a session.")
+    task_errors: int = Field(description="Streams failed by their sender or result handling.")
+    restarts: int
+    last_error: str | None
+
+
 def _status(stream: IngestStream) -> StreamStatus:
-    return StreamStatus.model_validate(stream.describe())
+    return StreamStatus.model_validate({**stream.describe(), "stalled": stream.stalled})
 
 
 def _detail(stream: IngestStream) -> StreamDetail:
-    return StreamDetail.model_validate(
-        {**stream.describe(), "config": stream.config.public(), "history": list(stream.history)}
-    )
+    return StreamDetail.model_validate({
+        **stream.describe(), "stalled": stream.stalled, "config": stream.config.public(),
+        "history": list(stream.history),
+    })  # fmt: skip
 
 
 def _http_error(exc: Exception) -> HTTPException:
@@ -145,4 +182,12 @@ def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
         await _guarded(service.remove_stream(stream_id))
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-    return router
+    outer = APIRouter(route_class=AuthFirstRoute)
+    outer.include_router(router)
+
+    @outer.get("/v1/workers", tags=["workers"], dependencies=read)
+    async def list_workers() -> list[TunnelStatus]:
+        tunnels = list(service.tunnels.items())
+        return [TunnelStatus.model_validate({"name": n, **t.describe()}) for n, t in tunnels]
+
+    return outer

@@ -5,6 +5,23 @@ and sends it; a single receiver task turns results back into
 :class:`ResultRecord` values and returns credits. When the connection drops,
 frames in flight are counted as ``disconnected`` and the client reconnects
 with capped exponential backoff and jitter.
+
+**Isolation.** An exception in one stream's sender or result handling fails
+that stream only (``FAILED`` with the exception in ``error``; a CLOSE frees
+its session on the worker); the tunnel and the other streams go on. Only
+errors of the connection itself (:data:`TUNNEL_ERRORS`) end a session, and
+``run`` never ends on an unexpected exception: it logs it (with its
+traceback, once per distinct error), counts it (``errors``) and reconnects.
+:func:`supervise` restarts ``run`` should it end anyway.
+
+**Heartbeat.** Beside each session, :class:`ingest.heartbeat.TunnelMonitor`
+pings the worker every ``heartbeat_interval_s`` and judges the tunnel
+(:mod:`ingest.tunnel_health`): ``state`` is ``STALLED`` and every stream on it
+``stall()``-ed when the worker stops answering; back to ``UP`` when pongs or
+results resume. A tunnel stalled for another threshold is closed (frames in
+flight count ``disconnected``, no closing handshake) and connected again.
+``on_state(client)`` hears every state change and stall (the worker pool
+fails streams over on it).
 """
 
 from __future__ import annotations
@@ -15,24 +32,37 @@ import logging
 import random
 import ssl
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from framerelay import wire
 from framerelay.credits import waited_s
 from framerelay.errors import AuthError, ConfigError, ProtocolError
 from framerelay.results import ResultRecord
-from ingest.handoff import SlotClosed
-from ingest.stream import IngestStream
+from ingest.heartbeat import TunnelMonitor, TunnelStalled
+from ingest.reconnect import Backoff
+from ingest.stream import IngestStream, StreamState
+from ingest.tunnel_health import TunnelHealth, TunnelState
+from ingest.tunnel_sender import (
+    CLOSE_TIMEOUT_S,
+    TUNNEL_ERRORS,
+    open_message,
+    send_close,
+    send_stream,
+)
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 15.0
-SEND_TIMEOUT_S = 10.0
-CLOSE_TIMEOUT_S = 2.0
-DRAIN_POLL_S = 0.05
+HEALTHY_AFTER_S = 30.0
+"""A session that lasted this long resets the reconnect backoff."""
+MAX_REASON = 300
+FAILING_AFTER = 3
+"""Worker errors in a row (no result between) before the stream's ``error`` says so."""
+FAILING = "the worker fails every frame"
 
 
 def client_ssl_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
@@ -54,6 +84,9 @@ class TunnelClient:
         server_hostname: str | None = None,
         frame_timeout_s: float = 10.0,
         reconnect_max_s: float = 10.0,
+        heartbeat_interval_s: float = 0.5,
+        stall_after_s: float = 3.0,
+        on_state: Callable[[TunnelClient], None] | None = None,
     ) -> None:
         if not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"worker URL must start with ws:// or wss://, got {url!r}")
@@ -68,6 +101,10 @@ class TunnelClient:
         self.frame_timeout_s = frame_timeout_s
         self.reconnect_max_s = reconnect_max_s
         self.streams: dict[str, IngestStream] = {}
+        self.monitor = TunnelMonitor(
+            url, self.streams, interval_s=heartbeat_interval_s, stall_after_s=stall_after_s,
+            on_change=lambda: on_state(self) if on_state is not None else None,
+        )  # fmt: skip
         self.snapshots: dict[str, tuple[wire.SessionClock, bytes]] = {}
         """Latest session snapshot per stream; sent back in OPEN on (re)connect."""
         self.hello: wire.Hello | None = None
@@ -75,12 +112,23 @@ class TunnelClient:
         self._wanted = asyncio.Event()
         """Set once a stream was added: no tunnel is opened before there is work."""
         self.connects = 0
+        self.errors = 0
+        """Unexpected exceptions that ended a session (each logged, then reconnected)."""
+        self.task_errors = 0
+        """Streams failed by an exception in their sender or result handling."""
+        self.restarts = 0
+        """Times :func:`supervise` had to start ``run`` again."""
         self.last_error: str | None = None
         self._ws: ClientConnection | None = None
         self._senders: set[asyncio.Task[None]] = set()
         self._serving: dict[str, asyncio.Task[Any]] = {}
         """The sender task serving each stream (so one stream can be let go)."""
         self._failed: asyncio.Future[None] | None = None
+        self._broken: set[str] = set()
+        """Streams failed by a crash here: their late results are dropped."""
+        self._error_seen: str | None = None
+        self._failing: dict[str, int] = {}
+        """Worker errors in a row per stream."""
 
     def add(
         self, stream: IngestStream, snapshot: tuple[wire.SessionClock, bytes] | None = None
@@ -88,42 +136,83 @@ class TunnelClient:
         """Add a stream (optionally resuming a session snapshot taken elsewhere);
         it starts flowing as soon as a worker is connected."""
         self.streams[stream.id] = stream
+        self._broken.discard(stream.id)
         self._wanted.set()
         if snapshot is not None:
             self.snapshots[stream.id] = snapshot
+        self.monitor.added(stream)
         if self.hello is not None:
             stream.start(self.hello.input_w, self.hello.input_h)
         if self._ws is not None and self.hello is not None:
-            self._spawn(self._serve_stream(self._ws, stream))
+            self._start_stream(self._ws, stream)
+
+    @property
+    def worker_id(self) -> str | None:
+        return self.hello.worker_id if self.hello is not None else None
+
+    @property
+    def state(self) -> TunnelState:
+        """IDLE, CONNECTING, UP, STALLED or DOWN (see :mod:`ingest.tunnel_health`)."""
+        return self.monitor.state
+
+    @property
+    def health(self) -> TunnelHealth:
+        return self.monitor.health
+
+    @property
+    def stall_reason(self) -> str | None:
+        return self.monitor.stall_reason
+
+    @property
+    def unhealthy(self) -> bool:
+        """Stalled now, or not up again since a stall or a lost connection."""
+        return self.monitor.unhealthy
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Connect, pump, reconnect; returns when ``stop`` is set."""
-        delay = 0.25
-        while not stop.is_set():
-            if not self._wanted.is_set():
-                await _first(self._wanted, stop)
-                continue
-            started = time.monotonic()
-            try:
-                await self._connect_once(stop)
-            except AuthError as exc:
-                self.last_error = str(exc)
-                log.error("worker refused the tunnel: %s", exc)
-            except (OSError, TimeoutError, ConnectionClosed, ProtocolError, InvalidURI) as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("tunnel to %s lost: %s", self.url, self.last_error)
-            finally:
-                self._on_disconnect()
-            if stop.is_set():
-                return
-            if time.monotonic() - started > 30:  # healthy for a while: reset backoff
-                delay = 0.25
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay * random.uniform(0.8, 1.2)):  # noqa: S311
-                    await stop.wait()
-            delay = min(delay * 2, self.reconnect_max_s)
+        """Connect, pump, reconnect; returns when ``stop`` is set (never on an error)."""
+        backoff = Backoff(min(0.25, self.reconnect_max_s), self.reconnect_max_s)
+        rng = random.Random()  # noqa: S311 - jitter, not security
+        try:
+            while not stop.is_set():
+                if not self._wanted.is_set():
+                    await _first(self._wanted, stop)
+                    continue
+                started = time.monotonic()
+                await self._attempt(stop)
+                if stop.is_set():
+                    return
+                if time.monotonic() - started > HEALTHY_AFTER_S:
+                    backoff.reset()
+                await _sleep_unless(stop, backoff.next_delay(rng))
+        finally:
+            self.monitor.stop()
+
+    async def _attempt(self, stop: asyncio.Event) -> None:
+        """One connection, from connect to its end; every failure is logged, none raised."""
+        try:
+            await self._connect_once(stop)
+        except AuthError as exc:
+            self.last_error = str(exc)
+            log.error("worker refused the tunnel: %s", exc)
+        except (*TUNNEL_ERRORS, ProtocolError, TunnelStalled, InvalidHandshake, InvalidURI) as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("tunnel to %s lost: %s", self.url, self.last_error)
+        except Exception as exc:  # a bug or an unforeseen library error: reconnect anyway
+            self._unexpected(exc)
+        finally:
+            self._on_disconnect(stopping=stop.is_set())
+
+    def _unexpected(self, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {_short(exc)}"
+        if self.last_error != self._error_seen:  # the traceback once per distinct error
+            self._error_seen = self.last_error
+            log.error("tunnel to %s: unexpected error; reconnecting", self.url, exc_info=exc)
+        else:
+            log.warning("tunnel to %s lost again: %s", self.url, self.last_error)
 
     async def _connect_once(self, stop: asyncio.Event) -> None:
+        self.monitor.set_state(TunnelState.CONNECTING)
         headers = {"Authorization": f"Bearer {self._token()}"}
         tls: dict[str, Any] = {"ssl": self._ssl}
         if self.server_hostname is not None:
@@ -136,6 +225,7 @@ class TunnelClient:
                 compression=None,
                 max_size=wire.DEFAULT_LIMITS.max_message,
                 open_timeout=HELLO_TIMEOUT_S,
+                close_timeout=CLOSE_TIMEOUT_S,
                 proxy=None,
                 max_queue=64,
             )
@@ -153,29 +243,42 @@ class TunnelClient:
             header, _ = wire.decode(await ws.recv(decode=False))
         if not isinstance(header, wire.Hello):
             raise ProtocolError(f"expected HELLO from the worker, got {type(header).__name__}")
-        self.hello, self._ws = header, ws
-        self.connects += 1
-        self.connected.set()
-        log.info("tunnel up to worker %s (%s)", header.worker_id, ",".join(header.providers))
+        self._up(ws, header)
         self._failed = asyncio.get_running_loop().create_future()
         for stream in list(self.streams.values()):
             stream.window.cap = min(stream.window.cap, header.max_inflight)
             stream.start(header.input_w, header.input_h)
-            self._spawn(self._serve_stream(ws, stream))
+            self._start_stream(ws, stream)
         receiver = asyncio.create_task(self._receive(ws), name="tunnel-receive")
+        watcher = asyncio.create_task(self.monitor.watch(), name="tunnel-heartbeat")
         stopping = asyncio.create_task(stop.wait())
         try:
-            watched: set[asyncio.Future[Any]] = {receiver, stopping, self._failed}
+            watched: set[asyncio.Future[Any]] = {receiver, watcher, stopping, self._failed}
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (receiver, stopping, *self._senders):
+            if self.state is TunnelState.STALLED:  # a frozen peer: no closing handshake
+                ws.transport.abort()
+            tasks = (receiver, watcher, stopping, *self._senders)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(receiver, stopping, *self._senders, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             self._senders.clear()
+        for task in (watcher, receiver):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
         if self._failed.done():
             raise self._failed.exception() or ConnectionError("sender failed")
-        if receiver.done() and not receiver.cancelled() and receiver.exception() is not None:
-            raise receiver.exception()  # type: ignore[misc]
+
+    def _up(self, ws: ClientConnection, hello: wire.Hello) -> None:
+        self.hello, self._ws = hello, ws
+        self.connects += 1
+        self.connected.set()
+        log.info("tunnel up to worker %s (%s)", hello.worker_id, ",".join(hello.providers))
+        self.monitor.up(ws, hello.worker_id)
+
+    def _start_stream(self, ws: ClientConnection, stream: IngestStream) -> None:
+        if stream.state is not StreamState.FAILED:  # a failed stream has nothing to send
+            self._spawn(self._serve_stream(ws, stream))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -194,13 +297,14 @@ class TunnelClient:
         if self._senders:
             await asyncio.wait(set(self._senders), timeout=timeout_s)
 
-    def _on_disconnect(self) -> None:
+    def _on_disconnect(self, *, stopping: bool) -> None:
         self._ws = None
         self.connected.clear()
         for stream in self.streams.values():
             lost = stream.window.abandon()
             stream.counters["disconnected"] += lost
             stream.credit.set()
+        self.monitor.down(stopping=stopping, last_error=self.last_error)
 
     async def _serve_stream(self, ws: ClientConnection, stream: IngestStream) -> None:
         # Tells the stream when a sender serves it: IngestService.remove_stream/update_stream
@@ -210,19 +314,38 @@ class TunnelClient:
         if task is not None:
             self._serving[stream.id] = task
         try:
-            await self._stream_task(ws, stream)
+            snap = self.snapshots.get(stream.id)
+            await send_stream(ws, stream, open_message(stream, snap), self.frame_timeout_s)
+        except TUNNEL_ERRORS:
+            raise
+        except Exception as exc:  # this stream's bug (e.g. a frame the wire refuses)
+            self._stream_crashed(stream, "sender", exc)
+            await send_close(ws, stream.id)
         finally:
             if self._serving.get(stream.id) is task:
                 del self._serving[stream.id]
             stream.sender_stopped()
 
+    def _stream_crashed(self, stream: IngestStream, where: str, exc: Exception) -> None:
+        """Fail ``stream`` alone: FAILED with the exception, its frames in flight given up."""
+        self.task_errors += 1
+        self._broken.add(stream.id)
+        trace = stream.spec.scrub("".join(traceback.format_exception(exc)))
+        log.error("stream %s: %s crashed; failing this stream only:\n%s", stream.id, where, trace)
+        stream.fail(f"{where} crashed: {type(exc).__name__}: {_short(exc)}")
+        stream.counters["disconnected"] += stream.window.abandon()
+        stream.credit.set()
+
     async def detach(
-        self, stream_id: str
+        self, stream_id: str, *, close: bool = True
     ) -> tuple[IngestStream, tuple[wire.SessionClock, bytes] | None] | None:
         """Stop sending ``stream_id`` here without stopping the stream; returns it
-        with its latest session snapshot (to resume it on another worker)."""
+        with its latest session snapshot (to resume it on another worker).
+        ``close``: send CLOSE so the worker frees the session (skip it for a stalled
+        worker: the tunnel is closed anyway)."""
         stream = self.streams.pop(stream_id, None)
         snapshot = self.snapshots.pop(stream_id, None)
+        self._failing.pop(stream_id, None)
         if stream is None:
             return None
         task = self._serving.pop(stream_id, None)
@@ -230,97 +353,72 @@ class TunnelClient:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         ws = self._ws
-        if ws is not None:
-            with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await ws.send(wire.encode(wire.Close(stream_id=stream_id)))
+        if ws is not None and close:
+            await send_close(ws, stream_id)
         stream.counters["disconnected"] += stream.window.abandon()
         stream.credit.set()
         return stream, snapshot
 
-    async def _stream_task(self, ws: ClientConnection, stream: IngestStream) -> None:
-        await ws.send(self._open_message(stream))
-        while True:
-            await self._wait_credit(stream)
-            try:
-                out = await stream.slot.get()
-            except SlotClosed:
-                break
-            header = wire.Frame(
-                stream_id=stream.id,
-                epoch=out.epoch,
-                seq=out.seq,
-                pts=out.pts,
-                time_base=(out.time_base.numerator, out.time_base.denominator),
-                captured_at=out.captured_at,
-                src_w=out.prepared.letterbox.src_w,
-                src_h=out.prepared.letterbox.src_h,
-                scale=out.prepared.letterbox.scale,
-            )
-            stream.window.sent(out.seq, time.monotonic())
-            async with asyncio.timeout(SEND_TIMEOUT_S):
-                await ws.send(wire.encode(header, out.prepared.data))
-            stream.counters["sent"] += 1
-        await self._drain(stream)
-        await ws.send(wire.encode(wire.Close(stream_id=stream.id)))
+    def describe(self) -> dict[str, object]:
+        """State and health, for the API (``GET /v1/workers``) and metrics."""
+        return {
+            "url": self.url,
+            "worker_id": self.worker_id,
+            "streams": sorted(self.streams),
+            **self.monitor.describe(),
+            "connects": self.connects,
+            "errors": self.errors,
+            "task_errors": self.task_errors,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+        }
 
-    def _open_message(self, stream: IngestStream) -> bytes:
-        snap = self.snapshots.get(stream.id)
-        if snap is None:
-            return wire.encode(wire.Open(stream_id=stream.id, tracker=stream.config.tracker))
-        clock, blob = snap
-        header = wire.Open(stream_id=stream.id, tracker=stream.config.tracker, clock=clock)
-        return wire.encode(header, blob)
-
-    async def _wait_credit(self, stream: IngestStream) -> None:
-        while not stream.window.can_send():
-            stream.credit.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await stream.credit.wait()
-            self._expire(stream)
-
-    async def _drain(self, stream: IngestStream) -> None:
-        """The source ended: wait (bounded) for the last results."""
-        while stream.window.inflight:
-            await asyncio.sleep(DRAIN_POLL_S)
-            self._expire(stream)
-
-    def _expire(self, stream: IngestStream) -> None:
-        late = stream.window.expire(time.monotonic(), self.frame_timeout_s)
-        if late:
-            stream.counters["timeout"] += len(late)
-            log.warning(
-                "stream %s: %d frame(s) got no answer in %.0f s",
-                stream.id,
-                len(late),
-                self.frame_timeout_s,
-            )
+    # -- receiving -------------------------------------------------------------
 
     async def _receive(self, ws: ClientConnection) -> None:
         async for data in ws:
             if isinstance(data, str):
                 raise ProtocolError("worker sent a text message")
             header, payload = wire.decode(data)
-            if isinstance(header, wire.Result):
-                self._on_result_msg(header, payload)
-            elif isinstance(header, wire.Error):
-                self._on_error_msg(header)
-            elif isinstance(header, wire.Snapshot):
-                if header.stream_id in self.streams:
-                    self.snapshots[header.stream_id] = (header.clock, payload)
-            else:
-                raise ProtocolError(f"unexpected {type(header).__name__} from the worker")
+            sid = getattr(header, "stream_id", None)
+            if sid in self._broken:
+                continue
+            try:
+                self._dispatch(header, payload)
+            except ProtocolError:
+                raise
+            except Exception as exc:  # this stream's bug: fail it alone
+                stream = self.streams.get(sid) if isinstance(sid, str) else None
+                if stream is None:
+                    raise
+                self._stream_crashed(stream, "result handling", exc)
+
+    def _dispatch(self, header: object, payload: bytes) -> None:
+        if isinstance(header, wire.Result):
+            self._on_result_msg(header, payload)
+        elif isinstance(header, wire.Error):
+            self._on_error_msg(header)
+        elif isinstance(header, wire.Snapshot):
+            if header.stream_id in self.streams:
+                self.snapshots[header.stream_id] = (header.clock, payload)
+        else:
+            raise ProtocolError(f"unexpected {type(header).__name__} from the worker")
 
     def _on_result_msg(self, header: wire.Result, payload: bytes) -> None:
         stream = self.streams.get(header.stream_id)
         if stream is None:
             return
         det = wire.unpack_detections(header.n, payload)
-        rtt = stream.window.completed(header.seq, time.monotonic(), waited_s(header.timings))
+        now = time.monotonic()
+        rtt = stream.window.completed(header.seq, now, waited_s(header.timings))
         if not stream.lossless:
             stream.window.resize(stream.sampling_fps)
         stream.credit.set()
+        self.monitor.answered(stream, now, rtt)
+        if self._failing.pop(stream.id, 0) >= FAILING_AFTER and (stream.error or "").startswith(
+            FAILING
+        ):
+            stream.error = None
         assert self.hello is not None  # noqa: S101 - results only follow a HELLO
         record = ResultRecord.build(
             header,
@@ -339,9 +437,16 @@ class TunnelClient:
         if stream is None or header.seq is None:
             log.warning("worker error %s: %s", header.code, header.message)
             return
-        stream.window.completed(header.seq, time.monotonic())
+        now = time.monotonic()
+        stream.window.completed(header.seq, now)
         stream.counters["worker_error"] += 1
         stream.credit.set()
+        self.monitor.answered(stream, now, None)
+        said = f"worker error {header.code}: {' '.join(header.message.split())}"[:MAX_REASON]
+        stream.last_error = said
+        fails = self._failing[stream.id] = self._failing.get(stream.id, 0) + 1
+        if fails >= FAILING_AFTER:  # e.g. its inference raises: say so where it shows
+            stream.error = f"{FAILING} ({fails} in a row): {said}"
         log.debug(
             "stream %s frame %d: worker said %s: %s",
             stream.id,
@@ -349,6 +454,35 @@ class TunnelClient:
             header.code,
             header.message,
         )
+
+
+async def supervise(client: TunnelClient, stop: asyncio.Event) -> None:
+    """Run ``client`` until ``stop``. Should ``run`` ever end or raise anyway, log it,
+    count it (``client.restarts``) and start it again with backoff."""
+    backoff = Backoff(0.5, 10.0)
+    rng = random.Random()  # noqa: S311 - jitter, not security
+    while not stop.is_set():
+        try:
+            await client.run(stop)
+        except Exception as exc:
+            log.error("tunnel client for %s crashed; restarting it", client.url, exc_info=exc)
+        else:
+            if stop.is_set():
+                return
+            log.error("tunnel client for %s ended by itself; restarting it", client.url)
+        client.restarts += 1
+        await _sleep_unless(stop, backoff.next_delay(rng))
+
+
+def _short(exc: BaseException) -> str:
+    """An exception's message on one line, bounded (pydantic's run over many lines)."""
+    return " ".join(str(exc).split())[:MAX_REASON]
+
+
+async def _sleep_unless(stop: asyncio.Event, delay_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay_s):
+            await stop.wait()
 
 
 async def _first(*events: asyncio.Event) -> None:

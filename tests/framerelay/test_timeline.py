@@ -75,8 +75,12 @@ def test_sampler_handles_vfr_and_gaps_without_bursts() -> None:
     assert kept == [0.0, 0.2, 5.0, 5.2]
 
 
-def test_sampler_restarts_on_new_epoch() -> None:
-    s = Sampler(5)
+def test_sampler_continues_its_schedule_across_epochs() -> None:
+    # A new epoch's time follows one frame (step_s) after the last frame seen: the
+    # schedule goes on instead of restarting, so a storm of epochs cannot burst.
+    s = Sampler(5, step_s=0.04)
     assert s.keep(0, 10.0)
-    assert s.keep(1, 0.0)
-    assert not s.keep(1, 0.1)
+    assert not s.keep(1, 0.0)  # 10.04 on the continuous time: not due before 10.2
+    assert not s.keep(1, 0.12)  # 10.16
+    assert s.keep(1, 0.16)  # 10.20
+    assert sum(s.keep(e, 0.0) for e in range(2, 100)) <= 98 * 0.04 * 5 + 1

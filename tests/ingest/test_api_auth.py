@@ -43,6 +43,7 @@ SCOPES = {
     ("PUT", "/v1/streams/{stream_id}/worker"): "routing:write",
     ("DELETE", "/v1/streams/{stream_id}/worker"): "routing:write",
     ("GET", "/v1/routing"): "streams:read",
+    ("GET", "/v1/workers"): "streams:read",
     ("GET", "/openapi.json"): "streams:read",
     ("WS", "/v1/results"): None,  # the hub checks results:<id> itself, before the upgrade
 }

@@ -46,6 +46,10 @@ class Scripted:
     script: list[int | str | SourceError]
     sessions: int = 0
     stop_after: int | None = None
+    released: int = 0
+
+    def release(self) -> None:
+        self.released += 1
 
     def session(
         self,

@@ -98,20 +98,24 @@ def test_rtsp_credentials_work_and_never_show(
 
         def config(sid: str, password: str) -> StreamConfig:
             if how == "url":
-                return StreamConfig(id=sid, url=f"rtsp://cam:{quote(password, safe='')}@{rest}")
-            return StreamConfig(id=sid, url=cam.url, username="cam", password=password)
+                url = f"rtsp://cam:{quote(password, safe='')}@{rest}"
+                return StreamConfig(id=sid, url=url, auth_retry_s=0.3)
+            return StreamConfig(
+                id=sid, url=cam.url, username="cam", password=password, auth_retry_s=0.3
+            )
 
         good = _collect(config("good", PASSWORD), 3)
 
         async def refused() -> dict[str, object]:
             cfg = config("bad", PASSWORD + "-wrong")
             async with standalone(cfg) as (stream, _):
-                await wait_for(lambda: stream.counters["open_error"] >= 2, 10, "refusals")
+                await wait_for(lambda: stream.counters["auth_failed"] >= 2, 10, "refusals")
                 return stream.describe() | {"history": list(stream.history)}
 
         bad = asyncio.run(refused())
     assert good["frames"] >= 3 and good["describe"]["source"].startswith("rtsp://")
-    assert bad["state"] == "RECONNECTING" and "Unauthorized" in str(bad["error"])
+    assert bad["state"] == "AUTH_FAILED" and "Unauthorized" in str(bad["error"])
+    assert bad["open_error"] == 0  # an authentication failure, retried every auth_retry_s
     out, err = capfd.readouterr()
     seen = caplog.text + out + err + repr(good["describe"]) + repr(bad)
     for secret in (PASSWORD, quote(PASSWORD, safe=""), "s3cr3t"):

@@ -1,0 +1,260 @@
+"""Acceptance (issue 11): a worker frozen by SIGSTOP for 10 s is noticed.
+
+(a) With a second worker in the pool, the frozen worker's streams move there
+within 5 s (track ids continue) and results resume; the orchestrator can
+place them again afterwards. (b) With one worker, its streams show STALLED
+within 3 s and return to RUNNING with results after SIGCONT by themselves.
+Real worker processes, the real ingest service and API; each test prints
+its timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from framerelay.results import ResultRecord
+from gpu_worker.launcher import LocalWorker
+from ingest.app import create_app
+from ingest.service import IngestService
+from ingest.settings import IngestSettings, StreamConfig
+from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.support.auth import mint
+from tests.support.harness import wait_for
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.integration
+FREEZE_S = 10.0
+ENV = {"FRAMERELAY_WORKER_SNAPSHOT_INTERVAL_S": "0.2", "OMP_NUM_THREADS": "1"}
+
+
+@contextlib.contextmanager
+def workers(secret: str, *ids: str) -> Iterator[dict[str, LocalWorker]]:
+    """Worker processes (started in parallel); always resumed and stopped at the end."""
+    procs = {w: LocalWorker(secret, worker_id=w, args=["--model", str(MODEL)], env=ENV)
+             for w in ids}  # fmt: skip
+    try:
+        with ThreadPoolExecutor(len(ids)) as pool:
+            list(pool.map(lambda w: w.start(timeout_s=120 * TIMEOUT_FACTOR), procs.values()))
+        yield procs
+    finally:
+        for w in procs.values():
+            _signal(w, signal.SIGCONT)
+            w.stop()
+
+
+def _signal(worker: LocalWorker, sig: signal.Signals) -> None:
+    if worker.proc is not None and worker.proc.poll() is None:
+        os.kill(worker.proc.pid, sig)
+
+
+REGISTRY: dict[int, CollectorRegistry] = {}
+"""The metrics registry of each running service (by id)."""
+
+
+def metric(service: IngestService, name: str, **labels: str) -> float | None:
+    return REGISTRY[id(service)].get_sample_value(name, labels)
+
+
+@contextlib.asynccontextmanager
+async def ingest(
+    secret: str, tmp_path: Path, **overrides: Any
+) -> AsyncIterator[tuple[IngestService, httpx.AsyncClient, list[tuple[float, ResultRecord]]]]:
+    """The ingest service and its API (in process); results with their arrival time."""
+    values: dict[str, Any] = {
+        "worker_url": f"ws://127.0.0.1:{free_port()}/v1/tunnel",
+        "token_secrets": secret,
+        "store_path": tmp_path / "streams.json",
+        **overrides,
+    }
+    service = IngestService(IngestSettings(**values))
+    got: list[tuple[float, ResultRecord]] = []
+    service.bus.tap(lambda r: got.append((time.monotonic(), r)))
+    stop = asyncio.Event()
+    run = asyncio.create_task(service.run(stop))
+    scopes = ["streams:read", "streams:write", "routing:write"]
+    headers = {"Authorization": f"Bearer {mint(secret, scopes, 'ingest', ttl=600)}"}
+    registry = REGISTRY[id(service)] = CollectorRegistry()
+    transport = httpx.ASGITransport(app=create_app(service, registry=registry))
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://ingest", headers=headers
+        ) as http:
+            await wait_for(service.started.is_set, 10, "ingest start")
+            yield service, http, got
+            assert not run.done(), "the ingest service ended"
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+        REGISTRY.pop(id(service), None)
+
+
+def _cam(sid: str) -> dict[str, Any]:
+    return {"id": sid, "url": str(CLIP), "fps": 5, "realtime": True, "loop": True}
+
+
+def _of(got: list[tuple[float, ResultRecord]], sid: str, worker: str | None = None) -> list[float]:
+    return [t for t, r in got if r.stream_id == sid and worker in (None, r.worker_id)]
+
+
+def _gap(times: list[float], start: float) -> float:
+    """Longest wait between results (or from ``start``) after ``start``."""
+    later = [start, *(t for t in times if t > start)]
+    return max((b - a for a, b in itertools.pairwise(later)), default=float("inf"))
+
+
+def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Path) -> None:
+    placed = {"a1": "gpu-a", "a2": "gpu-a", "b1": "gpu-b"}
+
+    async def main(procs: dict[str, LocalWorker]) -> dict[str, Any]:
+        async with ingest(secret, tmp_path) as (service, http, got):
+
+            async def put(sid: str, worker: str) -> bool:
+                body = {"worker_id": worker, "url": procs[worker].url, "stream": _cam(sid)}
+                r = await http.put(f"/v1/streams/{sid}/worker", json=body)
+                assert r.status_code == 200, r.text
+                return bool(r.json()["changed"])
+
+            for sid, worker in placed.items():
+                assert await put(sid, worker)
+            await wait_for(lambda: all(len(_of(got, s)) >= 5 for s in placed), 60, "results")
+            before = {s: _ids(got, s, n=None) for s in ("a1", "a2")}
+            t0 = time.monotonic()
+            _signal(procs["gpu-a"], signal.SIGSTOP)
+            try:
+                routing: dict[str, str] = {}
+
+                async def moved() -> bool:
+                    routing.update((await http.get("/v1/routing")).json())
+                    return routing == {s: "gpu-b" for s in placed}
+
+                t_moved = await _until(moved, 10)
+                t_res = await wait_for(
+                    lambda: all(_of(got, s, "gpu-b") for s in ("a1", "a2")), 10, "results on B"
+                )
+                workers_view = (await http.get("/v1/workers")).json()
+                failovers = metric(service, "framerelay_ingest_failovers_total")
+                stalled_a = metric(service, "framerelay_ingest_tunnel_stalls_total", worker="gpu-a")
+                streams_view = (await http.get("/v1/streams")).json()
+                await asyncio.sleep(max(0.0, t0 + FREEZE_S - time.monotonic()))
+            finally:
+                _signal(procs["gpu-a"], signal.SIGCONT)
+            gaps = {s: _gap(_of(got, s), t0) for s in placed}
+            after = {s: _ids([(t, r) for t, r in got if r.worker_id == "gpu-b"], s, first=True)
+                     for s in ("a1", "a2")}  # fmt: skip
+            assert not await put("a1", "gpu-b")  # the orchestrator repeats itself: no change
+            assert await put("a1", "gpu-a")  # and places it back once A answers again
+            n = len(_of(got, "a1", "gpu-a"))
+            await wait_for(lambda: len(_of(got, "a1", "gpu-a")) >= n + 5, 30, "a1 back on A")
+            routing = (await http.get("/v1/routing")).json()
+            return {
+                "move_s": t_moved - t0, "results_s": t_res - t0, "gaps": gaps,
+                "failovers": (service.pool.failovers, failovers, stalled_a),
+                "workers": workers_view,
+                "streams": streams_view, "before": before, "after": after, "routing": routing,
+            }  # fmt: skip
+
+    with workers(secret, "gpu-a", "gpu-b") as procs:
+        got = asyncio.run(main(procs))
+    gaps = ", ".join(f"{s} {g:.2f} s" for s, g in got["gaps"].items())
+    print(f"\nSIGSTOP gpu-a: its streams on gpu-b after {got['move_s']:.2f} s, results from "
+          f"gpu-b after {got['results_s']:.2f} s; longest result gap: {gaps}")  # fmt: skip
+    assert got["move_s"] <= 5.0 * TIMEOUT_FACTOR
+    assert got["results_s"] <= 5.0 * TIMEOUT_FACTOR
+    assert got["failovers"] == (2, 2.0, None)  # gpu-a's tunnel closed once emptied
+    assert got["gaps"]["b1"] < 2.0 * TIMEOUT_FACTOR  # the healthy worker's stream went on
+    assert {w["name"]: w["state"] for w in got["workers"]} == {"default": "IDLE", "gpu-b": "UP"}
+    assert {s["id"]: s["state"] for s in got["streams"]} == dict.fromkeys(placed, "RUNNING")
+    for sid in ("a1", "a2"):  # the session resumed on gpu-b (its snapshot): a track kept its
+        before, after = got["before"][sid], got["after"][sid]  # id or got a new one, never
+        assert after and all(i in before or i > max(before) for i in after), (before, after)
+    assert got["routing"] == {"a1": "gpu-a", "a2": "gpu-b", "b1": "gpu-b"}
+
+
+def test_a_frozen_lone_worker_stalls_its_streams_which_recover(secret: str, tmp_path: Path) -> None:
+    sids = ("cam-1", "cam-2")
+
+    async def main(worker: LocalWorker) -> dict[str, Any]:
+        streams = [StreamConfig(**_cam(s)) for s in sids]
+        async with ingest(secret, tmp_path, worker_url=worker.url, streams=streams) as (
+            service, http, got,
+        ):  # fmt: skip
+            await wait_for(lambda: all(len(_of(got, s)) >= 5 for s in sids), 60, "results")
+            t0, wall0 = time.monotonic(), time.time()
+            _signal(worker, signal.SIGSTOP)
+            try:
+
+                async def stalled() -> bool:
+                    states = {s["id"]: s["state"] for s in (await http.get("/v1/streams")).json()}
+                    return set(states.values()) == {"STALLED"}
+
+                seen = await _until(stalled, 6)
+                tunnel = (await http.get("/v1/workers")).json()[0]
+                gauge = metric(service, "framerelay_ingest_tunnel_state",
+                               worker="default", state="STALLED")  # fmt: skip
+                stalled_at = [_stalled_at(service.streams[s].history) - wall0 for s in sids]
+                await asyncio.sleep(max(0.0, t0 + FREEZE_S - time.monotonic()))
+            finally:
+                _signal(worker, signal.SIGCONT)
+            t1 = time.monotonic()
+            n = {s: len(_of(got, s)) for s in sids}
+
+            async def recovered() -> bool:
+                states = {s["id"]: s["state"] for s in (await http.get("/v1/streams")).json()}
+                fresh = all(len(_of(got, s)) > n[s] for s in sids)
+                return fresh and set(states.values()) == {"RUNNING"}
+
+            back = await _until(recovered, 20)
+            return {
+                "seen_s": seen - t0, "stalled_s": stalled_at, "back_s": back - t1,
+                "tunnel": tunnel, "gauge": gauge, "stalls": service.client.health.stalls,
+                "connects": service.client.connects,
+            }  # fmt: skip
+
+    with workers(secret, "solo") as procs:
+        got = asyncio.run(main(procs["solo"]))
+    print(f"\nSIGSTOP the only worker: streams STALLED after "
+          f"{', '.join(f'{t:.2f}' for t in got['stalled_s'])} s (API saw it after "
+          f"{got['seen_s']:.2f} s); RUNNING with results {got['back_s']:.2f} s after SIGCONT; "
+          f"tunnel reconnected {got['connects'] - 1} time(s)")  # fmt: skip
+    assert max(got["stalled_s"]) <= 3.0 + 0.25 * TIMEOUT_FACTOR
+    assert got["tunnel"]["name"] == "default" and got["tunnel"]["state"] == "STALLED"
+    assert "not answering" in got["tunnel"]["stall_reason"]
+    assert got["stalls"] >= 1 and got["gauge"] == 1.0
+    assert got["back_s"] <= 10.0 * TIMEOUT_FACTOR
+
+
+def _ids(
+    got: list[tuple[float, ResultRecord]], sid: str, *, first: bool = False, n: int | None = 10
+) -> set[int]:
+    """Track ids in the last (or ``first``) ``n`` results of ``sid`` (None: all)."""
+    recs = [r for _, r in got if r.stream_id == sid]
+    if n is not None:
+        recs = recs[:n] if first else recs[-n:]
+    return {d.tracker_id for r in recs for d in r.detections if d.tracker_id > 0}
+
+
+def _stalled_at(history: Any) -> float:
+    return float(next(h["at"] for h in reversed(history) if h["state"] == "STALLED"))
+
+
+async def _until(check: Any, timeout_s: float) -> float:
+    """Poll the async ``check`` every 50 ms; the monotonic time it first held."""
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not met in {timeout_s * TIMEOUT_FACTOR} s")
+        await asyncio.sleep(0.05)
+    return time.monotonic()
