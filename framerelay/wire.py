@@ -9,15 +9,21 @@ One WebSocket binary message carries one protocol message::
 
 Headers are small JSON objects validated against a schema (unknown fields are
 refused); payloads are binary (a JPEG for frames, packed arrays for results).
-``decode`` raises only :class:`ProtocolError`, whatever the bytes.
+``decode`` raises only :class:`ProtocolError`, whatever the bytes. Every number
+is bounded and finite: NaN and +-Infinity (which JSON parsers accept as
+``NaN``/``Infinity`` or as ``1e400``) are refused in every float field. A FRAME
+whose header is invalid but still names a valid stream and seq raises
+:class:`FrameError`, so a server can answer that one frame and keep the tunnel.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,6 +37,11 @@ STREAM_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 CLOSE_PROTOCOL = 1002
 CLOSE_TOO_BIG = 1009
 CLOSE_POLICY = 1008
+MAX_CAPTURED_AT = 1e11
+"""``captured_at`` is Unix time in seconds: 0 <= t < 1e11 (the year 5138)."""
+MAX_CLOCK_S = 1e30
+"""Bound of a session clock's seconds (PTS times reach about 1e28: 2**62 x 2**31)."""
+_STREAM_ID_RE = re.compile(STREAM_ID)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +71,24 @@ class MsgType(IntEnum):
     SNAPSHOT = 7
 
 
+class FrameError(ProtocolError):
+    """A FRAME whose header is invalid, but whose ``stream_id`` and ``seq`` are readable.
+
+    A server answers that frame with an ERROR (code ``bad_frame``), which returns
+    the sender's credit, instead of closing the whole tunnel.
+    """
+
+    def __init__(self, message: str, *, stream_id: str, seq: int) -> None:
+        super().__init__(message)
+        self.stream_id = stream_id
+        self.seq = seq
+
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
 class _Header(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = _STRICT
     TYPE: ClassVar[MsgType]
 
 
@@ -81,11 +108,11 @@ class Hello(_Header):
 class SessionClock(BaseModel):
     """Where a stream session's tracker clock stands (see gpu_worker.sessions)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = _STRICT
     epoch: int | None = Field(None, ge=0, lt=2**63)
-    offset: float = 0.0
-    last_t: float = -1e18
-    last_captured: float = 0.0
+    offset: float = Field(0.0, ge=-MAX_CLOCK_S, le=MAX_CLOCK_S)
+    last_t: float = Field(-1e18, ge=-1e18, le=MAX_CLOCK_S)
+    last_captured: float = Field(0.0, ge=0.0, lt=MAX_CAPTURED_AT)
 
 
 class Open(_Header):
@@ -127,7 +154,7 @@ class Timing(_Header):
     seq: int = Field(ge=0, lt=2**63)
     pts: int = Field(ge=-(2**62), lt=2**62)
     time_base: tuple[int, int]
-    captured_at: float
+    captured_at: float = Field(ge=0.0, lt=MAX_CAPTURED_AT)
 
     @property
     def pts_time(self) -> float:
@@ -147,12 +174,15 @@ class Frame(Timing):
     pad_y: int = Field(0, ge=0, le=16384)
 
 
+TimingMs = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
+
+
 class Result(Timing):
     """Worker -> ingest: detections of one frame (payload: packed arrays)."""
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
-    n: int = Field(ge=0)
-    timings: dict[str, float] = Field(default_factory=dict, max_length=32)
+    n: int = Field(ge=0, lt=2**31)
+    timings: dict[str, TimingMs] = Field(default_factory=dict, max_length=32)
 
 
 class Error(_Header):
@@ -175,7 +205,10 @@ def _check_time_base(header: _Header) -> None:
     if isinstance(header, Timing):
         num, den = header.time_base
         if num <= 0 or den <= 0 or num > 2**31 or den > 2**31:
-            raise ProtocolError(f"time_base must be two positive int32s, got {header.time_base}")
+            message = f"time_base must be two positive int32s, got {header.time_base}"
+            if isinstance(header, Frame):
+                raise FrameError(message, stream_id=header.stream_id, seq=header.seq)
+            raise ProtocolError(message)
 
 
 def encode(header: Header, payload: bytes = b"", limits: Limits = DEFAULT_LIMITS) -> bytes:
@@ -227,7 +260,27 @@ def _parse_header(model: type[_Header], raw: bytes) -> _Header:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "(header)"
-        raise ProtocolError(f"invalid {model.__name__} header: {where}: {first['msg']}") from None
+        message = f"invalid {model.__name__} header: {where}: {first['msg']}"
+        ident = _frame_identity(raw) if model is Frame else None
+        if ident is not None:
+            raise FrameError(message, stream_id=ident[0], seq=ident[1]) from None
+        raise ProtocolError(message) from None
+
+
+def _frame_identity(raw: bytes) -> tuple[str, int] | None:
+    """(stream_id, seq) of an invalid FRAME header when both are valid, else None."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    stream_id, seq = obj.get("stream_id"), obj.get("seq")
+    if not isinstance(stream_id, str) or _STREAM_ID_RE.fullmatch(stream_id) is None:
+        return None
+    if type(seq) is not int or not 0 <= seq < 2**63:
+        return None
+    return stream_id, seq
 
 
 # -- detections payload --------------------------------------------------------

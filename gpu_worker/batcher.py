@@ -1,11 +1,20 @@
-"""Dynamic batching across streams, inference and tracking off the event loop.
+"""Dynamic batching across tunnels, inference and tracking off the event loop.
 
-Frames from every connection wait in one bounded queue. The batcher takes
-whatever is waiting (up to ``max_batch``; optionally waiting ``batch_wait_ms``
-to fill a batch), runs detection and then each frame's tracker in a single
-inference thread, and hands each encoded result back to its connection.
-Per-stream order is kept: a connection submits its frames in order and a batch
-is processed in queue order.
+Frames wait in one lane per tunnel (:mod:`gpu_worker.lanes`): bounded, served
+round-robin, so one tunnel's flood cannot crowd out another. The batcher takes
+up to ``max_batch`` frames (one per lane in turn; optionally waiting
+``batch_wait_ms`` to fill a batch), runs detection and then each frame's
+tracker in a single inference thread, and hands each result back to its
+connection. Per-stream order is kept: a stream's frames share a lane (FIFO)
+and a batch is processed in the order it was taken.
+
+The loop is supervised. An exception from the detector fails that batch only
+(each frame is retried alone first when the batch held several, so one bad
+frame cannot fail the others): its frames are answered ``inference_error``.
+An exception from one frame's tracker fails that frame (``track_error``) and
+resets that stream's tracker. Either is counted and logged (once per distinct
+error per minute), and the loop carries on. The loop stamps a
+:class:`~gpu_worker.watchdog.Heartbeat` around each batch for the watchdog.
 """
 
 from __future__ import annotations
@@ -25,10 +34,25 @@ from framerelay.detections import Detections
 from framerelay.geometry import Letterbox
 from gpu_worker.detectors import Detector, ModelInput
 from gpu_worker.faults import FaultInjector
+from gpu_worker.lanes import Lanes
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.sessions import StreamSession
+from gpu_worker.watchdog import Heartbeat
 
 log = logging.getLogger(__name__)
+LOG_REPEAT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A frame the loop could not process: answered with an ERROR ``code``."""
+
+    code: str
+    message: str
+
+
+Outcome = list[bytes] | Failure
+"""The encoded RESULT (and a due SNAPSHOT), or why the frame failed."""
 
 
 @dataclass(slots=True)
@@ -36,9 +60,37 @@ class WorkItem:
     frame: wire.Frame
     image: NDArray[np.uint8]
     session: StreamSession
-    reply: Callable[[list[bytes], StreamSession], None]
+    reply: Callable[[WorkItem, Outcome], None]
+    """Called on the event loop with the frame's outcome."""
     received_at: float
     decoded_at: float
+    lane: int = 0
+
+
+class ErrorLog:
+    """Logs each distinct error once, then at most once per ``repeat_s`` with a count."""
+
+    def __init__(self, repeat_s: float = LOG_REPEAT_S, max_keys: int = 256) -> None:
+        self.repeat_s = repeat_s
+        self.max_keys = max_keys
+        self._seen: dict[str, tuple[float, int]] = {}  # key -> (last logged, suppressed)
+
+    def report(self, what: str, exc: BaseException, now: float | None = None) -> bool:
+        """Log ``exc`` unless it was logged lately; True when it was logged."""
+        now = time.monotonic() if now is None else now
+        key = f"{what}|{type(exc).__name__}|{exc}"[:500]
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.repeat_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if last is None and len(self._seen) >= self.max_keys:
+            self._seen.pop(next(iter(self._seen)))
+        more = f" ({last[1]} more like it since)" if last and last[1] else ""
+        log.error(
+            "%s: %s: %s%s", what, type(exc).__name__, exc, more, exc_info=None if last else exc
+        )
+        self._seen[key] = (now, 0)
+        return True
 
 
 class Batcher:
@@ -56,17 +108,32 @@ class Batcher:
         self.metrics = metrics
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000
-        self._queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=capacity)
+        self.heartbeat = Heartbeat()
+        self.errors = ErrorLog()
+        self._lanes: Lanes[WorkItem] = Lanes(capacity)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
-        self._faults = faults or FaultInjector(None)  # test-only hook (gpu_worker/faults.py)
+        self.faults = faults or FaultInjector(None)  # test-only hook (gpu_worker/faults.py)
+
+    def open_lane(self) -> int:
+        """A lane for a new tunnel; its frames carry the key in ``WorkItem.lane``."""
+        return self._lanes.open()
+
+    def close_lane(self, key: int) -> None:
+        """The tunnel closed: drop what it still had queued."""
+        dropped = self._lanes.close(key)
+        if dropped:
+            self.metrics.drops.labels("closed").inc(len(dropped))
+        self.metrics.queue_depth.set(len(self._lanes))
+
+    def has_room(self, lane: int) -> bool:
+        """Whether ``submit`` would now accept a frame of this lane."""
+        return self._lanes.has_room(lane)
 
     def submit(self, item: WorkItem) -> bool:
-        """Queue a frame; False when the queue is full (the caller replies 'capacity')."""
-        try:
-            self._queue.put_nowait(item)
-        except asyncio.QueueFull:
+        """Queue a frame; False when its lane is full (the caller replies 'capacity')."""
+        if not self._lanes.put(item.lane, item):
             return False
-        self.metrics.queue_depth.set(self._queue.qsize())
+        self.metrics.queue_depth.set(len(self._lanes))
         return True
 
     async def run(self) -> None:
@@ -74,46 +141,99 @@ class Batcher:
         try:
             while True:
                 batch = await self._collect()
-                replies = await loop.run_in_executor(self._executor, self.process, batch)
-                for item, payload in zip(batch, replies, strict=True):
-                    item.reply(payload, item.session)
+                self.heartbeat.started(time.monotonic())
+                try:
+                    outcomes = await loop.run_in_executor(self._executor, self.process, batch)
+                except Exception as exc:  # a bug in process(): fail the batch, keep the loop
+                    self.errors.report("inference loop", exc)
+                    outcomes = [Failure("inference_error", _describe(exc))] * len(batch)
+                finally:
+                    self.heartbeat.finished(time.monotonic())
+                self._deliver(batch, outcomes)
         finally:
+            self.faults.release()
             self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def _deliver(self, batch: list[WorkItem], outcomes: list[Outcome]) -> None:
+        for item, outcome in zip(batch, outcomes, strict=True):
+            try:
+                item.reply(item, outcome)
+            except Exception as exc:  # one connection's bug must not end the loop
+                self.errors.report("delivering a result", exc)
+
     async def _collect(self) -> list[WorkItem]:
-        batch = [await self._queue.get()]
+        await self._lanes.wait()
+        batch = self._lanes.take(self.max_batch)
         deadline = time.monotonic() + self.batch_wait_s
         while len(batch) < self.max_batch:
-            if not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
                 async with asyncio.timeout(remaining):
-                    batch.append(await self._queue.get())
+                    await self._lanes.wait()
             except TimeoutError:
                 break
-        self.metrics.queue_depth.set(self._queue.qsize())
+            batch += self._lanes.take(self.max_batch - len(batch))
+        self.metrics.queue_depth.set(len(self._lanes))
         return batch
 
-    def process(self, batch: list[WorkItem]) -> list[list[bytes]]:
+    def process(self, batch: list[WorkItem]) -> list[Outcome]:
         """Blocking: detect, track, encode results and due snapshots (inference thread)."""
-        self._faults.before_batch()  # no-op unless test_fault is set (tests)
         started = time.monotonic()
-        size = self.detector.input_size
-        inputs = [ModelInput(it.image, _letterbox(it.frame, size)) for it in batch]
-        detections = self.detector.infer(inputs)
+        detections = self._detect(batch)
         infer_ms = (time.monotonic() - started) * 1000
         self.metrics.batch_size.observe(len(batch))
         self.metrics.stage_ms.labels("infer").observe(infer_ms)
-        out: list[list[bytes]] = []
-        for item, det in zip(batch, detections, strict=True):
+        return [
+            det if isinstance(det, Failure) else self._track(item, det, started, infer_ms, batch)
+            for item, det in zip(batch, detections, strict=True)
+        ]
+
+    def _detect(self, batch: list[WorkItem]) -> list[Detections | Failure]:
+        """The detector's output per frame; a failed batch is retried frame by frame."""
+        try:
+            return list(self._infer(batch))
+        except Exception as exc:
+            failure = self._infer_failed(exc)
+            if len(batch) == 1:
+                return [failure]
+        out: list[Detections | Failure] = []
+        for item in batch:
+            try:
+                out += self._infer([item])
+            except Exception as exc:
+                out.append(self._infer_failed(exc))
+        return out
+
+    def _infer(self, items: list[WorkItem]) -> list[Detections]:
+        self.faults.before_infer()  # no-op unless test_fault is set (tests)
+        size = self.detector.input_size
+        inputs = [ModelInput(it.image, _letterbox(it.frame, size)) for it in items]
+        out = self.detector.infer(inputs)
+        if len(out) != len(items):
+            raise RuntimeError(f"the detector returned {len(out)} results for {len(items)} images")
+        return out
+
+    def _infer_failed(self, exc: Exception) -> Failure:
+        self.metrics.batch_errors.labels("infer").inc()
+        self.errors.report("inference failed", exc)
+        return Failure("inference_error", f"inference failed: {_describe(exc)}")
+
+    def _track(
+        self,
+        item: WorkItem,
+        det: Detections,
+        started: float,
+        infer_ms: float,
+        batch: list[WorkItem],
+    ) -> Outcome:
+        """Track one frame and encode its messages; a failure resets its stream's tracker."""
+        try:
+            self.faults.before_track()  # no-op unless test_fault is set (tests)
             t0 = time.monotonic()
             tracked = item.session.track(item.frame, det)
             track_ms = (time.monotonic() - t0) * 1000
-            self.metrics.stage_ms.labels("track").observe(track_ms)
             timings = {
                 "decode_ms": (item.decoded_at - item.received_at) * 1000,
                 "queue_ms": (started - item.decoded_at) * 1000,
@@ -122,12 +242,21 @@ class Batcher:
                 "batch": float(len(batch)),
                 "worker_ms": (time.monotonic() - item.received_at) * 1000,
             }
-            self.metrics.stage_ms.labels("queue").observe(timings["queue_ms"])
             messages = [_encode_result(item.frame, tracked, timings)]
             if item.session.snapshot_due():
                 messages.append(_encode_snapshot(item))
-            out.append(messages)
-        return out
+        except Exception as exc:
+            item.session.reset()
+            self.metrics.batch_errors.labels("track").inc()
+            self.errors.report(f"tracking failed (stream {item.session.stream_id})", exc)
+            return Failure("track_error", f"tracking failed, tracker reset: {_describe(exc)}")
+        self.metrics.stage_ms.labels("track").observe(track_ms)
+        self.metrics.stage_ms.labels("queue").observe(timings["queue_ms"])
+        return messages
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _letterbox(f: wire.Frame, size: tuple[int, int]) -> Letterbox:

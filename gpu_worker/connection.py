@@ -2,10 +2,13 @@
 
 The receive loop validates every message; a malformed one closes only this
 connection (with the protocol error as the close reason). Per-frame problems
-(undecodable image, unknown stream, full queue) are answered with an ERROR for
-that frame, which returns the sender's credit. Results leave through a bounded
-outbound queue with a send timeout, so a peer that stops reading is cut off
-instead of stalling the worker.
+(a FRAME header that is invalid but names its stream and seq, an undecodable
+image, an unknown stream, credit exceeded, a full lane, a failed inference or
+tracker update) are answered with an ERROR for that frame, which returns the
+sender's credit. A correct ingest never sends a bad header or image: a tunnel
+sending more than ``max_bad_frames_per_s`` of them in a second is closed (1008).
+Results leave through a bounded outbound queue with a send timeout, so a peer
+that stops reading is cut off instead of stalling the worker.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from websockets.asyncio.server import ServerConnection
@@ -21,7 +25,8 @@ from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
 from framerelay.errors import ConfigError, ProtocolError
-from gpu_worker.batcher import Batcher, WorkItem
+from gpu_worker.batcher import Batcher, Failure, Outcome, WorkItem
+from gpu_worker.budgets import ErrorBudget, Pacer
 from gpu_worker.images import decode_jpeg_bgr
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.sessions import StreamSession, new_session, resumed_session
@@ -29,6 +34,16 @@ from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 10.0
+DROP_TIMEOUT_S = 0.5
+"""How long a misbehaving peer has to take its ERROR and close frame (it is not read)."""
+BAD_FRAME_CODES = frozenset({"bad_frame", "bad_image"})
+"""Errors a correct ingest never causes; past the budget the tunnel is closed."""
+REFUSED_CODES = BAD_FRAME_CODES | {
+    "unknown_stream", "credit_exceeded", "capacity", "too_many_streams", "bad_tracker",
+    "bad_snapshot",
+}  # fmt: skip
+"""Refusals the peer can cause as fast as it sends; past the rate it is read slower
+(as are OPENs of a stream already open and CLOSEs of a stream that is not)."""
 
 
 class TunnelConnection:
@@ -40,8 +55,12 @@ class TunnelConnection:
         metrics: WorkerMetrics,
         decode_pool: Executor,
         hello: wire.Hello,
+        *,
+        on_fault: Callable[[], None] | None = None,
     ) -> None:
         self.ws = ws
+        self.on_fault = on_fault
+        """Called when this tunnel is closed for misbehaving (the server counts it per address)."""
         self.settings = settings
         self.batcher = batcher
         self.metrics = metrics
@@ -49,9 +68,35 @@ class TunnelConnection:
         self.hello = hello
         self.limits = wire.Limits(max_payload=settings.max_message_bytes)
         self.sessions: dict[str, StreamSession] = {}
+        self.inflight: dict[str, int] = {}
+        """Frames in flight per stream id: kept across a re-OPEN (which must not reset credit)."""
         bound = settings.max_streams_per_connection * settings.max_inflight + 64
         self._out: asyncio.Queue[bytes] = asyncio.Queue(maxsize=bound)
         self._done = False
+        self._lane = batcher.open_lane()
+        self._bad = ErrorBudget(settings.max_bad_frames_per_s)
+        self._pacer = Pacer(settings.max_refused_frames_per_s)
+        self._abort: str | None = None  # set: close with 1008 after this message
+        self._slow = False  # set once it was found not reading its results
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close this tunnel (the watchdog's call when inference stalls)."""
+        with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
+            await self.ws.close(code, reason[:120])
+
+    async def _drop(self, code: int, reason: str, error: str | None = None) -> None:
+        """Close a misbehaving peer: stop reading it first (what it sends after this
+        costs nothing), send ``error`` as an ERROR and the close frame, and give it
+        :data:`DROP_TIMEOUT_S` before the socket is closed."""
+        self.ws.transport.pause_reading()
+        if self.on_fault is not None:
+            self.on_fault()
+        with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
+            async with asyncio.timeout(DROP_TIMEOUT_S):
+                if error is not None:
+                    await self.ws.send(wire.encode(wire.Error(code="protocol", message=error)))
+                await self.ws.close(code, reason[:120])
+        self.ws.transport.close()  # flushes what is buffered, reads nothing more
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -68,6 +113,7 @@ class TunnelConnection:
             pass
         finally:
             self._done = True
+            self.batcher.close_lane(self._lane)
             self.metrics.connections.dec()
             self.metrics.streams.dec(len(self.sessions))
             self.sessions.clear()
@@ -82,19 +128,29 @@ class TunnelConnection:
             try:
                 header, payload = wire.decode(data, self.limits)
                 await self._dispatch(header, payload)
+            except wire.FrameError as exc:
+                self.metrics.drops.labels("bad_frame").inc()
+                self._reply_error("bad_frame", str(exc), exc.stream_id, exc.seq)
             except ProtocolError as exc:
                 self.metrics.frames.labels("protocol_error").inc()
+                self.metrics.tunnels_closed.labels("protocol").inc()
                 await self._fail(exc)
                 return
+            if self._abort is not None:
+                await self._drop(wire.CLOSE_POLICY, self._abort)
+                return
+            await self._pace()
+
+    async def _pace(self) -> None:
+        """Past its rate of refused frames, this tunnel waits (TCP pushes back on it)."""
+        delay = self._pacer.delay(time.monotonic())
+        if delay > 0:
+            self.metrics.paced_s.inc(delay)
+            await asyncio.sleep(delay)
 
     async def _fail(self, exc: ProtocolError) -> None:
         log.warning("closing tunnel from %s: %s", self.ws.remote_address, exc)
-        with contextlib.suppress(ConnectionClosed, TimeoutError):
-            async with asyncio.timeout(2):
-                await self.ws.send(
-                    wire.encode(wire.Error(code="protocol", message=str(exc)[:2000]))
-                )
-        await self.ws.close(exc.close_code, str(exc)[:120])
+        await self._drop(exc.close_code, str(exc), error=str(exc)[:2000])
 
     async def _dispatch(self, header: wire.Header, payload: bytes) -> None:
         if isinstance(header, wire.Frame):
@@ -104,10 +160,14 @@ class TunnelConnection:
         elif isinstance(header, wire.Close):
             if self.sessions.pop(header.stream_id, None) is not None:
                 self.metrics.streams.dec()
+            else:
+                self._pacer.spend(time.monotonic())
         else:
             raise ProtocolError(f"{type(header).__name__} is not accepted from an ingest")
 
     def _on_open(self, msg: wire.Open, snapshot: bytes) -> None:
+        if msg.stream_id in self.sessions:  # a restart of the stream: rare, so paced
+            self._pacer.spend(time.monotonic())
         limit = self.settings.max_streams_per_connection
         if msg.stream_id not in self.sessions and len(self.sessions) >= limit:
             self._reply_error(
@@ -143,13 +203,16 @@ class TunnelConnection:
                 "unknown_stream", "send OPEN before frames", frame.stream_id, frame.seq
             )
             return
-        if session.inflight >= self.settings.max_inflight:
+        if self.inflight.get(frame.stream_id, 0) >= self.settings.max_inflight:
             self._reply_error(
                 "credit_exceeded",
                 f"at most {self.settings.max_inflight} frames in flight per stream",
                 frame.stream_id,
                 frame.seq,
             )
+            return
+        if not self.batcher.has_room(self._lane):  # refuse before paying for the decode
+            self._refuse_capacity(frame)
             return
         w, h = self.hello.input_w, self.hello.input_h
         loop = asyncio.get_running_loop()
@@ -159,18 +222,30 @@ class TunnelConnection:
             self.metrics.drops.labels("bad_image").inc()
             self._reply_error("bad_image", str(exc), frame.stream_id, frame.seq)
             return
-        item = WorkItem(frame, image, session, self._reply_result, received, time.monotonic())
+        decoded = time.monotonic()
+        item = WorkItem(frame, image, session, self._reply, received, decoded, self._lane)
         self.metrics.stage_ms.labels("decode").observe((item.decoded_at - received) * 1000)
         if not self.batcher.submit(item):
-            self.metrics.drops.labels("capacity").inc()
-            self._reply_error("capacity", "worker queue is full", frame.stream_id, frame.seq)
+            self._refuse_capacity(frame)
             return
-        session.inflight += 1
+        self.inflight[frame.stream_id] = self.inflight.get(frame.stream_id, 0) + 1
 
-    def _reply_result(self, messages: list[bytes], session: StreamSession) -> None:
-        session.inflight = max(0, session.inflight - 1)
+    def _refuse_capacity(self, frame: wire.Frame) -> None:
+        self.metrics.drops.labels("capacity").inc()
+        self._reply_error("capacity", "worker queue is full", frame.stream_id, frame.seq)
+
+    def _reply(self, item: WorkItem, outcome: Outcome) -> None:
+        """The batcher's answer for one frame (on the event loop)."""
+        sid = item.frame.stream_id
+        left = self.inflight.pop(sid, 0) - 1
+        if left > 0:
+            self.inflight[sid] = left
+        if isinstance(outcome, Failure):
+            self.metrics.drops.labels(outcome.code).inc()
+            self._reply_error(outcome.code, outcome.message, item.frame.stream_id, item.frame.seq)
+            return
         self.metrics.frames.labels("ok").inc()
-        for data in messages:
+        for data in outcome:
             self._enqueue(data)
 
     def _reply_error(
@@ -180,6 +255,18 @@ class TunnelConnection:
         self._enqueue(
             wire.encode(wire.Error(code=code, message=message[:2000], stream_id=stream_id, seq=seq))
         )
+        if code in REFUSED_CODES:
+            now = time.monotonic()
+            self._pacer.spend(now)
+            if code in BAD_FRAME_CODES and not self._bad.spend(now):
+                self._over_budget()
+
+    def _over_budget(self) -> None:
+        if self._abort is not None:
+            return
+        self._abort = f"too many bad frames: more than {self._bad.limit} in 1 s"
+        log.warning("closing tunnel from %s: %s", self.ws.remote_address, self._abort)
+        self.metrics.tunnels_closed.labels("bad_frames").inc()
 
     def _enqueue(self, data: bytes) -> None:
         if self._done:
@@ -187,9 +274,12 @@ class TunnelConnection:
         try:
             self._out.put_nowait(data)
         except asyncio.QueueFull:
-            log.warning("peer %s is not reading results; closing", self.ws.remote_address)
             self.metrics.drops.labels("slow_peer").inc()
-            asyncio.get_running_loop().create_task(self.ws.close(1013, "not reading results"))
+            if not self._slow:
+                self._slow = True
+                log.warning("peer %s is not reading results; closing", self.ws.remote_address)
+                self.metrics.tunnels_closed.labels("slow_peer").inc()
+                asyncio.get_running_loop().create_task(self.ws.close(1013, "not reading results"))
 
     async def _send_loop(self) -> None:
         while True:

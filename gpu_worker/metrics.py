@@ -39,7 +39,36 @@ class WorkerMetrics:
         self.resumed = Counter(
             "framerelay_worker_sessions_resumed", "Sessions resumed from a snapshot", registry=r
         )
-        self.ready = Gauge("framerelay_worker_ready", "1 after warm-up", registry=r)
+        self.ready = Gauge(
+            "framerelay_worker_ready", "1 after warm-up while inference runs", registry=r
+        )
+        self.inference_stalled = Gauge(
+            "framerelay_worker_inference_stalled",
+            "1 while the inference loop is stalled (a batch over inference_stall_s) or ended",
+            registry=r,
+        )
+        self.inference_busy_s = Gauge(
+            "framerelay_worker_inference_busy_seconds",
+            "How long the batch now in inference has run (0 when idle)",
+            registry=r,
+        )
+        self.batch_errors = Counter(
+            "framerelay_worker_batch_errors",
+            "Failures caught by the inference loop, by stage (infer: a batch, track: a frame)",
+            ["stage"],
+            registry=r,
+        )
+        self.paced_s = Counter(
+            "framerelay_worker_paced_seconds",
+            "Time tunnels were read more slowly for refusing frames too fast",
+            registry=r,
+        )
+        self.tunnels_closed = Counter(
+            "framerelay_worker_tunnels_closed",
+            "Tunnels the worker closed, by reason (protocol, bad_frames, stalled, slow_peer)",
+            ["reason"],
+            registry=r,
+        )
         self.auth_failures = Counter(
             "framerelay_worker_auth_failures",
             "Refused requests and tunnels (401/403/429), by reason",

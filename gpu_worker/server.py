@@ -5,7 +5,11 @@ audience ``framerelay-worker``) is checked before the upgrade completes: 401
 when missing, malformed, badly signed, expired or for another service, 403
 when it does not grant ``worker:<worker_id>``, 429 once the address failed too
 often. ``/healthz`` answers while the process is alive, ``/readyz`` only after
-a warm-up inference succeeded (both open); ``/info`` is JSON (worker id,
+a warm-up inference succeeded and while the inference loop runs (both open):
+the watchdog (:mod:`gpu_worker.watchdog`) turns it 503 with the reason when the
+loop ended or a batch runs longer than ``inference_stall_s``, and then closes
+every tunnel (1011) and refuses new ones (503) until inference moves again;
+``/info`` is JSON (worker id,
 providers, input size, capacity measured by the warm-up) for a token granting
 ``worker:<worker_id>``; ``/metrics`` is Prometheus text, open unless
 ``metrics_auth`` (then ``metrics:read``).
@@ -26,7 +30,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from framerelay import wire
-from framerelay.auth.guard import Throttled, status_of
+from framerelay.auth.guard import FailureLimiter, Throttled, status_of
 from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
 from gpu_worker.batcher import Batcher
@@ -36,9 +40,15 @@ from gpu_worker.faults import FaultInjector
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import server_ssl_context, tunnel_guard
+from gpu_worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 TUNNEL_PATH = "/v1/tunnel"
+READ_CHUNK = 32 * 1024
+"""Bytes read from a tunnel's socket per event-loop callback. websockets parses a
+whole read at once: 256 KiB (asyncio's default) of tiny garbage frames is ~10k
+frames, ~100 ms in one callback; 32 KiB bounds that to ~12 ms, at no cost to
+throughput (one more read per 32 KiB)."""
 
 
 _GPU_PROVIDERS = ("CUDA", "Tensorrt", "ROCM", "torch:cuda")
@@ -62,6 +72,10 @@ def _ok(conn: ServerConnection, body: bytes, content_type: str) -> Response:
     return resp
 
 
+def _peer(conn: ServerConnection) -> str:
+    return str(conn.remote_address[0]) if conn.remote_address else "unknown"
+
+
 class Worker:
     """Owns the detector, the batcher and the server; ``run()`` until stopped."""
 
@@ -69,6 +83,9 @@ class Worker:
         self.settings = settings
         self.metrics = WorkerMetrics()
         self.guard = tunnel_guard(settings, self.metrics)
+        faults, window = settings.max_tunnel_faults or 1, settings.auth_window_s
+        self.faults_by_peer = FailureLimiter(faults, window)
+        """Tunnels closed for misbehaving, per address: past the limit, new ones get 429."""
         self.detector = detector or load_detector(settings.detector)
         self.batcher = Batcher(
             self.detector,
@@ -79,13 +96,54 @@ class Worker:
             faults=FaultInjector(settings.test_fault),
         )
         self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
-        self.ready = False
+        self.warm = False
+        self.stopping = False
+        self.connections: set[TunnelConnection] = set()
+        self.watchdog = Watchdog(
+            self.batcher.heartbeat,
+            settings.inference_stall_s,
+            on_stall=self._on_stall,
+            on_recover=self._on_recover,
+            on_tick=self.metrics.inference_busy_s.set,
+        )
         self.warmup_ms = 0.0
         self.server: Server | None = None
         self.tls = False
         """True once serving ``wss://`` (a certificate from files or from PEM text)."""
         self._batch_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._scope = f"worker:{settings.worker_id}"
+
+    @property
+    def ready(self) -> bool:
+        """Warmed up, not stopping, and inference moving."""
+        return self.warm and not self.stopping and self.watchdog.reason is None
+
+    @property
+    def unready_reason(self) -> str:
+        if self.watchdog.reason is not None:
+            return self.watchdog.reason
+        return "shutting down" if self.stopping else "warming up"
+
+    def _on_stall(self, reason: str) -> None:
+        """The watchdog saw inference stop: unready, tell every tunnel why and close it."""
+        self.metrics.ready.set(0)
+        self.metrics.inference_stalled.set(1)
+        close = f"inference stalled for {self.watchdog.busy_s:.1f} s"
+        if "loop ended" in reason:
+            close = reason
+        log.error("%s; closing %d tunnel(s), /readyz 503", reason, len(self.connections))
+        for conn in list(self.connections):
+            self.metrics.tunnels_closed.labels("stalled").inc()
+            task = asyncio.get_running_loop().create_task(conn.close(1011, close))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _on_recover(self) -> None:
+        self.metrics.inference_stalled.set(0)
+        self.metrics.ready.set(1 if self.ready else 0)
+        log.warning("inference moves again (the stalled batch finished); ready again")
 
     @property
     def hello(self) -> wire.Hello:
@@ -118,7 +176,7 @@ class Worker:
         if path == "/readyz":
             if self.ready:
                 return conn.respond(HTTPStatus.OK, "ready\n")
-            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "warming up\n")
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{self.unready_reason}\n")
         if path == "/info":
             return self._refusal(conn, request, self._scope) or self._info(conn)
         if path == "/metrics":
@@ -131,7 +189,11 @@ class Worker:
             return conn.respond(
                 HTTPStatus.NOT_FOUND, f"unknown path; the tunnel is {TUNNEL_PATH}\n"
             )
-        return self._refusal(conn, request, self._scope) or self._unready(conn)
+        return (
+            self._misbehaving(conn)
+            or self._refusal(conn, request, self._scope)
+            or self._unready(conn)
+        )
 
     def _info(self, conn: ServerConnection) -> Response:
         """JSON for the orchestrator: identity and capacity from the warm-up benchmark."""
@@ -149,7 +211,7 @@ class Worker:
 
     def _refusal(self, conn: ServerConnection, request: Request, scope: str) -> Response | None:
         """None when the bearer token grants ``scope``; else the 401/403/429 answer."""
-        peer = conn.remote_address[0] if conn.remote_address else "unknown"
+        peer = _peer(conn)
         try:
             self.guard.check(request.headers.get("Authorization"), scope, str(peer))
         except AuthError as exc:
@@ -161,9 +223,28 @@ class Worker:
             return resp
         return None
 
+    def _misbehaving(self, conn: ServerConnection) -> Response | None:
+        """429 for an address whose tunnels were closed too often for misbehaving."""
+        if not self.settings.max_tunnel_faults:
+            return None
+        retry = self.faults_by_peer.retry_after(_peer(conn))
+        if retry is None:
+            return None
+        self.metrics.auth_failures.labels("misbehaving").inc()
+        resp = conn.respond(
+            HTTPStatus.TOO_MANY_REQUESTS,
+            f"too many tunnels from this address were closed for protocol errors or bad "
+            f"frames; retry in {retry:.0f} s\n",
+        )
+        resp.headers["Retry-After"] = str(max(1, round(retry)))
+        return resp
+
     def _unready(self, conn: ServerConnection) -> Response | None:
         if not self.ready:
-            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "worker is warming up; retry\n")
+            return conn.respond(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"worker is not ready ({self.unready_reason}); retry\n",
+            )
         return None
 
     @property
@@ -172,21 +253,31 @@ class Worker:
 
     async def _handle(self, ws: ServerConnection) -> None:
         self.metrics.tunnels.inc()
+        if isinstance(getattr(ws.transport, "max_size", None), int):  # asyncio's selector
+            ws.transport.max_size = READ_CHUNK  # type: ignore[attr-defined]
+        peer = _peer(ws)
         conn = TunnelConnection(
-            ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello
-        )
-        await conn.run()
+            ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello,
+            on_fault=lambda: self.faults_by_peer.failed(peer),
+        )  # fmt: skip
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
 
     async def start(self) -> tuple[str, int]:
         """Warm up, then listen; returns the bound (host, port)."""
         ms = await asyncio.to_thread(self.warm_up)
         self.warmup_ms = ms
-        self.ready = True
+        self.warm = True
         self.metrics.ready.set(1)
         log.info("warm-up done: %.1f ms per inference on %s", ms, ",".join(self.detector.providers))
         ssl_ctx = server_ssl_context(self.settings)
         self.tls = ssl_ctx is not None
         self._batch_task = asyncio.create_task(self.batcher.run(), name="batcher")
+        self.watchdog.watch(self._batch_task)
+        self._watch_task = asyncio.create_task(self.watchdog.run(), name="watchdog")
         self.server = await serve(
             self._handle,
             self.settings.host,
@@ -211,7 +302,10 @@ class Worker:
         try:
             await stop.wait()
         finally:
-            self.ready = False
+            self.stopping = True
+            self.metrics.ready.set(0)
+            if self._watch_task is not None:
+                self._watch_task.cancel()
             self.server.close(close_connections=True)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.shutdown_timeout_s):

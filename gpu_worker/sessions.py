@@ -30,7 +30,6 @@ class StreamSession:
     tracker: Tracker
     min_confidence: float
     snapshot_interval_s: float = 0.0
-    inflight: int = 0
     frames: int = 0
     _epoch: int | None = None
     _offset: float = 0.0
@@ -70,6 +69,13 @@ class StreamSession:
         self.frames += 1
         keep = (tracked.tracker_id >= 0) | (tracked.confidence >= self.min_confidence)
         return tracked if bool(keep.all()) else tracked[np.flatnonzero(keep)]
+
+    def reset(self) -> None:
+        """Start afresh after the tracker failed on a frame: no tracks, a new clock."""
+        self.tracker.reset()
+        self._epoch, self._offset = None, 0.0
+        self._last_t, self._last_captured = -1e18, 0.0
+        self._next_snapshot_t = None
 
     def snapshot_due(self) -> bool:
         """True (and re-armed) when a snapshot should follow the last frame."""

@@ -13,6 +13,7 @@ from pydantic_settings import SettingsConfigDict
 from framerelay.errors import ConfigError
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings
 from gpu_worker.detectors.base import OnnxDetectorSettings, UltralyticsDetectorSettings
+from gpu_worker.faults import parse_fault
 
 PREFIX = "FRAMERELAY_WORKER_"
 RENAMED = {"FRAMERELAY_WORKER_FAULT": "FRAMERELAY_WORKER_TEST_FAULT (test only, with _TEST_HOOKS)"}
@@ -30,6 +31,7 @@ class WorkerSettings(ServiceSettings):
         env_nested_delimiter="__",
         extra="forbid",
         hide_input_in_errors=True,
+        allow_inf_nan=False,  # every float setting is finite (and bounded below)
     )
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a pod).")
@@ -64,7 +66,13 @@ class WorkerSettings(ServiceSettings):
         "latency there), the detector's max_batch on GPU.",
     )
     batch_wait_ms: float = Field(0.0, ge=0, le=100, description="Extra wait to fill a batch.")
-    queue_capacity: int = Field(64, ge=1, le=4096, description="Frames waiting for inference.")
+    queue_capacity: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Frames waiting for inference, shared round-robin between tunnels: one "
+        "tunnel holds at most capacity / open tunnels of them.",
+    )
     max_inflight: int = Field(4, ge=1, le=64, description="Credit cap per stream.")
     max_streams_per_connection: int = Field(256, ge=1, le=4096)
     result_min_confidence: float = Field(
@@ -77,6 +85,34 @@ class WorkerSettings(ServiceSettings):
         description="Send each stream's tracker snapshot this often (stream time); 0 = never.",
     )
     decode_threads: int = Field(2, ge=1, le=64)
+    max_bad_frames_per_s: int = Field(
+        20,
+        ge=0,
+        le=1_000_000,
+        description="Invalid FRAME headers and undecodable images one tunnel may send per "
+        "second before it is closed (1008); 0 = no limit. A correct ingest sends none.",
+    )
+    max_refused_frames_per_s: int = Field(
+        500,
+        ge=0,
+        le=1_000_000,
+        description="Refused frames (unknown stream, credit exceeded, full lane, bad) one "
+        "tunnel may cause per second; beyond it that tunnel is read more slowly; 0 = no limit.",
+    )
+    max_tunnel_faults: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description="Tunnels one address may have closed for protocol errors or too many bad "
+        "frames per auth_window_s; beyond, its new tunnels get 429; 0 = no limit.",
+    )
+    inference_stall_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="A batch running longer than this makes the worker unready (/readyz 503) "
+        "and closes its tunnels (1011) until the batch finishes.",
+    )
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
     tls_cert: Path | None = Field(None, description="PEM certificate chain; enables wss://.")
     tls_key: Path | None = None
@@ -86,10 +122,12 @@ class WorkerSettings(ServiceSettings):
     )
     tls_key_pem: SecretStr | None = Field(None, description="Its private key as PEM text.")
     warmup_runs: int = Field(3, ge=1, le=100)
-    shutdown_timeout_s: float = Field(10.0, gt=0)
+    shutdown_timeout_s: float = Field(10.0, gt=0, le=3600)
     test_hooks: bool = Field(False, description="TEST ONLY: allow test_fault.")
     test_fault: str | None = Field(
-        None, description="TEST ONLY fault (hang_inference_after:N); needs test_hooks."
+        None,
+        description="TEST ONLY fault (hang_inference_after:N, raise_inference_after:N, "
+        "raise_track_after:N); needs test_hooks.",
     )
 
     @model_validator(mode="after")
@@ -99,6 +137,7 @@ class WorkerSettings(ServiceSettings):
                 "FRAMERELAY_WORKER_TEST_FAULT is a test hook: it is refused unless "
                 "FRAMERELAY_WORKER_TEST_HOOKS=true (never set either in production)"
             )
+        parse_fault(self.test_fault)  # ConfigError for an unknown fault
         if (self.tls_cert_pem is None) != (self.tls_key_pem is None):
             raise ConfigError("set both FRAMERELAY_WORKER_TLS_CERT_PEM and ..._TLS_KEY_PEM")
         if self.tls_cert_pem is not None and self.tls_cert is not None:
