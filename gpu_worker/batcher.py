@@ -131,7 +131,7 @@ class Batcher:
 
     def submit(self, item: WorkItem) -> bool:
         """Queue a frame; False when its lane is full (the caller replies 'capacity')."""
-        if not self._lanes.put(item.lane, item):
+        if not self._lanes.put(item.lane, item, item.frame.stream_id):
             return False
         self.metrics.queue_depth.set(len(self._lanes))
         return True

@@ -6,17 +6,23 @@ lane asking (idle tunnels, e.g. the many a flooder opened and left, shrink
 nobody's share). A lane below its share is taken even when the others filled
 ``capacity`` (they cannot add more until they drain below their own shares;
 all lanes together hold at most twice ``capacity``), so one tunnel that floods
-cannot take the slots another needs. A batch is taken one item from each
-non-empty lane in turn, starting after the lane served last, so a tunnel
-waits behind at most one item of each other tunnel. Order within a lane (and
-so within a stream) is kept. Event-loop only: not thread-safe.
+cannot take the slots another needs. A batch is taken lane by lane in turn,
+starting after the lane served last; a lane's turn gives its first items, as
+many as it has streams waiting (items are ``put`` with their stream as
+``tag``), so every stream gets about the same share of inference whichever
+tunnel carries it: an ingest's tunnel with two streams is not starved by a
+flooder's tunnel with one, and a round holds one item per waiting stream
+(a tunnel opens at most ``max_streams_per_connection`` streams, each with its
+credits). Order within a lane (and so within a stream) is kept. Event-loop
+only: not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -27,7 +33,9 @@ class Lanes(Generic[T]):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._lanes: OrderedDict[int, deque[T]] = OrderedDict()
+        self._lanes: OrderedDict[int, deque[tuple[Hashable, T]]] = OrderedDict()
+        self._tags: dict[int, Counter[Hashable]] = {}
+        """Per lane: how many queued items each stream (tag) has."""
         self._next_key = 0
         self._size = 0
         self._busy = 0  # lanes holding at least one item
@@ -46,18 +54,20 @@ class Lanes(Generic[T]):
         key = self._next_key
         self._next_key += 1
         self._lanes[key] = deque()
+        self._tags[key] = Counter()
         return key
 
     def close(self, key: int) -> list[T]:
         """Remove a lane; returns the items it still held (now dropped)."""
         lane = self._lanes.pop(key, None)
+        self._tags.pop(key, None)
         if not lane:
             return []
         self._size -= len(lane)
         self._busy -= 1
         if not self._size:
             self._nonempty.clear()
-        return list(lane)
+        return [item for _, item in lane]
 
     def has_room(self, key: int) -> bool:
         """Whether lane ``key`` may take one more item now."""
@@ -66,33 +76,45 @@ class Lanes(Generic[T]):
             return False
         return self._size < 2 * self.capacity
 
-    def put(self, key: int, item: T) -> bool:
-        """Queue ``item`` in lane ``key``; False when the lane or the total is full."""
+    def put(self, key: int, item: T, tag: Hashable = None) -> bool:
+        """Queue ``item`` (of stream ``tag``) in lane ``key``; False when the lane or the
+        total is full."""
         if not self.has_room(key):
             return False
         lane = self._lanes[key]
         self._busy += not lane
-        lane.append(item)
+        lane.append((tag, item))
+        self._tags[key][tag] += 1
         self._size += 1
         self._nonempty.set()
         return True
 
     def take(self, n: int) -> list[T]:
-        """Up to ``n`` items, one per lane in turn (round-robin), without waiting."""
+        """Up to ``n`` items, lane by lane in turn (a turn: one per waiting stream)."""
         out: list[T] = []
         while len(out) < n and self._size:
             for key in list(self._lanes):
-                lane = self._lanes[key]
-                if not lane:
-                    continue
-                out.append(lane.popleft())
-                self._size -= 1
-                self._busy -= not lane
-                self._lanes.move_to_end(key)  # served: to the back of the round
+                if self._lanes[key]:
+                    out += self._turn(key, n - len(out))
+                    self._lanes.move_to_end(key)  # served: to the back of the round
                 if len(out) == n:
                     break
         if not self._size:
             self._nonempty.clear()
+        return out
+
+    def _turn(self, key: int, most: int) -> list[T]:
+        """Lane ``key``'s turn: its first items, as many as it has streams waiting."""
+        lane, tags = self._lanes[key], self._tags[key]
+        out: list[T] = []
+        for _ in range(min(most, len(tags))):
+            tag, item = lane.popleft()
+            tags[tag] -= 1
+            if not tags[tag]:
+                del tags[tag]
+            out.append(item)
+        self._size -= len(out)
+        self._busy -= not lane
         return out
 
     async def wait(self) -> None:

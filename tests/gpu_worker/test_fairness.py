@@ -66,6 +66,19 @@ def test_lanes_are_served_round_robin_keeping_each_lane_in_order() -> None:
     assert len(lanes) == 0 and lanes.take(3) == []
 
 
+def test_a_lane_turn_takes_one_item_per_stream_it_has_waiting() -> None:
+    lanes: Lanes[str] = Lanes(64)
+    ingest, flood = lanes.open(), lanes.open()
+    for i in range(4):
+        assert lanes.put(flood, f"f{i}", "flood")
+    for i in range(2):
+        assert lanes.put(ingest, f"h1-{i}", "h1") and lanes.put(ingest, f"h2-{i}", "h2")
+    # the ingest's tunnel carries two streams: two items per turn, the flooder's one
+    assert lanes.take(6) == ["h1-0", "h2-0", "f0", "h1-1", "h2-1", "f1"]
+    assert lanes.take(6) == ["f2", "f3"]
+    assert lanes.close(flood) == [] and len(lanes) == 0
+
+
 def test_a_lane_holds_at_most_its_share_and_the_others_keep_theirs() -> None:
     lanes: Lanes[int] = Lanes(8)
     flood, normal, idle = lanes.open(), lanes.open(), lanes.open()

@@ -1,0 +1,207 @@
+"""Soak: does any process grow while streams run and faults come and go?
+
+    python bench/soak.py [--minutes 20] [--warmup-minutes 4] [--fault-every 2]
+                         [--streams 4] [--fps 3] [--sample-s 5]
+
+Issue 11's soak, measured as it reads: the fault matrix's rig
+(:mod:`tests.faults.matrix_harness`: two ``framerelay worker`` processes on CPU
+with the real model, one ``framerelay ingest`` process with its API, a
+subscriber of its results WebSocket) with ``--streams`` real-time streams (the
+sample clip, looped) for ``--minutes``; every ``--fault-every`` minutes the
+next fault of the matrix (:mod:`tests.faults.matrix_faults`, in rotation) is
+injected beside them, with its own figures. The RSS of every process is
+sampled every ``--sample-s`` seconds; the figure is each process's RSS slope
+after the warm-up (least squares, MB/h), target < 1 MB/h. Writes
+``bench/results/soak.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._results import write_results  # noqa: E402
+from tests.faults import matrix_faults as faults  # noqa: E402
+from tests.faults.matrix_harness import Rig, Scenario, run_scenario, running_rig, window  # noqa: E402
+
+TARGET_MB_PER_H = 1.0
+KEEP_RESULTS_S = 300.0
+Setup = Callable[[Rig], None] | None
+
+
+def rotation() -> list[tuple[str, Setup, Scenario]]:
+    """The matrix's faults, in the order the soak injects them (then again)."""
+    frozen, raising = faults.frozen_worker(10), faults.raising_worker()
+    return [
+        ("1x1 source", None, faults.tiny),
+        ("worker frozen 10 s", *frozen),
+        ("8K source", None, faults.huge),
+        ("garbage-flooding tunnel", None, faults.flood),
+        ("byte-flipped file", None, faults.flipped),
+        ("NaN/Inf/huge in wire fields", None, faults.wire_values),
+        ("camera answering 401", None, faults.camera_401),
+        ("inference loop raises", *raising),
+        ("NaN/Inf/huge in API fields", None, faults.api_values),
+        ("NaN/Inf/huge from a fake worker", None, faults.ingest_wire_values),
+    ]
+
+
+class RssSampler:
+    """RSS of the rig's long-lived processes every ``every_s`` seconds, in a thread."""
+
+    def __init__(self, rig: Rig, every_s: float) -> None:
+        self.rig, self.every_s = rig, every_s
+        self.names = list(rig.pids())
+        self.samples: dict[str, list[tuple[float, float]]] = {n: [] for n in self.names}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now, rss = time.monotonic(), self.rig.rss()
+            for name in self.names:
+                if name in rss and not math.isnan(rss[name]):
+                    self.samples[name].append((now, rss[name]))
+            self._stop.wait(self.every_s)
+
+
+def slope_mb_per_h(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) in MB per hour (NaN under 3 points)."""
+    if len(points) < 3:
+        return math.nan
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mr = sum(r for _, r in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    cov = sum((t - mt) * (r - mr) for t, r in points)
+    return cov / var * 3600 if var > 0 else math.nan
+
+
+def _soak(rig: Rig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Faults every ``fault_every`` minutes until ``minutes`` have passed."""
+    start, figures, faults_list = time.monotonic(), [], rotation()
+    end = start + args.minutes * 60
+    slot = 0
+    while time.monotonic() < end - 30:
+        name, setup, scenario = faults_list[slot % len(faults_list)]
+        print(f"[{(time.monotonic() - start) / 60:5.1f} min] fault: {name}", flush=True)
+        result = run_scenario(rig, name, scenario, setup=setup)
+        print(result.report(), flush=True)
+        figures.append({**result.as_dict(), "at_min": (time.monotonic() - start) / 60})
+        assert rig.subscriber is not None
+        rig.subscriber.trim(time.time() - KEEP_RESULTS_S)
+        slot += 1
+        _sleep_until(min(end, start + slot * args.fault_every * 60))
+    _sleep_until(end)
+    return figures
+
+
+def _sleep_until(at: float) -> None:
+    time.sleep(max(0.0, at - time.monotonic()))
+
+
+def _slopes(sampler: RssSampler, warmup_s: float) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, points in sampler.samples.items():
+        t0 = points[0][0] if points else 0.0
+        after = [(t, r) for t, r in points if t - t0 >= warmup_s]
+        late = after[len(after) // 2 :]
+        out[name] = {
+            "slope_mb_per_h": slope_mb_per_h(after),
+            "late_half_slope_mb_per_h": slope_mb_per_h(late),
+            "first_mb": points[0][1] if points else math.nan,
+            "after_warmup_mb": after[0][1] if after else math.nan,
+            "last_mb": points[-1][1] if points else math.nan,
+            "samples": len(after),
+        }
+    return out
+
+
+def _healthy_rates(rig: Rig, span_s: float) -> dict[str, dict[str, float]]:
+    assert rig.subscriber is not None
+    seen, now = rig.subscriber.snapshot(), time.time()
+    out = {}
+    for sid in rig.healthy_ids:
+        w = window(seen, sid, now - min(span_s, KEEP_RESULTS_S), now - 2)
+        out[sid] = {"results_per_s": w.rate, "p99_ms": w.p99_ms}
+    return out
+
+
+@contextlib.contextmanager
+def _rig(args: argparse.Namespace) -> Iterator[Rig]:
+    with tempfile.TemporaryDirectory(prefix="framerelay-soak-") as tmp:
+        root = Path(tmp)
+        faults.make_media(root)
+        with running_rig(root, healthy=args.streams, fps=args.fps) as rig:
+            yield rig
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--warmup-minutes", type=float, default=4.0,
+                        help="RSS before this is left out of the slope (at most a third of "
+                             "--minutes)")  # fmt: skip
+    parser.add_argument("--fault-every", type=float, default=2.0, help="minutes between faults")
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--fps", type=float, default=3.0)
+    parser.add_argument("--sample-s", type=float, default=5.0)
+    args = parser.parse_args()
+    warmup_s = min(args.warmup_minutes, args.minutes / 3) * 60
+    with _rig(args) as rig, RssSampler(rig, args.sample_s) as sampler:
+        figures = _soak(rig, args)
+        healthy = _healthy_rates(rig, args.minutes * 60)
+        alive = rig.alive()
+    slopes = _slopes(sampler, warmup_s)
+    _print(slopes, healthy, figures, alive, warmup_s)
+    write_results("soak", {
+        "minutes": args.minutes, "warmup_s": warmup_s, "streams": args.streams, "fps": args.fps,
+        "target_mb_per_h": TARGET_MB_PER_H, "rss": slopes, "healthy": healthy, "alive": alive,
+        "faults": figures, "rss_samples": sampler.samples,
+    })  # fmt: skip
+    return 0 if all(s["slope_mb_per_h"] < TARGET_MB_PER_H for s in slopes.values()) else 1
+
+
+def _print(
+    slopes: dict[str, dict[str, float]],
+    healthy: dict[str, dict[str, float]],
+    figures: list[dict[str, Any]],
+    alive: dict[str, bool],
+    warmup_s: float,
+) -> None:
+    print(f"\nRSS after {warmup_s / 60:.1f} min of warm-up (target < {TARGET_MB_PER_H} MB/h):")
+    for name, s in slopes.items():
+        verdict = "ok" if s["slope_mb_per_h"] < TARGET_MB_PER_H else "OVER"
+        print(f"  {name:8s} {s['first_mb']:6.0f} -> {s['after_warmup_mb']:6.0f} -> "
+              f"{s['last_mb']:6.0f} MB, slope {s['slope_mb_per_h']:+7.2f} MB/h "
+              f"(last half {s['late_half_slope_mb_per_h']:+7.2f}; {s['samples']} samples) "
+              f"{verdict}")  # fmt: skip
+    for sid, h in healthy.items():
+        print(f"  {sid}: {h['results_per_s']:.2f} results/s, p99 {h['p99_ms']:.0f} ms "
+              "(last 5 min)")  # fmt: skip
+    failed = [f["name"] for f in figures if f["problems"]]
+    print(f"  faults: {len(figures)} injected, with problems: {failed or 'none'}")
+    print(f"  alive at the end: {', '.join(n for n, ok in alive.items() if ok)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""Acceptance of issue 11: the fault matrix, against real services as processes.
+
+One rig for the module (:mod:`tests.faults.matrix_harness`): two workers on CPU
+with the real model, one ingest process with its API, two healthy streams (the
+sample clip in real time, looped, 4 fps) on the first worker and a subscriber
+of the results WebSocket. Each test injects one fault
+(:mod:`tests.faults.matrix_faults`) and prints its figures. For each:
+
+* every healthy stream keeps >= 95 % of its result rate of the 6 s before the
+  fault (results counted by their frame's ``captured_at``), and its p99 latency
+  (subscriber's clock - ``captured_at``) stays <= max(2 x p99 before, p99 before
+  + 50 ms x TIMEOUT_FACTOR): the floor keeps a tiny baseline on a noisy 2-core box
+  from flaking;
+* the bad stream ends in a state with a clear reason;
+* no process exits; every process's RSS comes back within 20 MB of its level
+  before the fault (waited for up to 12 s).
+
+The 60 s freeze runs only with ``FRAMERELAY_FAULT_LONG_FREEZE=1`` or outside CI
+(``CI`` unset); in CI the 10 s one covers the same path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import TIMEOUT_FACTOR
+from tests.faults import matrix_faults as faults
+from tests.faults.matrix_harness import Figures, Rig, run_scenario
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+CLIP_S = 7.0
+"""Length of the sample clip (179 frames at 25 fps)."""
+LONG_FREEZE = os.environ.get("FRAMERELAY_FAULT_LONG_FREEZE") == "1" or not os.environ.get("CI")
+
+
+class Rigs:
+    """The module's rig, started again when a scenario left a process dead or the healthy
+    streams without results (so that each scenario is judged on its own)."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.rig: Rig | None = None
+
+    def get(self) -> Rig:
+        if self.rig is not None and not self._healthy(self.rig):
+            self.close()
+        if self.rig is None:
+            root = self.factory.mktemp("matrix")
+            faults.make_media(root)
+            self.rig = Rig(root).start()
+        return self.rig
+
+    @staticmethod
+    def _healthy(rig: Rig) -> bool:
+        """Every process alive and every healthy stream's results flowing."""
+        assert rig.subscriber is not None
+        recent = {s.stream for s in rig.subscriber.snapshot() if s.received_at > time.time() - 5}
+        return all(rig.alive().values()) and all(sid in recent for sid in rig.healthy_ids)
+
+    def close(self) -> None:
+        if self.rig is not None:
+            self.rig.close()
+            self.rig = None
+
+
+@pytest.fixture(scope="module")
+def rigs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rigs]:
+    holder = Rigs(tmp_path_factory)
+    try:
+        yield holder
+    finally:
+        holder.close()
+
+
+@pytest.fixture
+def rig(rigs: Rigs) -> Rig:
+    return rigs.get()
+
+
+def _checked(figures: Figures, rig: Rig) -> dict[str, Any]:
+    print(figures.report())
+    problems = figures.problems()
+    assert not problems, "\n".join([*problems, rig.log_tail("ingest", 1500)])
+    return figures.bad
+
+
+def test_1x1_source_fails_alone(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "1x1 source", faults.tiny), rig)["tiny-1x1"]
+    assert bad["state"] == "FAILED" and bad["error"], bad
+
+
+def test_8k_source_is_downscaled_or_refused(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "8K source", faults.huge), rig)["huge-8k"]
+    assert (bad["state"] == "FAILED" and bad["error"]) or (
+        bad["state"] == "STOPPED" and bad["results"] > 0
+    ), bad
+
+
+def test_byte_flipped_file_stays_in_its_budgets(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "byte-flipped file", faults.flipped), rig)["flipped"]
+    assert bad["sent_per_s"] <= bad["fps"] * 1.1, bad
+    assert bad["corrupt_timestamps"] > 0 and bad["error"], bad  # the storm is named
+    budget = bad["max_epochs_per_min"] * math.ceil(bad["span_s"] / 60)
+    loops = math.ceil(bad["span_s"] / CLIP_S) + 1  # each pass of the looped file is one
+    assert bad["epoch"] <= budget + loops, bad
+
+
+def test_camera_answering_401_is_an_auth_failure_retried_slowly(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "camera answering 401", faults.camera_401), rig)
+    for sid, cam in bad.items():
+        assert cam["state"] == "AUTH_FAILED" and cam["error"], (sid, cam)
+        assert cam["auth_failed"] >= 1, (sid, cam)
+        assert cam["attempts"] <= 2, f"{sid}: {cam['attempts']} attempts in 12 s: not slow"
+
+
+def test_non_finite_api_inputs_are_refused(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "NaN/Inf/huge in API fields", faults.api_values), rig)
+    api = bad["api"]
+    assert not api["accepted_non_finite"], api
+    assert not api["server_errors"], api
+
+
+def test_non_finite_wire_fields_to_a_worker_are_refused(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "NaN/Inf/huge in wire fields", faults.wire_values), rig)
+    worker = bad["worker"]
+    assert not worker["accepted_non_finite"], worker
+    assert not worker["no_answer"] and not worker["garbled_answer"], worker
+    assert worker["valid_after"] == "result", worker
+    assert worker["readyz"].startswith("200"), worker
+
+
+def test_non_finite_wire_fields_from_a_worker_hit_only_its_stream(rig: Rig) -> None:
+    bad = _checked(
+        run_scenario(rig, "NaN/Inf/huge from a fake worker", faults.ingest_wire_values), rig
+    )
+    victim = bad["victim-fake"]
+    assert victim["non_finite_published"] == 0, victim
+    assert victim["disconnected"] + victim["worker_error"] + victim["reconnects"] > 0, victim
+
+
+def test_garbage_flooding_tunnel_leaves_other_streams_alone(rig: Rig) -> None:
+    bad = _checked(run_scenario(rig, "garbage-flooding tunnel", faults.flood), rig)
+    assert bad["worker_readyz"] == 200, bad
+    assert bad["flooder"].get("closed:1002", 0) > 0, bad
+
+
+def _frozen(rig: Rig, seconds: float) -> dict[str, Any]:
+    setup, scenario = faults.frozen_worker(seconds)
+    bad = _checked(run_scenario(rig, f"worker frozen {seconds:.0f} s", scenario, setup=setup), rig)
+    (victim,) = bad.values()
+    assert victim["left_running_after_s"] is not None, victim
+    assert victim["left_running_after_s"] <= 3 * TIMEOUT_FACTOR, victim
+    assert victim["frozen_state"] == "STALLED" and victim["frozen_reason"], victim
+    assert victim["results_again_after_s"] is not None, victim
+    return dict(victim)
+
+
+def test_worker_frozen_10_s(rig: Rig) -> None:
+    _frozen(rig, 10)
+
+
+@pytest.mark.skipif(not LONG_FREEZE, reason="60 s freeze: set FRAMERELAY_FAULT_LONG_FREEZE=1")
+def test_worker_frozen_60_s(rig: Rig) -> None:
+    _frozen(rig, 60)
+
+
+def test_worker_whose_inference_raises(rig: Rig) -> None:
+    setup, scenario = faults.raising_worker()
+    bad = _checked(run_scenario(rig, "inference loop raises", scenario, setup=setup), rig)
+    victim = bad["victim-raise"]
+    assert victim["error"] and "inference" in victim["error"], victim  # the reason, named
+    assert victim["noticed_after_s"] is not None, victim
+    assert victim["worker_alive"], victim
