@@ -25,7 +25,7 @@ credit: the worker or the network is slower than the sampling rate) and
 ``worker_error``. Failures: ``decode_error`` (packets the decoder rejected,
 skipped), ``corrupt`` (frames the decoder flagged as damaged and concealed;
 kept and counted), ``behind`` (live: packets dropped undecoded to catch up
-with the source, see :class:`ingest.source.Catchup`), ``encode_error``,
+with the source, see :class:`ingest.catchup.Catchup`), ``encode_error``,
 ``open_error``, ``stall`` (read timeout), ``source_lost`` (disconnect, live
 end-of-file), ``reconnects``, ``auth_failed`` (the camera answered 401/403),
 ``size_refused`` (the source's size is outside min/max_width/height: FAILED),
@@ -241,12 +241,14 @@ class IngestStream:
         """The tunnel serving this stream stalled: ``STALLED`` until :meth:`unstall`."""
         self.stalled = reason
         if self.state in (StreamState.STARTING, StreamState.RUNNING):
+            self.error = self.last_error = reason
             self._record(StreamState.STALLED, reason)
 
     def unstall(self) -> None:
         """Results flow again (same worker after a pause, or another one)."""
         self.stalled = None
         if self.state is StreamState.STALLED:
+            self.error = None
             self._record(StreamState.RUNNING, "worker answers again")
 
     def sender_started(self) -> None:

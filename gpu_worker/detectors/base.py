@@ -49,7 +49,7 @@ class Detector(Protocol):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: Path = Field(description="Path of the model file.")
     confidence_threshold: float = Field(0.1, ge=0.0, le=1.0)

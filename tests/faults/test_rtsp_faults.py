@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from framerelay.results import ResultRecord
+from ingest.catchup import Catchup
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
-from ingest.source import Catchup, Decoded
+from ingest.source import Decoded
 from ingest.stream import IngestStream, StreamState
 from tests.conftest import CAMPUS, TIMEOUT_FACTOR
 from tests.integration.worker_harness import running_worker
