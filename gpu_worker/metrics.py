@@ -10,7 +10,12 @@ _MS_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500)
 class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._traffic(self.registry)
+        self._health(self.registry)
+        self._faults(self.registry)
+
+    def _traffic(self, r: CollectorRegistry) -> None:
+        """Frames, stages, batches, tunnels and sessions."""
         self.frames = Counter(
             "framerelay_worker_frames", "Frames received, by outcome", ["outcome"], registry=r
         )
@@ -39,6 +44,9 @@ class WorkerMetrics:
         self.resumed = Counter(
             "framerelay_worker_sessions_resumed", "Sessions resumed from a snapshot", registry=r
         )
+
+    def _health(self, r: CollectorRegistry) -> None:
+        """Readiness and the inference loop's watchdog."""
         self.ready = Gauge(
             "framerelay_worker_ready", "1 after warm-up while inference runs", registry=r
         )
@@ -52,6 +60,9 @@ class WorkerMetrics:
             "How long the batch now in inference has run (0 when idle)",
             registry=r,
         )
+
+    def _faults(self, r: CollectorRegistry) -> None:
+        """What the loop caught and what the worker refused or closed."""
         self.batch_errors = Counter(
             "framerelay_worker_batch_errors",
             "Failures caught by the inference loop, by stage (infer: a batch, track: a frame)",

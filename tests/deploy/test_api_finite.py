@@ -31,22 +31,9 @@ from deploy.settings import OrchestratorSettings
 from framerelay.settings import describe_invalid
 from tests.deploy.orch_support import orch_settings, serving, serving_here
 from tests.support.auth import ed_keys, mint
+from tests.support.bad_numbers import BAD_NUMBERS, CLEAR
 from tests.support.cli_runs import clean_env, run_all
 
-BAD_NUMBERS: list[tuple[str, str]] = [
-    ("nan", "NaN"),
-    ("inf", "Infinity"),
-    ("-inf", "-Infinity"),
-    ("1e400", "1e400"),  # json.loads: inf
-    ("1e308", "1e308"),
-    ("-1e308", "-1e308"),
-    ("10**400", "1" + "0" * 400),
-    ("-10**400", "-1" + "0" * 400),
-    ("2**63", str(2**63)),
-]
-CLEAR = ("finite number", "less than", "greater than", "valid number", "valid integer",
-         "maximum size")  # fmt: skip
-"""What a 422 message for a bad number says (pydantic's words)."""
 # (model, a valid body, the route) for each request model of the API with a number in it
 ROUTES: list[tuple[type[BaseModel], dict[str, Any], str]] = [
     (StreamSpec, {"id": "cam-1", "url": "rtsp://cam/1"}, "/v1/streams"),

@@ -33,23 +33,10 @@ from tests.conftest import CLIP
 from tests.deploy.orch_support import serving
 from tests.ingest.api_rig import settings_for
 from tests.support.auth import mint
+from tests.support.bad_numbers import BAD_NUMBERS, CLEAR
 from tests.support.cli_runs import clean_env, run_all
 
 SECRET = "s" * 40
-BAD_NUMBERS: list[tuple[str, str]] = [
-    ("nan", "NaN"),
-    ("inf", "Infinity"),
-    ("-inf", "-Infinity"),
-    ("1e400", "1e400"),  # json.loads: inf
-    ("1e308", "1e308"),
-    ("-1e308", "-1e308"),
-    ("10**400", "1" + "0" * 400),
-    ("-10**400", "-1" + "0" * 400),
-    ("2**63", str(2**63)),
-]
-CLEAR = ("finite number", "less than", "greater than", "valid number", "valid integer",
-         "maximum size")  # fmt: skip
-"""What a 422 message for a bad number says (pydantic's words)."""
 VALID = {"id": "cam-1", "url": str(CLIP)}
 
 
