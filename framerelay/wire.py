@@ -34,6 +34,12 @@ from framerelay.errors import ProtocolError
 VERSION = 1
 PREFIX = struct.Struct(">BBI")
 STREAM_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+MAX_SCALE = 64.0
+"""The largest letterbox scale a FRAME carries."""
+MAX_SIDE = 16_384
+"""The largest source side (and padding) a FRAME carries."""
+PTS_LIMIT = 2**62
+"""A FRAME's ``pts`` is in ``[-PTS_LIMIT, PTS_LIMIT)``."""
 CLOSE_PROTOCOL = 1002
 CLOSE_TOO_BIG = 1009
 CLOSE_POLICY = 1008
@@ -152,7 +158,7 @@ class Timing(_Header):
     stream_id: str = Field(pattern=STREAM_ID)
     epoch: int = Field(ge=0, lt=2**63)
     seq: int = Field(ge=0, lt=2**63)
-    pts: int = Field(ge=-(2**62), lt=2**62)
+    pts: int = Field(ge=-PTS_LIMIT, lt=PTS_LIMIT)
     time_base: tuple[int, int]
     captured_at: float = Field(ge=0.0, lt=MAX_CAPTURED_AT)
 
@@ -167,11 +173,11 @@ class Frame(Timing):
 
     TYPE: ClassVar[MsgType] = MsgType.FRAME
     encoding: Literal["jpeg"] = "jpeg"
-    src_w: int = Field(gt=0, le=16384)
-    src_h: int = Field(gt=0, le=16384)
-    scale: float = Field(gt=0.0, le=64.0)
-    pad_x: int = Field(0, ge=0, le=16384)
-    pad_y: int = Field(0, ge=0, le=16384)
+    src_w: int = Field(gt=0, le=MAX_SIDE)
+    src_h: int = Field(gt=0, le=MAX_SIDE)
+    scale: float = Field(gt=0.0, le=MAX_SCALE)
+    pad_x: int = Field(0, ge=0, le=MAX_SIDE)
+    pad_y: int = Field(0, ge=0, le=MAX_SIDE)
 
 
 TimingMs = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]

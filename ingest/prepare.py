@@ -23,13 +23,10 @@ from av.video.reformatter import ColorRange, Interpolation, VideoReformatter
 from numpy.typing import NDArray
 
 from framerelay.geometry import PAD_VALUE, Letterbox
+from framerelay.wire import MAX_SCALE, MAX_SIDE
 
 U8 = NDArray[np.uint8]
 _CHROMA_NEUTRAL = 128
-MAX_SCALE = 64.0
-"""The largest letterbox scale ``framerelay.wire.Frame`` accepts (``scale``)."""
-MAX_SIDE = 16_384
-"""The largest source side ``framerelay.wire.Frame`` accepts (``src_w``, ``src_h``)."""
 
 
 class Unsendable(ValueError):

@@ -58,6 +58,7 @@ from framerelay.timeline import (
     Timeline,
     frame_ticks,
 )
+from framerelay.wire import PTS_LIMIT
 from ingest.handoff import LatestSlot, SlotClosed
 from ingest.prepare import Prepared, Preparer, Unsendable
 from ingest.reconnect import Backoff, SourceRunner
@@ -77,8 +78,6 @@ log = logging.getLogger(__name__)
 LATENCY_WINDOW = 4096
 HISTORY = 32
 NO_PTS_WARN_AFTER = 50
-PTS_LIMIT = 2**62
-"""The wire carries ``-PTS_LIMIT <= pts < PTS_LIMIT``."""
 CORRUPT_TIMESTAMPS = "corrupt_timestamps"
 
 

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from framerelay import wire
 from framerelay.geometry import Letterbox
-from ingest.prepare import MAX_SCALE, MAX_SIDE, Preparer, Unsendable, check_sendable
+from framerelay.wire import MAX_SCALE, MAX_SIDE
+from ingest.prepare import Preparer, Unsendable, check_sendable
 from ingest.settings import StreamConfig
 from ingest.source import SourceSpec
 from ingest.stream import IngestStream, Outgoing, StreamState
