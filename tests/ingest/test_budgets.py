@@ -26,7 +26,7 @@ from framerelay.timeline import EpochBudget, FrameClock, Sampler, Timeline
 from ingest import stream as stream_module
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream, Outgoing, StreamState
-from tests.support.harness import standalone, wait_for
+from tests.support.harness import run_to_end, standalone, wait_for
 from tests.support.media import ffmpeg
 
 TB = Fraction(1, 12_800)
@@ -51,15 +51,6 @@ def flipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = root / "flipped.mp4"
     out.write_bytes(bytes(data))
     yield out
-
-
-def _run(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStream, list[Outgoing]]:
-    async def main() -> tuple[IngestStream, list[Outgoing]]:
-        async with standalone(config) as (stream, got):
-            await wait_for(lambda: stream.finished, timeout_s, f"{config.id} to end")
-        return stream, got
-
-    return asyncio.run(main())
 
 
 def _monotonic_within_epochs(got: list[Outgoing]) -> bool:
@@ -166,10 +157,10 @@ def test_frame_clock_follows_the_typical_step(steps: list[float], expect: float)
 
 
 def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None:
-    unbudgeted, got_u = _run(
+    unbudgeted, got_u = run_to_end(
         StreamConfig(id="flip-free", url=str(flipped), fps=FPS, max_epochs_per_min=3600)
     )
-    stream, got = _run(StreamConfig(id="flip", url=str(flipped), fps=FPS))
+    stream, got = run_to_end(StreamConfig(id="flip", url=str(flipped), fps=FPS))
     decoded = stream.counters["decoded"]
     duration_s = decoded / SOURCE_FPS
     storm = unbudgeted.epoch
@@ -195,7 +186,7 @@ def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None
 
 def test_byte_flipped_mp4_in_real_time_is_capped_by_the_wall_clock(flipped: Path) -> None:
     cfg = StreamConfig(id="flip-rt", url=str(flipped), fps=FPS, realtime=True, max_frames=75)
-    stream, got = _run(cfg)
+    stream, got = run_to_end(cfg)
     times = [o.captured_at for o in got]
     span = max(times) - min(times)
     worst = _max_in_window(times, 1.0)
@@ -208,7 +199,9 @@ def test_byte_flipped_mp4_in_real_time_is_capped_by_the_wall_clock(flipped: Path
 
 
 def test_a_clean_file_is_sampled_at_fps_in_one_epoch(flipped: Path) -> None:
-    stream, got = _run(StreamConfig(id="clean", url=str(flipped.with_name("clean.mp4")), fps=FPS))
+    stream, got = run_to_end(
+        StreamConfig(id="clean", url=str(flipped.with_name("clean.mp4")), fps=FPS)
+    )
     assert stream.epoch == 0 and stream.error is None
     assert len(got) == 50 and stream.counters["corrupt_timestamps"] == 0
 

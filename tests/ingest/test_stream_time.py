@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 from fractions import Fraction
@@ -10,18 +9,9 @@ from fractions import Fraction
 import pytest
 
 from ingest.settings import StreamConfig
-from ingest.stream import IngestStream, Outgoing, StreamState
-from tests.support.harness import standalone, wait_for
+from ingest.stream import StreamState
+from tests.support.harness import run_to_end
 from tests.support.media import WRAP, Media
-
-
-def _run(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStream, list[Outgoing]]:
-    async def main() -> tuple[IngestStream, list[Outgoing]]:
-        async with standalone(config) as (stream, got):
-            await wait_for(lambda: stream.finished, timeout_s, f"{config.id} to end")
-        return stream, got
-
-    return asyncio.run(main())
 
 
 @pytest.mark.parametrize("ffmpeg_unwraps", [True, False], ids=["ffmpeg-corrects", "raw-wrap"])
@@ -32,7 +22,7 @@ def test_mpegts_crosses_2_33_with_continuous_time_and_one_epoch(
     # 33-bit counter wraps and our Timeline must unwrap it.
     options = {} if ffmpeg_unwraps else {"correct_ts_overflow": "0"}
     cfg = StreamConfig(id="wrap", url=str(media.ts_near_wrap(3.0)), fps=0, options=options)
-    stream, got = _run(cfg)
+    stream, got = run_to_end(cfg)
     assert stream.state is StreamState.STOPPED and stream.error is None
     assert len(got) == stream.counters["decoded"] == 250
     assert {o.epoch for o in got} == {0}
@@ -45,7 +35,7 @@ def test_mpegts_crosses_2_33_with_continuous_time_and_one_epoch(
 
 def test_resolution_change_mid_stream_is_letterboxed_per_frame(media: Media) -> None:
     cfg = StreamConfig(id="res", url=str(media.resolution_change_ts()), fps=0)
-    stream, got = _run(cfg)
+    stream, got = run_to_end(cfg)
     sizes = {(o.prepared.letterbox.src_w, o.prepared.letterbox.src_h) for o in got}
     assert sizes == {(320, 240), (640, 480)}
     assert stream.counters["decode_error"] == 0 and stream.counters["encode_error"] == 0
@@ -56,7 +46,7 @@ def test_resolution_change_mid_stream_is_letterboxed_per_frame(media: Media) -> 
 
 def test_looping_file_starts_a_new_epoch_each_pass(media: Media) -> None:
     cfg = StreamConfig(id="loop", url=str(media.short("ts")), fps=5, loop=True, max_frames=600)
-    stream, got = _run(cfg)
+    stream, got = run_to_end(cfg)
     assert stream.counters["decoded"] == 600
     assert next(o.epoch for o in got) == 0 and {o.epoch for o in got} == {0, 1, 2}
     for epoch in (0, 1, 2):
@@ -71,7 +61,7 @@ def test_frames_without_pts_are_dropped_counted_and_explained(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ingest.stream")
     cfg = StreamConfig(id="raw", url=str(media.short("h264")), fps=0)
-    stream, got = _run(cfg)
+    stream, got = run_to_end(cfg)
     assert got == []
     assert stream.counters["no_pts"] == stream.counters["decoded"] == 250
     assert stream.state is StreamState.STOPPED
