@@ -118,7 +118,7 @@ async def serve_ingest(settings: IngestSettings) -> int:
     writer = JsonlWriter(settings.out) if settings.out else None
     if writer is not None:
         service.bus.tap(writer.write)
-    service.bus.resize_history(settings.results.history)
+    service.bus.resize_history(settings.results.history, settings.results.history_s)
     publisher = publisher_from_settings(settings, service.bus.ids, registry)
     if publisher is not None:
         service.bus.observe(publisher.offer)

@@ -2,8 +2,11 @@
 
 ``publish`` gives every result its durable id (``"<ms>-<n>"``, increasing per
 stream: the Redis Stream entry id when Redis is configured), keeps the last
-``history`` results of each stream (for subscribers resuming after a short
-disconnect), calls the taps and offers the result to every subscriber.
+``history`` results of each stream, none older than ``history_s`` (for
+subscribers resuming after a short disconnect), calls the taps and offers the
+result to every subscriber. The age limit makes the history reach its steady
+size within ``history_s`` at any frame rate (1024 results of a 3 fps stream
+would otherwise take 6 minutes to fill, growing the process all along).
 
 The history holds each result as its id and JSON text, not as objects: a
 record with its detections is some 25 objects the garbage collector tracks,
@@ -29,6 +32,7 @@ from framerelay.errors import ProtocolError
 from framerelay.results import ResultRecord
 
 DEFAULT_HISTORY = 1024
+DEFAULT_HISTORY_S = 120.0
 
 IdKey = tuple[int, int]
 
@@ -39,6 +43,10 @@ def parse_id(text: str) -> IdKey:
     if not sep or not ms.isdigit() or not n.isdigit():
         raise ProtocolError(f"malformed result id {text[:40]!r}: expected '<ms>-<n>'")
     return int(ms), int(n)
+
+
+def _age_ms(seconds: float) -> int:
+    return max(0, int(seconds * 1000))
 
 
 def format_id(key: IdKey) -> str:
@@ -164,12 +172,19 @@ class Subscription:
 class ResultBus:
     """Publish results to every interested subscriber; never blocks."""
 
-    def __init__(self, *, history: int = DEFAULT_HISTORY, ids: IdAllocator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        history: int = DEFAULT_HISTORY,
+        history_s: float = DEFAULT_HISTORY_S,
+        ids: IdAllocator | None = None,
+    ) -> None:
         self._subs: list[Subscription] = []
         self._taps: list[Callable[[ResultRecord], None]] = []
         self._observers: list[Callable[[Published], None]] = []
         self._history: dict[str, collections.deque[tuple[IdKey, str]]] = {}
         self._history_len = max(0, history)
+        self._history_ms = _age_ms(history_s)
         self.ids = ids or IdAllocator()
         self.published = 0
         self.dropped = 0
@@ -211,6 +226,8 @@ class ResultBus:
             if ring is None:
                 ring = self._history[record.stream_id] = collections.deque(maxlen=self._history_len)
             ring.append((item.key, item.json()))
+            while self._history_ms and ring[0][0][0] < key[0] - self._history_ms:
+                ring.popleft()
         for func in self._taps:
             func(item.record)
         for obs in self._observers:
@@ -219,8 +236,11 @@ class ResultBus:
             sub.offer(item)
         return item
 
-    def resize_history(self, size: int) -> None:
-        """Keep ``size`` results per stream from now on (0: none)."""
+    def resize_history(self, size: int, max_age_s: float | None = None) -> None:
+        """Keep ``size`` results per stream from now on (0: none), none older than
+        ``max_age_s`` (0: no age limit; None: unchanged)."""
+        if max_age_s is not None:
+            self._history_ms = _age_ms(max_age_s)
         self._history_len = max(0, size)
         self._history = {
             k: collections.deque(v, maxlen=self._history_len) for k, v in self._history.items()

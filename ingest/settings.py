@@ -222,6 +222,13 @@ class ResultsSettings(BaseModel):
     history: int = Field(
         1024, ge=0, le=1_000_000, description="Results per stream kept in memory for resume."
     )
+    history_s: float = Field(
+        120.0,
+        ge=0,
+        le=86_400,
+        description="...and none older than this, in seconds (0: no age limit); "
+        "older results are resumed from Redis when it is configured.",
+    )
     resume_max: int = Field(2000, ge=0, le=100_000, description="Results replayed per resume.")
     redis_prefix: str = Field(
         "framerelay", pattern=r"^[A-Za-z0-9._:-]{1,64}$", description="Redis key prefix."

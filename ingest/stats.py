@@ -39,7 +39,7 @@ class Progress:
         drops = sum(_drops(s) for s in streams)
         fps = (total["results"] - self._last_results) / max(now - self._last_t, 1e-6)
         self._last_t, self._last_results = now, total["results"]
-        lat = [v for s in streams for v in list(s.latency_ms)[-500:]]
+        lat = [v for s in streams for v in s.latency_ms.last(500)]
         return (
             f"[{now - self.started:6.1f}s] decoded {total['decoded']:6d}  sent {total['sent']:6d}  "
             f"results {total['results']:6d}  drops {drops:5d}  {fps:6.1f} fps  "

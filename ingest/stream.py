@@ -73,6 +73,7 @@ from ingest.source import (
     SourceSpec,
     SourceStalled,
 )
+from ingest.window import FloatWindow
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 4096
@@ -138,7 +139,7 @@ class IngestStream:
         """What is wrong now (RECONNECTING, FAILED); cleared when frames flow again."""
         self.last_error: str | None = None
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.latency_ms: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self.latency_ms = FloatWindow(LATENCY_WINDOW)
         self.window = CreditWindow(cap=max_inflight, limit=max_inflight if self.lossless else 1)
         self.credit = asyncio.Event()
         self.credit.set()

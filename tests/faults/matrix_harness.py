@@ -280,6 +280,8 @@ class Rig:
     api_url: str = ""
     subscriber: Subscriber | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10))
+    ingest_env: dict[str, str] = field(default_factory=dict)
+    """Extra ``FRAMERELAY_*`` settings for the ingest process (the soak's experiments)."""
     _token: str = ""
 
     @property
@@ -333,6 +335,7 @@ class Rig:
         env.update(FRAMERELAY_TOKEN_SECRETS=self.secret,
                    FRAMERELAY_INGEST_STORE_PATH=str(self.root / "streams.json"),
                    FRAMERELAY_TIMEOUT_FACTOR=str(TIMEOUT_FACTOR))  # fmt: skip
+        env.update(self.ingest_env)
         first = self.workers[self.worker_ids[0]]
         with (self.root / "ingest.log").open("wb") as log:
             self.ingest = subprocess.Popen(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 
-from ingest.bus import ResultBus, format_id
+from ingest.bus import IdAllocator, ResultBus, format_id
 from tests.results.support import result_record as record
 
 
@@ -40,3 +40,27 @@ def test_a_full_history_adds_nothing_for_the_collector_to_walk() -> None:
     # the deques, their dict, first-use caches: 164 measured; held as records (before),
     # the same history added 155,657 tracked objects (19 per result)
     assert added < 1000, f"{added} tracked objects for {held} held results"
+
+
+def test_history_holds_no_result_older_than_its_age_limit() -> None:
+    """A slow stream's history stops growing after ``history_s``, not after 1024 results."""
+    now = [1_800_000_000.0]
+    bus = ResultBus(history=1024, history_s=60.0, ids=IdAllocator(clock=lambda: now[0]))
+    for _ in range(300):  # 10 minutes of a 0.5 fps stream
+        bus.push(record("cam-1", 0))
+        now[0] += 2.0
+    held = bus.history("cam-1")
+    assert len(held) == 31  # the newest result and the 30 in the 60 s before it
+    assert held[-1].key[0] - held[0].key[0] == 60_000
+
+
+def test_an_age_limit_of_zero_keeps_the_count_limit_only() -> None:
+    now = [1_800_000_000.0]
+    bus = ResultBus(history=8, history_s=0.0, ids=IdAllocator(clock=lambda: now[0]))
+    for _ in range(20):
+        bus.push(record("cam-1", 0))
+        now[0] += 3600.0
+    assert len(bus.history("cam-1")) == 8
+    bus.resize_history(8, max_age_s=1.0)
+    bus.push(record("cam-1", 0))
+    assert len(bus.history("cam-1")) == 1
