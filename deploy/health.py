@@ -39,7 +39,8 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from deploy.tls import describe_http_error
 from framerelay import wire
 from framerelay.errors import FramerelayError
-from framerelay.settings import DEFAULT_CLIP
+from framerelay.letterbox import letterbox_jpeg, read_jpeg_rgb
+from framerelay.settings import SAMPLES
 
 log = logging.getLogger(__name__)
 PERSON = 0
@@ -49,6 +50,8 @@ CANARY_STREAM = "framerelay-canary"
 MAX_CAPACITY_FPS = 1_000_000.0
 """A worker's reported capacity above this (or not finite) counts as unknown (0)."""
 REASON_CHARS = 200
+CANARY_IMAGE = SAMPLES / "mot15" / "TUD-Stadtmitte" / "frame-000001.jpg"
+"""Frame 1 of the TUD-Stadtmitte clip as a still (no video decoding in the orchestrator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,23 +88,17 @@ class Canary:
     """Sends one known frame through the tunnel and checks the detections."""
 
     def __init__(
-        self, clip: Path = DEFAULT_CLIP, *, min_persons: int = 3, timeout_s: float = 10.0
+        self, still: Path = CANARY_IMAGE, *, min_persons: int = 3, timeout_s: float = 10.0
     ) -> None:
-        self.clip = clip
+        self.still = still
         self.min_persons = min_persons
         self.timeout_s = timeout_s
         self._images: dict[tuple[int, int], CanaryImage] = {}
 
     def image(self, w: int, h: int) -> CanaryImage:
-        """Frame 1 of the clip, letterboxed and encoded for a (w, h) model."""
+        """The still, letterboxed and encoded for a (w, h) model."""
         if (w, h) not in self._images:
-            import av
-
-            from ingest.prepare import Preparer
-
-            with av.open(str(self.clip)) as container:
-                frame = next(container.decode(video=0))
-                prepared = Preparer(w, h).prepare(frame)
+            prepared = letterbox_jpeg(read_jpeg_rgb(self.still), w, h)
             lb = prepared.letterbox
             self._images[(w, h)] = CanaryImage(prepared.data, lb.src_w, lb.src_h, lb.scale)
         return self._images[(w, h)]

@@ -11,7 +11,7 @@ COPY gpu_worker ./gpu_worker
 COPY tracker ./tracker
 COPY ingest ./ingest
 COPY deploy ./deploy
-COPY samples/mot15/TUD-Stadtmitte/TUD-Stadtmitte.mp4 ./samples/mot15/TUD-Stadtmitte/
+COPY samples/mot15/TUD-Stadtmitte/frame-000001.jpg ./samples/mot15/TUD-Stadtmitte/
 RUN pip install ".[cpu]" \
     && mkdir -p /var/lib/framerelay/ca /var/lib/framerelay/worker-tls \
     && chown -R 65534:65534 /var/lib/framerelay && chmod 700 /var/lib/framerelay/ca
