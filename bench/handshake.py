@@ -32,7 +32,7 @@ from bench._results import write_results  # noqa: E402
 from bench._trust import make_trust  # noqa: E402
 from framerelay import wire  # noqa: E402
 from framerelay.auth import KeySet, TokenIssuer  # noqa: E402
-from gpu_worker.launcher import LocalWorker  # noqa: E402
+from framerelay.launcher import LocalWorker  # noqa: E402
 
 
 async def handshake(url: str, token: Callable[[], str], ctx: ssl.SSLContext | None) -> float:

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import write_results  # noqa: E402
+from framerelay.launcher import LocalWorker  # noqa: E402
 from framerelay.settings import DEFAULT_MODEL  # noqa: E402
-from gpu_worker.launcher import LocalWorker  # noqa: E402
 from tests.support.overload import Overload, Window, measure  # noqa: E402
 
 

@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 from bench._results import write_results  # noqa: E402
 from bench._trust import make_trust  # noqa: E402
 from framerelay.geometry import PAD_VALUE, Letterbox  # noqa: E402
+from framerelay.launcher import LocalWorker  # noqa: E402
 from framerelay.results import ResultRecord  # noqa: E402
 from framerelay.settings import DEFAULT_CLIP, DEFAULT_MODEL  # noqa: E402
 from gpu_worker.detectors import ModelInput, load_detector, settings_for_model  # noqa: E402
-from gpu_worker.launcher import LocalWorker  # noqa: E402
 from ingest.service import IngestService  # noqa: E402
 from ingest.settings import IngestSettings, StreamConfig  # noqa: E402
 

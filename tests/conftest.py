@@ -28,7 +28,7 @@ def secret() -> str:
 @pytest.fixture(scope="session")
 def local_worker(secret: str) -> Iterator[object]:
     """One real worker process for the session (CPU, the sample model)."""
-    from gpu_worker.launcher import LocalWorker
+    from framerelay.launcher import LocalWorker
 
     worker = LocalWorker(secret, worker_id="test-worker", args=["--model", str(MODEL)])
     worker.start(timeout_s=120 * TIMEOUT_FACTOR)

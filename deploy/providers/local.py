@@ -1,7 +1,7 @@
 """The ``local`` provider: GPU workers as ``framerelay worker`` child processes.
 
 Used by the demo, the tests and the fault suite. A pod is one
-:class:`gpu_worker.launcher.LocalWorker`; it is PROVISIONING while the process
+:class:`framerelay.launcher.LocalWorker`; it is PROVISIONING while the process
 warms up, RUNNING once it announced its URL, EXITED when the process died
 (``kill -9`` in the fault tests). Pod ids are the pod names.
 
@@ -29,7 +29,7 @@ from deploy.models import PodInfo, PodSpec, PodStatus
 from deploy.providers.base import GpuPrice, ProviderError
 from deploy.settings import LocalSettings
 from framerelay.errors import ConfigError
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 
 log = logging.getLogger(__name__)
 LOCAL_GPU = "local-cpu"

@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from framerelay.errors import ConfigError
-    from gpu_worker.launcher import LocalWorker
+    from framerelay.launcher import LocalWorker
 
     if args.streams < 1:
         raise ConfigError("--streams must be at least 1")

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, MODEL, ROOT, TIMEOUT_FACTOR
 from tests.support.auth import mint
 from tests.support.servers import free_port

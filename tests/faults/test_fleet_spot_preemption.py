@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from deploy.models import StreamSpec
 from deploy.providers.runpod import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.faults.fleet_harness import running_fleet, settings_for, wait_for

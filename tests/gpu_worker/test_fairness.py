@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from framerelay import wire
+from framerelay.launcher import LocalWorker
 from gpu_worker.lanes import Lanes
-from gpu_worker.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.gpu_worker.tunnel_rig import (
     JPEG,

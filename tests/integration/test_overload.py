@@ -47,7 +47,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.support.overload import Overload, measure
 

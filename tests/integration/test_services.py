@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
 from tests.support.auth import mint
 

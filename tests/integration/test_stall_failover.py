@@ -25,8 +25,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from framerelay.launcher import LocalWorker
 from framerelay.results import ResultRecord
-from gpu_worker.launcher import LocalWorker
 from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig

@@ -25,7 +25,7 @@ from deploy.health import Canary
 from framerelay.auth import KeySet
 from framerelay.auth.keys import generate
 from framerelay.errors import ConfigError
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import pem_files
 from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR

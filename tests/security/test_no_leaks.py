@@ -37,7 +37,7 @@ from websockets.sync.client import connect
 
 from deploy.ca import PodCA
 from framerelay.auth import KeySet
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.security.evidence import Evidence, Secrets, redis_with_password

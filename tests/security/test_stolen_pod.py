@@ -32,7 +32,7 @@ from websockets.exceptions import InvalidStatus
 
 from framerelay.auth import KeySet
 from framerelay.auth.tokens import AUD_INGEST, AUD_ORCHESTRATOR, AUD_WORKER
-from gpu_worker.launcher import LocalWorker
+from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.security.forge import AUDIENCES, Loot, claims, forge, harvest
 from tests.security.procs import (

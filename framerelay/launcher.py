@@ -1,7 +1,9 @@
 """Start a ``framerelay worker`` as a local child process and wait until ready.
 
 Used by the demo, the tests, the benchmarks and the orchestrator's ``local``
-provider. Secrets travel in the child's environment, never on its command line,
+provider. It runs the worker only as a child process and imports none of it,
+so it lives here, where the orchestrator may use it (``deploy`` imports no
+``gpu_worker``). Secrets travel in the child's environment, never on its command line,
 and the child gets an explicit environment: the few variables of this process
 a Python program needs to run (:data:`INHERITED`) plus what the caller gives,
 never a copy of this process's environment (which may hold signing keys, a

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.launcher import LocalWorker, child_env
+from framerelay.launcher import LocalWorker, child_env
 from tests.conftest import MODEL
 
 pytestmark = pytest.mark.integration
