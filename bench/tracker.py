@@ -41,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from framerelay.commands.eval_tracker import load_detections  # noqa: E402
 from framerelay.detections import Detections  # noqa: E402
 from tracker import create_tracker  # noqa: E402
 from tracker import eval as ev  # noqa: E402
@@ -104,7 +105,7 @@ def accuracy(model: Path, data: Path) -> list[Row]:
     rows: list[Row] = []
     for seq in SEQUENCES:
         video, gt_path = data / seq / f"{seq}.mp4", data / seq / "gt" / "gt.txt"
-        frames = ev.load_detections(video, model, cache_dir=ROOT / ".cache" / "detections")
+        frames = load_detections(video, model, cache_dir=ROOT / ".cache" / "detections")
         gt = ev.load_gt(gt_path)
         for every in EVERY:
             kept = ev.select_frames(frames, every)

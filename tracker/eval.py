@@ -1,38 +1,29 @@
-"""Score a tracker on a real video with MOTChallenge ground truth.
+"""Score a tracker on detections of a real video against MOTChallenge ground truth.
 
-::
+The command line tool is ``framerelay eval-tracker`` (``framerelay.commands.eval_tracker``),
+which runs the real detector: ``tracker`` imports no service, so the detector comes in
+as a function (:data:`DetectFn`). Its output is cached under ``.cache/detections/`` per
+(video, model, confidence), so that tuning runs only replay the tracker.
+:func:`select_frames` with ``every=K`` keeps every K-th frame (frames 1, 1+K, ...),
+emulating a sampler; the time given to the tracker is still the frame's real PTS, and
+only the kept frames are scored.
 
-    python -m tracker.eval --model samples/models/yolox_nano_416.onnx \\
-        --video samples/mot15/TUD-Campus/TUD-Campus.mp4 \\
-        --gt samples/mot15/TUD-Campus/gt/gt.txt [--tracker NAME] [--every K] [--json]
-
-The real detector runs once per (video, model, detector settings); its output is
-cached under ``.cache/detections/`` so that tuning runs only replay the tracker.
-``--every K`` keeps every K-th frame (frames 1, 1+K, ...), emulating a sampler;
-the time given to the tracker is still the frame's real PTS, and only the kept
-frames are scored.
-
-Heavy imports (PyAV, onnxruntime, the detector, motmetrics) happen inside the
-functions that need them, so ``import tracker`` never needs them.
-
-motmetrics 1.4.0 calls ``np.asfarray``, which numpy 2 removed. Pinning numpy < 2
-is not an option (onnxruntime and the rest of the project use numpy 2), so
-:func:`_motmetrics` adds the one missing function (``np.asarray`` with a float
-dtype, which is exactly what ``asfarray`` did) before motmetrics is used, and
-only when numpy lacks it.
+motmetrics is imported inside the function that needs it, so ``import tracker.eval``
+never needs it. motmetrics 1.4.0 calls ``np.asfarray``, which numpy 2 removed. Pinning
+numpy < 2 is not an option (onnxruntime and the rest of the project use numpy 2), so
+:func:`_motmetrics` adds the one missing function (``np.asarray`` with a float dtype,
+which is exactly what ``asfarray`` did) before motmetrics is used, and only when numpy
+lacks it.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
-import json
 import os
-import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from framerelay.detections import Detections
-from tracker.base import Tracker, create_tracker
+from tracker.base import Tracker
 
 CACHE_VERSION = 1
 DEFAULT_CACHE_DIR = Path(".cache") / "detections"
@@ -56,6 +47,10 @@ class Frame:
     index: int
     t: float
     detections: Detections
+
+
+DetectFn = Callable[[Path, Path, float], list[Frame]]
+"""(video, model, confidence threshold) -> every frame's detections, all classes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,27 +99,6 @@ def cache_path(video: Path, model: Path, confidence: float, cache_dir: Path) -> 
     return cache_dir / f"{video.stem}-{digest}.npz"
 
 
-def _run_detector(video: Path, model: Path, confidence: float) -> list[Frame]:
-    import av
-
-    from framerelay.geometry import PAD_VALUE, Letterbox
-    from gpu_worker.detectors import ModelInput, load_detector, settings_for_model
-
-    det = load_detector(settings_for_model(model, confidence_threshold=confidence, max_batch=1))
-    width, height = det.input_size
-    frames: list[Frame] = []
-    with av.open(str(video)) as container:
-        for n, frame in enumerate(container.decode(video=0), start=1):
-            lb = Letterbox.fit(frame.width, frame.height, width, height)
-            small = frame.reformat(lb.new_w, lb.new_h, format="bgr24").to_ndarray()
-            canvas = np.full((height, width, 3), PAD_VALUE, np.uint8)
-            canvas[: lb.new_h, : lb.new_w] = small
-            d = det.infer([ModelInput(canvas, lb)])[0]
-            t = float(frame.time) if frame.time is not None else (n - 1) / 25.0
-            frames.append(Frame(n, t, d))
-    return frames
-
-
 def _save(frames: Sequence[Frame], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     counts = np.array([len(f.detections) for f in frames], np.int64)
@@ -155,15 +129,16 @@ def _load(path: Path) -> list[Frame]:
 def load_detections(
     video: Path,
     model: Path,
+    detect: DetectFn,
     *,
     confidence: float = 0.1,
     cache_dir: Path = DEFAULT_CACHE_DIR,
 ) -> list[Frame]:
-    """Every frame's detections (all classes), from the cache or the real detector."""
+    """Every frame's detections (all classes), from the cache or ``detect``."""
     path = cache_path(video, model, confidence, cache_dir)
     if path.is_file():
         return _load(path)
-    frames = _run_detector(video, model, confidence)
+    frames = detect(video, model, confidence)
     _save(frames, path)
     return frames
 
@@ -271,64 +246,3 @@ def evaluate_frames(
         us_per_update=1e6 * total / max(1, len(frames)),
         us_per_update_median=1e6 * float(np.median(seconds)) if seconds else 0.0,
     )
-
-
-# --------------------------------------------------------------------- CLI
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tracker.eval", description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="detector model (.onnx)")
-    p.add_argument("--video", type=Path, required=True, help="video file")
-    p.add_argument("--gt", type=Path, required=True, help="MOTChallenge gt.txt")
-    p.add_argument("--tracker", default="default", help="registered tracker name")
-    p.add_argument("--every", type=int, default=1, help="keep every K-th frame")
-    p.add_argument("--confidence", type=float, default=0.1, help="detector threshold")
-    p.add_argument(
-        "--class-id", type=int, default=PERSON, help="class to track (-1: all); 0 = person"
-    )
-    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=JSON", help="tracker setting override"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
-
-
-def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set wants KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    for path in (args.model, args.video, args.gt):
-        if not path.is_file():
-            print(f"error: file not found: {path}", file=sys.stderr)
-            return 2
-    frames = load_detections(
-        args.video, args.model, confidence=args.confidence, cache_dir=args.cache_dir
-    )
-    cls = None if args.class_id < 0 else args.class_id
-    kept = select_frames(frames, args.every, cls)
-    trk = create_tracker(args.tracker, **_overrides(args.set))
-    result = evaluate_frames(trk, kept, args.gt, every=args.every, name=args.tracker)
-    if args.json:
-        print(json.dumps(asdict(result)))
-    else:
-        for key, value in asdict(result).items():
-            text = f"{value:.4f}" if isinstance(value, float) else str(value)
-            print(f"{key:>16}: {text}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

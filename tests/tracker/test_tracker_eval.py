@@ -1,4 +1,5 @@
-"""The evaluation tool: frame selection, ground truth, scoring and the CLI."""
+"""The evaluation tool: frame selection, ground truth, scoring, the cache and the
+``framerelay eval-tracker`` command."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from framerelay.cli import main as cli
 from framerelay.detections import Detections
 from tracker import eval as ev
 
@@ -89,27 +91,54 @@ def test_score(tmp_path: Path, ids2: list[int], mota: float, switches: int) -> N
 def test_cli_on_a_real_sequence(capsys: pytest.CaptureFixture[str]) -> None:
     """Runs the real detector once (then the cache) and the default tracker."""
     argv = [
+        "eval-tracker",
         "--model", str(MODEL),
         "--video", str(CAMPUS / "TUD-Campus.mp4"),
         "--gt", str(CAMPUS / "gt/gt.txt"),
         "--cache-dir", str(CACHE),
         "--json",
     ]  # fmt: skip
-    assert ev.main(argv) == 0
+    assert cli(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["tracker"] == "default" and result["frames"] == 71
     # regression floor: roboflow's best on the same detections (0.624 / 0.715);
     # the default measured 0.674 / 0.772 (README)
     assert result["mota"] >= 0.624 and result["idf1"] >= 0.715
     assert result["us_per_update"] > 0
-    assert ev.main([*argv, "--every", "5", "--tracker", "bytetrack"]) == 0
+    assert cli([*argv, "--every", "5", "--tracker", "bytetrack"]) == 0
     assert json.loads(capsys.readouterr().out)["frames"] == 15
 
 
-def test_cli_reports_missing_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    missing = str(tmp_path / "nope.mp4")
-    assert ev.main(["--model", str(MODEL), "--video", missing, "--gt", missing]) == 2
-    assert "not found" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [([], "file not found"), (["--set", "no-equals-sign"], "KEY=VALUE")],
+)
+def test_cli_reports_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], message: str
+) -> None:
+    video = str(CAMPUS / "TUD-Campus.mp4") if extra else str(tmp_path / "nope.mp4")
+    argv = ["eval-tracker", "--model", str(MODEL), "--video", video]
+    argv += ["--gt", str(CAMPUS / "gt/gt.txt"), "--cache-dir", str(CACHE), *extra]
+    assert cli(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cache_replays_without_the_detector(tmp_path: Path) -> None:
+    """The first call runs ``detect`` and saves; the second reads the cache only."""
+    calls: list[tuple[Path, Path, float]] = []
+
+    def detect(video: Path, model: Path, confidence: float) -> list[ev.Frame]:
+        calls.append((video, model, confidence))
+        return _frames(5)
+
+    video = CAMPUS / "TUD-Campus.mp4"
+    first = ev.load_detections(video, MODEL, detect, confidence=0.3, cache_dir=tmp_path)
+    again = ev.load_detections(video, MODEL, detect, confidence=0.3, cache_dir=tmp_path)
+    assert calls == [(video, MODEL, 0.3)]
+    assert [(f.index, f.t) for f in again] == [(f.index, f.t) for f in first]
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a.detections.xyxy, b.detections.xyxy)
+        np.testing.assert_array_equal(a.detections.class_id, b.detections.class_id)
 
 
 def test_cache_key_depends_on_threshold(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from framerelay.commands.eval_tracker import load_detections
 from framerelay.detections import Detections
 from framerelay.errors import ConfigError
 from tracker import SnapshotError, create_tracker, restore_tracker
@@ -93,7 +94,7 @@ def test_restore_in_fresh_process_on_real_sequences(tmp_path: Path) -> None:
     want: dict[str, np.ndarray] = {}
     for seq in SEQUENCES:
         video = ROOT / "samples/mot15" / seq / f"{seq}.mp4"
-        frames = ev.load_detections(video, MODEL, cache_dir=ROOT / ".cache/detections")
+        frames = load_detections(video, MODEL, cache_dir=ROOT / ".cache/detections")
         for every in (1, 5):
             for name in ("default", "bytetrack", "ocsort"):
                 kept = ev.select_frames(frames, every)
