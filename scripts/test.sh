@@ -14,6 +14,8 @@ ruff check .
 ruff format --check .
 echo "== mypy --strict" >&2
 mypy
+echo "== lint-imports (layering, pyproject.toml [tool.importlinter])" >&2
+lint-imports
 echo "== pytest" >&2
 if [ "${CI:-}" = "true" ]; then
   export FRAMERELAY_TIMEOUT_FACTOR=${FRAMERELAY_TIMEOUT_FACTOR:-2}

@@ -1,0 +1,1 @@
+"""Providers that start, list and stop GPU workers: local processes, RunPod, Kubernetes."""
