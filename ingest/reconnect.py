@@ -3,7 +3,8 @@
 :class:`SourceRunner` runs in the stream's decode thread. It opens a session
 (:meth:`ingest.source.AVSource.session`); when one fails on a network source
 (refused, stalled, lost, live end-of-file) it waits a capped exponential
-backoff with jitter and opens another, for ever by default (``max_retries``).
+backoff with jitter (:class:`framerelay.backoff.Backoff`) and opens another, for
+ever by default (``max_retries``).
 The backoff goes back to its first delay only after a session stayed healthy
 (decoding) for ``healthy_after_s``, so a camera that accepts connections and
 drops them at once is not hammered. A local file that fails is not retried,
@@ -23,40 +24,11 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
+from framerelay.backoff import Backoff as Backoff  # re-exported for older importers
 from framerelay.errors import SourceError
 from ingest.source import AVSource, Decoded, Opened, SourceAuthFailed, SourceRefused
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Capped exponential backoff with +/- ``jitter`` (a fraction of the delay)."""
-
-    initial_s: float = 0.5
-    max_s: float = 10.0
-    factor: float = 2.0
-    jitter: float = 0.2
-    attempt: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_s <= self.max_s:
-            raise ValueError(f"need 0 < initial_s <= max_s, got {self.initial_s}, {self.max_s}")
-        if not 0 <= self.jitter < 1:
-            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
-
-    def peek(self) -> float:
-        """The delay (before jitter) the next failure will wait."""
-        return min(self.max_s, self.initial_s * self.factor ** min(self.attempt, 64))
-
-    def next_delay(self, rng: random.Random) -> float:
-        delay = self.peek() * rng.uniform(1 - self.jitter, 1 + self.jitter)
-        self.attempt += 1
-        return min(delay, self.max_s)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 def detached(exc: SourceError) -> SourceError:

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from framerelay.backoff import Backoff
 from framerelay.credits import CreditWindow
 from framerelay.errors import FramerelayError, SourceError
 from framerelay.timeline import (
@@ -61,7 +62,7 @@ from framerelay.timeline import (
 from framerelay.wire import PTS_LIMIT
 from ingest.handoff import LatestSlot, SlotClosed
 from ingest.prepare import Prepared, Preparer, Unsendable
-from ingest.reconnect import Backoff, SourceRunner
+from ingest.reconnect import SourceRunner
 from ingest.settings import StreamConfig
 from ingest.source import (
     AVSource,

@@ -1,8 +1,7 @@
-"""Backoff and the reconnect loop, with a scripted source (no I/O)."""
+"""The reconnect loop, with a scripted source (no I/O); Backoff itself: tests/framerelay."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -11,30 +10,12 @@ from fractions import Fraction
 
 import pytest
 
+from framerelay.backoff import Backoff
 from framerelay.errors import SourceError
-from ingest.reconnect import Backoff, SourceRunner
+from ingest.reconnect import SourceRunner
 from ingest.source import Decoded, Opened, SourceLost, SourceSpec, SourceUnavailable
 
 OPENED = Opened(Fraction(1, 90_000), None, 25.0, "h264", "rtsp")
-
-
-@pytest.mark.parametrize("jitter", [0.0, 0.2])
-def test_backoff_doubles_up_to_the_cap_with_bounded_jitter(jitter: float) -> None:
-    b = Backoff(initial_s=0.5, max_s=10.0, jitter=jitter)
-    rng = random.Random(7)
-    delays = [b.next_delay(rng) for _ in range(8)]
-    for n, d in enumerate(delays):
-        base = min(10.0, 0.5 * 2**n)
-        assert base * (1 - jitter) <= d <= min(10.0, base * (1 + jitter))
-    assert delays[-1] <= 10.0
-    b.reset()
-    assert b.peek() == 0.5
-
-
-@pytest.mark.parametrize(("initial", "cap", "jitter"), [(0, 1, 0.1), (2, 1, 0.1), (1, 2, 1.0)])
-def test_backoff_rejects_nonsense(initial: float, cap: float, jitter: float) -> None:
-    with pytest.raises(ValueError, match=r"must|need"):
-        Backoff(initial, cap, jitter=jitter)
 
 
 @dataclass
