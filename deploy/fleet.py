@@ -40,6 +40,7 @@ from deploy.scaling import tier_targets
 from deploy.schedule import in_window
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.store import Store
+from framerelay.backoff import Backoff
 
 log = logging.getLogger(__name__)
 EVENTS = 500
@@ -335,8 +336,9 @@ class Fleet:
         )  # fmt: skip
 
     def _backoff(self, failures: int) -> float:
+        """The wait after ``failures`` failed creates in a row (no jitter: ticks are coarse)."""
         base, most = self.settings.create_backoff_s, self.settings.create_backoff_max_s
-        return float(min(most, base * 2 ** min(failures - 1, 30)))
+        return Backoff(min(base, most), most, jitter=0.0).delay(failures - 1)
 
     async def _create(self, pods: dict[str, PodRecord], rec: PodRecord) -> None:
         now = self.clock.now()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ import httpx
 from deploy.models import PodInfo, PodSpec, PodStatus, tls_server_name
 from deploy.providers.base import GpuPrice, NoCapacityError, ProviderError
 from deploy.settings import RunPodSettings
+from framerelay.backoff import Backoff
 from framerelay.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,8 @@ class RunPodProvider:
     async def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> httpx.Response:
-        delay = self.settings.backoff_s
+        first = min(self.settings.backoff_s, _MAX_RETRY_AFTER_S)
+        backoff = Backoff(first, _MAX_RETRY_AFTER_S, jitter=0.2)
         for attempt in range(self.settings.max_retries + 1):
             try:
                 return await self._once(method, path, body)
@@ -97,12 +98,12 @@ class RunPodProvider:
                     raise ProviderError(
                         f"RunPod {method} {path} failed after {attempt + 1} attempts: {exc}"
                     ) from None
-                wait = exc.retry_after if exc.retry_after is not None else delay
-                wait = min(wait, _MAX_RETRY_AFTER_S) * random.uniform(0.8, 1.2)  # noqa: S311
+                wait = backoff.next_delay()
+                if exc.retry_after is not None:  # the server's word, capped, with our jitter
+                    wait = backoff.jittered(min(exc.retry_after, _MAX_RETRY_AFTER_S))
                 log.warning("RunPod %s %s: %s; retry in %.2f s", method, path, exc, wait)
                 self.retries += 1
                 await asyncio.sleep(wait)
-                delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
