@@ -13,7 +13,6 @@ for the caller to drop and count, never to reach the sender.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import av
@@ -48,7 +47,6 @@ class Prepared:
 
     data: bytes
     letterbox: Letterbox
-    encode_ms: float
 
 
 def plane_array(plane: av.video.plane.VideoPlane, width: int, height: int) -> U8:
@@ -86,7 +84,6 @@ class Preparer:
 
     def prepare(self, frame: av.VideoFrame) -> Prepared:
         """Letterbox ``frame`` into the model input and encode it as JPEG."""
-        t0 = time.perf_counter()
         lb = Letterbox.fit(frame.width, frame.height, self.input_w, self.input_h)
         check_sendable(lb)
         small = self._scaler.reformat(
@@ -103,4 +100,4 @@ class Preparer:
         u[:ch, :cw] = plane_array(small.planes[1], cw, ch)
         v[:ch, :cw] = plane_array(small.planes[2], cw, ch)
         data = simplejpeg.encode_jpeg_yuv_planes(y, u, v, quality=self.quality)
-        return Prepared(data, lb, (time.perf_counter() - t0) * 1000)
+        return Prepared(data, lb)
