@@ -17,6 +17,11 @@ from gpu_worker.faults import parse_fault
 
 PREFIX = "FRAMERELAY_WORKER_"
 RENAMED = {"FRAMERELAY_WORKER_FAULT": "FRAMERELAY_WORKER_TEST_FAULT (test only, with _TEST_HOOKS)"}
+RETIRED = {
+    "FRAMERELAY_WORKER_TRACKER": "each stream names its tracker (the ingest's stream setting "
+    "'tracker', sent in OPEN); the worker never used a default of its own",
+}
+"""Settings that are gone, with what replaces them (warned about, never an error)."""
 
 DetectorField = Annotated[
     OnnxDetectorSettings | UltralyticsDetectorSettings, Field(discriminator="type")
@@ -57,7 +62,6 @@ class WorkerSettings(ServiceSettings):
     detector: DetectorField = Field(
         default_factory=lambda: OnnxDetectorSettings(model=DEFAULT_MODEL)
     )
-    tracker: str = Field("default", description="Tracker used when OPEN names none.")
     max_batch: int = Field(
         0,
         ge=0,
@@ -159,3 +163,18 @@ def unknown_env(environ: Mapping[str, str]) -> list[str]:
         return var in names or names.get(base, False) or var.split("__")[0] in names
 
     return sorted(v for v in environ if v.upper().startswith(PREFIX) and not known(v.upper()))
+
+
+def env_warnings(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ignored ``FRAMERELAY_WORKER_*`` name, saying what replaced it if
+    it was renamed or retired (names only, never values)."""
+    out = []
+    for name in unknown_env(environ):
+        key = name.upper()
+        if key in RENAMED:
+            out.append(f"ignoring {name}: not a worker setting; it is now {RENAMED[key]}")
+        elif key in RETIRED:
+            out.append(f"ignoring {name}: retired, it has no effect: {RETIRED[key]}")
+        else:
+            out.append(f"ignoring {name}: not a worker setting")
+    return out

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--threads", type=int, help="CPU inference threads (0 = ONNX Runtime default)")
     p.add_argument("--max-batch", type=int, help="frames per inference batch (0 = auto)")
     p.add_argument("--confidence", type=float, help="detector confidence threshold")
-    p.add_argument("--tracker", help="default tracker for streams that name none")
+    p.add_argument("--tracker", help=argparse.SUPPRESS)  # retired: warned about, no effect
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (enables wss://)")
     p.add_argument("--tls-key", type=Path, help="PEM private key")
     p.add_argument(
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-_TOP = ("host", "port", "worker_id", "tracker", "tls_cert", "tls_key", "tls_client_ca", "max_batch")
+_TOP = ("host", "port", "worker_id", "tls_cert", "tls_key", "tls_client_ca", "max_batch")
 _DETECTOR = {
     "providers": "providers",
     "threads": "threads",
@@ -87,16 +88,21 @@ def build_settings(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     settings = build_settings(args)
-    _warn_unknown_env()
+    for warning in startup_warnings(args, os.environ):
+        log.warning("%s", warning)
     return asyncio.run(_serve(settings, args.announce))
 
 
-def _warn_unknown_env() -> None:
-    from gpu_worker.settings import RENAMED, unknown_env
+def startup_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Ignored environment names and retired options (names only, never values)."""
+    from gpu_worker.settings import RETIRED, env_warnings
 
-    for name in unknown_env(os.environ):
-        hint = f"; it is now {RENAMED[name]}" if name in RENAMED else ""
-        log.warning("ignoring %s: not a worker setting%s", name, hint)
+    out = env_warnings(environ)
+    if args.tracker is not None:
+        out.append(
+            f"ignoring --tracker: retired, it has no effect: {RETIRED['FRAMERELAY_WORKER_TRACKER']}"
+        )
+    return out
 
 
 async def _serve(settings: Any, announce: bool) -> int:
