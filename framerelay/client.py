@@ -19,6 +19,10 @@ Align results with the frames you decode yourself, by ``(stream, epoch, pts)``::
     aligner.add(result)                                   # as results arrive
     hit = aligner.match("cam-1", frame_epoch, frame.pts, frame.time_base)
 
+Messages are read tolerantly: fields this client does not know (a newer hub
+adds optional ones within a version) are ignored, and a message of a type it
+does not know is skipped and counted (``SubscribeState.skipped``).
+
 Only ``websockets`` and ``pydantic`` are needed (no PyAV, FastAPI or Redis).
 """
 
@@ -29,24 +33,25 @@ import bisect
 import logging
 import random
 import ssl as _ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from framerelay.errors import AuthError, ConfigError, ProtocolError
-from framerelay.results import ResultRecord
+from framerelay.results import ResultId, ResultRecord
 from framerelay.schemas import (
-    SERVER_MESSAGE,
     CloseCode,
     ErrorMessage,
     NoticeMessage,
     ResultMessage,
     SubscribedMessage,
+    read_server_message,
 )
 
 log = logging.getLogger(__name__)
@@ -57,18 +62,18 @@ _CERT_ALERTS = ("CERTIFICATE_REQUIRED", "UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIF
 """TLS alerts by which a server refuses our client certificate (mTLS)."""
 
 
-def _key(result_id: str) -> tuple[int, int]:
-    ms, _, n = result_id.partition("-")
-    return int(ms), int(n or 0)
+ServerMessage = SubscribedMessage | ResultMessage | NoticeMessage | ErrorMessage
 
 
 @dataclass
 class SubscribeState:
-    """What a subscription has seen: the last durable id per stream, counters."""
+    """What a subscription has seen: the last durable id per stream, counters
+    (``skipped``: messages of a type this client does not know)."""
 
-    last_id: dict[str, str] = field(default_factory=dict)
+    last_id: dict[str, ResultId] = field(default_factory=dict)
     connects: int = 0
     dropped: int = 0
+    skipped: int = 0
     notices: list[NoticeMessage] = field(default_factory=list)
     last_error: ErrorMessage | None = None
 
@@ -79,7 +84,7 @@ def results_url(
     *,
     classes: Sequence[str] | None = None,
     min_confidence: float = 0.0,
-    resume: dict[str, str] | None = None,
+    resume: Mapping[str, str | ResultId] | None = None,
 ) -> str:
     """``url`` with the subscription as query parameters."""
     params: list[tuple[str, str]] = [("stream", s) for s in streams]
@@ -155,7 +160,7 @@ async def subscribe(
     token: Token = None,
     classes: Sequence[str] | None = None,
     min_confidence: float = 0.0,
-    resume: dict[str, str] | None = None,
+    resume: Mapping[str, str | ResultId] | None = None,
     state: SubscribeState | None = None,
     reconnect_max_s: float = 10.0,
     open_timeout_s: float = 10.0,
@@ -178,7 +183,7 @@ async def subscribe(
     ctx = tls_context(url, ssl=ssl, ca_file=ca_file, client_cert=client_cert,
                       client_key=client_key)  # fmt: skip
     st = state if state is not None else SubscribeState()
-    st.last_id.update(resume or {})
+    st.last_id.update(_resume_points(resume))
     delay = 0.25
     while True:
         query = results_url(url, streams, classes=classes, min_confidence=min_confidence,
@@ -217,6 +222,17 @@ def _failed(exc: Exception, token: Token, url: str, *, mtls_hint: bool) -> int |
     return None
 
 
+def _resume_points(resume: Mapping[str, str | ResultId] | None) -> dict[str, ResultId]:
+    """``resume`` as ids; ConfigError naming a malformed one."""
+    out = {}
+    for stream, rid in (resume or {}).items():
+        try:
+            out[stream] = rid if isinstance(rid, ResultId) else ResultId.parse(rid)
+        except ValueError as exc:
+            raise ConfigError(f"resume[{stream!r}]: {exc}") from None
+    return out
+
+
 def _token(token: Token) -> str:
     return token() if callable(token) else str(token)
 
@@ -239,16 +255,33 @@ def _refused(exc: InvalidStatus, token: Token) -> int | None:
     return None
 
 
+def _read(raw: str | bytes, st: SubscribeState) -> ServerMessage | None:
+    """The hub's message (unknown fields ignored); None for a message type this client
+    does not know (skipped, counted); ProtocolError for anything else unreadable."""
+    try:
+        return read_server_message(raw)
+    except ValidationError as exc:
+        if any(e["type"] == "union_tag_invalid" for e in exc.errors()):
+            st.skipped += 1
+            log.debug("skipped a results message of an unknown type: %.80r", raw)
+            return None
+        problem = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                            for e in exc.errors()[:3])  # fmt: skip
+        raise ProtocolError(f"the results hub sent a message this client cannot read: "
+                            f"{problem}") from None  # fmt: skip
+
+
 async def _results(ws: ClientConnection, st: SubscribeState) -> AsyncIterator[ResultMessage]:
-    first = SERVER_MESSAGE.validate_json(await ws.recv())
+    first = _read(await ws.recv(), st)
     if not isinstance(first, SubscribedMessage):
-        raise ProtocolError(f"expected a 'subscribed' message first, got {first.type!r}")
+        got = "an unknown type" if first is None else repr(first.type)
+        raise ProtocolError(f"expected a 'subscribed' message first, got {got}")
     async for raw in ws:
-        msg = SERVER_MESSAGE.validate_json(raw)
+        msg = _read(raw, st)
         if isinstance(msg, ResultMessage):
             last = st.last_id.get(msg.stream_id)
             if msg.id is not None:
-                if last is not None and _key(msg.id) <= _key(last):
+                if last is not None and msg.id <= last:
                     continue  # already yielded before a reconnect
                 st.last_id[msg.stream_id] = msg.id
             st.dropped = max(st.dropped, msg.dropped)

@@ -7,6 +7,11 @@ sidecars hold :class:`SidecarLine` values. ``docs/schemas/`` holds JSON Schema
 and AsyncAPI documents generated from these models; regenerate them with
 ``python -m framerelay.schemas --write`` (``--check`` is what the drift test
 runs). Every message carries ``v``; within a version, changes are additive.
+
+Readers ignore what they do not know: the messages the hub sends and the
+sidecar lines are ``extra="ignore"``, and :func:`read_server_message` also
+ignores unknown fields inside the echoed subscription. What users send
+(:class:`Subscription`) stays strict (``extra="forbid"``).
 """
 
 from __future__ import annotations
@@ -15,19 +20,20 @@ import argparse
 import enum
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
-from framerelay.results import SCHEMA_VERSION, ResultRecord
+from framerelay.results import ID_PATTERN, SCHEMA_VERSION, ResultId, ResultRecord
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-DURABLE_ID_PATTERN = r"^[0-9]+-[0-9]+$"
+DURABLE_ID_PATTERN = ID_PATTERN
 RESUME_PATTERN = r"^.+@[0-9]+-[0-9]+$"
 StreamId = Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
-DurableId = Annotated[str, StringConstraints(pattern=DURABLE_ID_PATTERN)]
+_READER = ConfigDict(extra="ignore", frozen=True)
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "docs" / "schemas"
 
 
@@ -79,7 +85,7 @@ class Subscription(BaseModel):
     min_confidence: float = Field(
         0.0, ge=0.0, le=1.0, description="Only detections at or above this confidence."
     )
-    resume: dict[StreamId, DurableId] = Field(
+    resume: dict[StreamId, ResultId] = Field(
         default_factory=dict,
         description="Per stream, the last durable id seen (query: resume=<stream>@<id>): "
         "results after it are replayed before live ones.",
@@ -89,7 +95,7 @@ class Subscription(BaseModel):
 class SubscribedMessage(BaseModel):
     """First message after the handshake: the subscription as the hub applies it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _READER
 
     type: Literal["subscribed"] = "subscribed"
     v: int = SCHEMA_VERSION
@@ -115,11 +121,46 @@ class ResultMessage(ResultRecord):
         0, ge=0, description="Results dropped for this subscriber so far (its queue was full)."
     )
 
+    @classmethod
+    def of(cls, record: ResultRecord, dropped: int = 0) -> ResultMessage:
+        """``record`` as a message (no re-validation: ``record`` is valid already)."""
+        if dropped < 0:
+            raise ValueError(f"dropped must be >= 0, got {dropped}")
+        fields = {name: getattr(record, name) for name in ResultRecord.model_fields}
+        return cls.model_construct(
+            record.model_fields_set | {"type", "dropped"}, **fields, type="result", dropped=dropped
+        )
+
+
+_DROPPED_TAIL = '"dropped":0}'
+
+
+@dataclass(frozen=True, slots=True)
+class SharedResultMessage:
+    """A :class:`ResultMessage` encoded once for every subscriber: they differ only in
+    ``dropped``, the last field, so each one's text is the shared head plus its count.
+    ``text(n)`` is exactly ``ResultMessage.of(record, n).model_dump_json()``."""
+
+    message: ResultMessage
+    head: str | None
+
+    @classmethod
+    def of(cls, record: ResultRecord) -> SharedResultMessage:
+        message = ResultMessage.of(record)
+        text = message.model_dump_json()
+        head = text[: -len("0}")] if text.endswith(_DROPPED_TAIL) else None
+        return cls(message, head)
+
+    def text(self, dropped: int) -> str:
+        if self.head is not None and dropped >= 0:
+            return f"{self.head}{dropped}}}"
+        return ResultMessage.of(self.message, dropped).model_dump_json()
+
 
 class NoticeMessage(BaseModel):
     """Something the subscriber should know that is not a result."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _READER
 
     type: Literal["notice"] = "notice"
     v: int = SCHEMA_VERSION
@@ -135,7 +176,7 @@ class NoticeMessage(BaseModel):
 class ErrorMessage(BaseModel):
     """Why a connection is refused (HTTP body) or about to close (last message)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _READER
 
     type: Literal["error"] = "error"
     v: int = SCHEMA_VERSION
@@ -154,13 +195,21 @@ SERVER_MESSAGE: TypeAdapter[SubscribedMessage | ResultMessage | NoticeMessage | 
 )
 
 
+def read_server_message(
+    raw: str | bytes,
+) -> SubscribedMessage | ResultMessage | NoticeMessage | ErrorMessage:
+    """A message from the hub, ignoring fields this reader does not know (a newer hub may
+    send more within a version). ValidationError when it is not one of ours."""
+    return SERVER_MESSAGE.validate_json(raw, extra="ignore")
+
+
 class SidecarLine(BaseModel):
     """One line of a recording sidecar: a result placed on a segment's own timeline."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _READER
 
     v: int = SCHEMA_VERSION
-    id: DurableId = Field(description="The result's durable id (unique across sidecars).")
+    id: ResultId = Field(description="The result's durable id (unique across sidecars).")
     segment: str | None = Field(description="Segment file name, or None in a gap file.")
     pts: int | None = Field(description="PTS of the matching frame in the segment file.")
     time_base: tuple[int, int] | None = Field(description="Time base of `pts`.")
@@ -315,6 +364,10 @@ def breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 problems.append(f"{name}.{prop} changed type")
         added_required = set(new_defs[name].get("required", [])) - set(schema.get("required", []))
         problems += [f"{name}.{p} became required" for p in sorted(added_required)]
+        if schema.get("additionalProperties") is not False and (
+            new_defs[name].get("additionalProperties") is False
+        ):
+            problems.append(f"{name} now refuses unknown fields (its readers must ignore them)")
     return problems
 
 

@@ -121,6 +121,7 @@ async def serve_ingest(settings: IngestSettings) -> int:
     service.bus.resize_history(settings.results.history, settings.results.history_s)
     publisher = publisher_from_settings(settings, service.bus.ids, registry)
     if publisher is not None:
+        await publisher.prime()  # result ids continue above what Redis holds
         service.bus.observe(publisher.offer)
     durable = publisher.read_after if publisher else None
     hub = build_hub(service.bus, settings, registry, durable, guard=guard)

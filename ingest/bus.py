@@ -1,18 +1,22 @@
 """In-process result bus: ids, a short history, and fan-out with bounded queues.
 
-``publish`` gives every result its durable id (``"<ms>-<n>"``, increasing per
-stream: the Redis Stream entry id when Redis is configured), keeps the last
+``publish`` settles every result's durable id (a :class:`ResultId`, increasing per
+stream) once, before any fan-out: the record every tap, observer (Redis, under
+that very entry id) and subscriber gets already carries it, and nothing
+renames it later (see :mod:`ingest.redis_bus` for what happens when Redis
+refuses an id). It keeps the last
 ``history`` results of each stream, none older than ``history_s`` (for
 subscribers resuming after a short disconnect), calls the taps and offers the
 result to every subscriber. The age limit makes the history reach its steady
 size within ``history_s`` at any frame rate (1024 results of a 3 fps stream
 would otherwise take 6 minutes to fill, growing the process all along).
 
-The history holds each result as its id and JSON text, not as objects: a
+The history holds each result as ``(ms, seq, JSON text)``, not as objects: a
 record with its detections is some 25 objects the garbage collector tracks,
 so 8 streams x 1024 results made every full collection walk ~200k objects
 with the event loop stopped (100-300 ms here, every stream's frames waiting).
-Strings and tuples of them are not tracked. A resume parses what it replays.
+Strings, ints and plain tuples of them are not tracked (a ``ResultId`` would
+be). A resume parses what it replays.
 
 Each subscriber has its own queue (``maxsize``); when it is full the *oldest*
 result is dropped and counted on that subscriber, so one slow consumer never
@@ -28,50 +32,43 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from framerelay.errors import ProtocolError
-from framerelay.results import ResultRecord
+from framerelay.results import ResultId, ResultRecord
+from framerelay.schemas import SharedResultMessage
 
 DEFAULT_HISTORY = 1024
 DEFAULT_HISTORY_S = 120.0
 
-IdKey = tuple[int, int]
-
-
-def parse_id(text: str) -> IdKey:
-    """``"<ms>-<n>"`` -> ``(ms, n)``, comparable in order."""
-    ms, sep, n = text.partition("-")
-    if not sep or not ms.isdigit() or not n.isdigit():
-        raise ProtocolError(f"malformed result id {text[:40]!r}: expected '<ms>-<n>'")
-    return int(ms), int(n)
+_Held = tuple[int, int, str]
+"""A history entry: the id's ``ms`` and ``seq`` and the record's JSON (GC-untracked)."""
 
 
 def _age_ms(seconds: float) -> int:
     return max(0, int(seconds * 1000))
 
 
-def format_id(key: IdKey) -> str:
-    return f"{key[0]}-{key[1]}"
-
-
 class IdAllocator:
-    """Increasing ``(ms, n)`` ids per stream from the wall clock (never going back)."""
+    """Increasing ids per stream from the wall clock (never going back): the one place
+    result ids are made."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._last: dict[str, IdKey] = {}
+        self._last: dict[str, ResultId] = {}
 
-    def next(self, stream_id: str) -> IdKey:
+    def next(self, stream_id: str) -> ResultId:
         ms = int(self._clock() * 1000)
         last = self._last.get(stream_id)
-        key = (ms, 0) if last is None or ms > last[0] else (last[0], last[1] + 1)
-        self._last[stream_id] = key
-        return key
+        rid = ResultId(ms) if last is None or ms > last.ms else last.successor()
+        self._last[stream_id] = rid
+        return rid
 
-    def floor(self, stream_id: str, key: IdKey) -> None:
-        """Make the next id of ``stream_id`` greater than ``key`` (Redis holds newer)."""
+    def floor(self, stream_id: str, rid: ResultId) -> None:
+        """Make every later id of ``stream_id`` greater than ``rid`` (Redis holds newer)."""
         last = self._last.get(stream_id)
-        if last is None or key > last:
-            self._last[stream_id] = key
+        if last is None or rid > last:
+            self._last[stream_id] = rid
+
+    def last(self, stream_id: str) -> ResultId | None:
+        return self._last.get(stream_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +83,8 @@ class DetectionFilter:
         return self.classes is None and self.min_confidence <= 0.0
 
     def apply(self, record: ResultRecord) -> ResultRecord:
+        if self.passthrough:
+            return record
         kept = [
             d
             for d in record.detections
@@ -99,16 +98,20 @@ class DetectionFilter:
 
 @dataclass(slots=True, eq=False)
 class Published:
-    """A result with its id and its JSON encodings, made once and shared."""
+    """A result with its settled id and its encodings, each made once and shared."""
 
     record: ResultRecord
-    key: IdKey
+    id: ResultId
     _json: str | None = None
-    _bodies: dict[DetectionFilter, str] = field(default_factory=dict)
+    _messages: dict[DetectionFilter, SharedResultMessage] = field(default_factory=dict)
 
-    @property
-    def id(self) -> str:
-        return format_id(self.key)
+    @classmethod
+    def settled(cls, record: ResultRecord, rid: ResultId, text: str | None = None) -> Published:
+        """``record`` under ``rid`` (``text``: its JSON, when at hand)."""
+        if record.id != rid:
+            record = record.model_copy(update={"id": rid})
+            text = None
+        return cls(record, rid, text)
 
     @property
     def stream_id(self) -> str:
@@ -121,13 +124,13 @@ class Published:
         return self._json
 
     def message(self, filt: DetectionFilter, dropped: int) -> str:
-        """The ``result`` message for a subscriber with this filter and drop count."""
-        body = self._bodies.get(filt)
-        if body is None:
-            text = self.json() if filt.passthrough else filt.apply(self.record).model_dump_json()
-            body = '{"type":"result",' + text[1:-1]
-            self._bodies[filt] = body
-        return f'{body},"dropped":{dropped}}}'
+        """The :class:`~framerelay.schemas.ResultMessage` text for a subscriber with this
+        filter and drop count (encoded once per filter, shared by its subscribers)."""
+        shared = self._messages.get(filt)
+        if shared is None:
+            shared = SharedResultMessage.of(filt.apply(self.record))
+            self._messages[filt] = shared
+        return shared.text(dropped)
 
 
 class Subscription:
@@ -182,11 +185,10 @@ class ResultBus:
         self._subs: list[Subscription] = []
         self._taps: list[Callable[[ResultRecord], None]] = []
         self._observers: list[Callable[[Published], None]] = []
-        self._history: dict[str, collections.deque[tuple[IdKey, str]]] = {}
+        self._history: dict[str, collections.deque[_Held]] = {}
         self._history_len = max(0, history)
         self._history_ms = _age_ms(history_s)
         self.ids = ids or IdAllocator()
-        self.published = 0
         self.dropped = 0
 
     def subscribe(
@@ -218,15 +220,14 @@ class ResultBus:
 
     def push(self, record: ResultRecord) -> Published:
         """:meth:`publish`, returning the published item."""
-        key = self.ids.next(record.stream_id)
-        item = Published(record.model_copy(update={"id": format_id(key)}), key)
-        self.published += 1
+        rid = self.ids.next(record.stream_id)
+        item = Published.settled(record, rid)
         if self._history_len:
             ring = self._history.get(record.stream_id)
             if ring is None:
                 ring = self._history[record.stream_id] = collections.deque(maxlen=self._history_len)
-            ring.append((item.key, item.json()))
-            while self._history_ms and ring[0][0][0] < key[0] - self._history_ms:
+            ring.append((rid.ms, rid.seq, item.json()))
+            while self._history_ms and ring[0][0] < rid.ms - self._history_ms:
                 ring.popleft()
         for func in self._taps:
             func(item.record)
@@ -247,20 +248,21 @@ class ResultBus:
         } if self._history_len else {}  # fmt: skip
 
     def history(
-        self, stream_id: str, after: IdKey | None = None, limit: int | None = None
+        self, stream_id: str, after: ResultId | None = None, limit: int | None = None
     ) -> list[Published]:
         """Results of ``stream_id`` still held, oldest first, newer than ``after``; at most
         ``limit`` (the oldest of them): only those are parsed."""
-        ring: Iterable[tuple[IdKey, str]] = self._history.get(stream_id, ())
-        newer = ((key, text) for key, text in ring if after is None or key > after)
+        ring: Iterable[_Held] = self._history.get(stream_id, ())
+        floor = (-1, -1) if after is None else (after.ms, after.seq)
+        newer = (held for held in ring if (held[0], held[1]) > floor)
         return [
-            Published(ResultRecord.model_validate_json(text), key, text)
-            for key, text in itertools.islice(newer, limit)
+            Published(ResultRecord.model_validate_json(text), ResultId(ms, seq), text)
+            for ms, seq, text in itertools.islice(newer, limit)
         ]
 
-    def oldest(self, stream_id: str) -> IdKey | None:
+    def oldest(self, stream_id: str) -> ResultId | None:
         ring = self._history.get(stream_id)
-        return ring[0][0] if ring else None
+        return ResultId(ring[0][0], ring[0][1]) if ring else None
 
     @property
     def subscribers(self) -> int:

@@ -12,12 +12,16 @@ granted), 429 (too many failed authentications from this address; with
 :class:`~framerelay.schemas.ErrorMessage` body.
 
 After the handshake the hub sends ``subscribed``, any replayed results (resume),
-then live ``result`` messages. Each subscriber has a bounded queue: when full
-the oldest result is dropped, and every result message carries the
-subscriber's ``dropped`` total (plus a ``notice`` at most once a second while
-drops grow). A send that blocks for ``send_timeout_s`` closes the connection
-with 4408; a token expiring mid-session closes it with 4401. One sender task
-per subscriber: a slow or dead subscriber only ever waits on itself.
+then live ``result`` messages: each the :class:`~framerelay.schemas.ResultMessage`
+of the bus's record, under the id the bus settled (the one Redis and sidecars
+use), encoded once per detection filter and shared by its subscribers. Query
+parameters are an API input, so unknown ones are refused (400). Each
+subscriber has a bounded queue: when full the oldest result is dropped, and
+every result message carries the subscriber's ``dropped`` total (plus a
+``notice`` at most once a second while drops grow). A send that blocks for
+``send_timeout_s`` closes the connection with 4408; a token expiring
+mid-session closes it with 4401. One sender task per subscriber: a slow or
+dead subscriber only ever waits on itself.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pydantic import ValidationError
 
 from framerelay.auth import AuthGuard, Claims, Forbidden, Throttled, Unauthorized
 from framerelay.errors import FramerelayError
-from framerelay.results import ResultRecord
+from framerelay.results import ResultId
 from framerelay.schemas import (
     HTTP_STATUS,
     CloseCode,
@@ -47,7 +51,7 @@ from framerelay.schemas import (
     Subscription,
 )
 from ingest.auth import api_guard
-from ingest.bus import DetectionFilter, IdKey, Published, ResultBus, parse_id
+from ingest.bus import DetectionFilter, Published, ResultBus
 from ingest.bus import Subscription as _Queue
 from ingest.settings import IngestSettings
 
@@ -56,8 +60,9 @@ NOTICE_EVERY_S = 1.0
 CLOSE_WAIT_S = 1.0
 _DELAY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 50, 100, 250, 1000, 5000)
 
-DurableRange = Callable[[str, IdKey, int], Awaitable[list[ResultRecord]]]
-"""``(stream_id, after, count) -> records`` newer than ``after`` (Redis XRANGE)."""
+DurableRange = Callable[[str, ResultId, int], Awaitable[list[Published]]]
+"""``(stream_id, after, count) -> results`` newer than ``after`` (Redis XRANGE)."""
+QUERY_PARAMETERS = frozenset({"stream", "class", "min_confidence", "resume"})
 
 
 class Refused(FramerelayError):
@@ -122,7 +127,7 @@ class _Session:
     subscription: Subscription
     filt: DetectionFilter
     expires_at: float | None
-    last_sent: dict[str, IdKey] = field(default_factory=dict)
+    last_sent: dict[str, ResultId] = field(default_factory=dict)
     reported_drops: int = 0
     last_notice: float = 0.0
 
@@ -130,6 +135,10 @@ class _Session:
 def parse_query(ws: WebSocket) -> Subscription:
     """The query string as a :class:`Subscription` (:class:`Refused` if invalid)."""
     q = ws.query_params
+    unknown = sorted(set(q.keys()) - QUERY_PARAMETERS)
+    if unknown:
+        raise Refused("bad_request", f"unknown query parameter {unknown[0][:40]!r}; known: "
+                      f"{', '.join(sorted(QUERY_PARAMETERS))}")  # fmt: skip
     classes = [c.strip() for raw in q.getlist("class") for c in raw.split(",") if c.strip()]
     resume: dict[str, str] = {}
     try:
@@ -301,10 +310,10 @@ class ResultHub:
         self, ws: WebSocket, session: _Session, item: Published, dropped: int
     ) -> None:
         last = session.last_sent.get(item.stream_id)
-        if last is not None and item.key <= last:
+        if last is not None and item.id <= last:
             return  # already sent during the replay
         await self._send(ws, item.message(session.filt, dropped))
-        session.last_sent[item.stream_id] = item.key
+        session.last_sent[item.stream_id] = item.id
         self.metrics.sent.inc()
         self.metrics.delay_ms.observe(max(0.0, (time.time() - item.record.received_at) * 1000))
 
@@ -323,13 +332,13 @@ class ResultHub:
 
     async def _gap_notice(self, ws: WebSocket, session: _Session, stream_id: str) -> None:
         """Told when nothing newer than the resume point could be found to replay."""
-        after = parse_id(session.subscription.resume[stream_id])
+        after = session.subscription.resume[stream_id]
         oldest = self.bus.oldest(stream_id)
         if oldest is not None and oldest > after and self.durable is None:
             note = NoticeMessage(
                 code="gap", stream_id=stream_id,
-                message=f"results between {session.subscription.resume[stream_id]} and "
-                f"{oldest[0]}-{oldest[1]} are no longer held; enable Redis for longer resumes",
+                message=f"results between {after} and {oldest} are no longer held; "
+                "enable Redis for longer resumes",
             )  # fmt: skip
             await self._send(ws, note.model_dump_json())
 
@@ -346,24 +355,23 @@ class ResultHub:
     async def _replay(self, session: _Session) -> dict[str, list[Published]]:
         """Results after each resume point: Redis (older) + the bus history (newest)."""
         out: dict[str, list[Published]] = {}
-        for stream_id, raw in session.subscription.resume.items():
-            after = parse_id(raw)
+        for stream_id, after in session.subscription.resume.items():
             # the durable ones are older and sort first: the oldest resume_max held suffice
             held = self.bus.history(stream_id, after, max(1, self.config.resume_max))
-            items: dict[IdKey, Published] = {p.key: p for p in held}
-            oldest = held[0].key if held else None
+            items: dict[ResultId, Published] = {p.id: p for p in held}
+            oldest = held[0].id if held else None
             if self.durable is not None and (oldest is None or oldest > after):
-                for record in await self._durable(stream_id, after):
-                    key = parse_id(record.id or "0-0")
-                    items.setdefault(key, Published(record, key))
+                for stored in await self._durable(self.durable, stream_id, after):
+                    items.setdefault(stored.id, stored)
             out[stream_id] = [items[k] for k in sorted(items)][: self.config.resume_max]
         return out
 
-    async def _durable(self, stream_id: str, after: IdKey) -> list[ResultRecord]:
-        assert self.durable is not None  # noqa: S101 - checked by the caller
+    async def _durable(
+        self, durable: DurableRange, stream_id: str, after: ResultId
+    ) -> list[Published]:
         try:
             async with asyncio.timeout(self.config.send_timeout_s):
-                return await self.durable(stream_id, after, self.config.resume_max)
+                return await durable(stream_id, after, self.config.resume_max)
         except (TimeoutError, OSError, FramerelayError) as exc:
             log.warning("resume of %s from Redis failed: %s", stream_id, exc)
             return []

@@ -1,4 +1,5 @@
-"""Results in Redis: live PUBLISH, durable Streams, and a consumer-group reader.
+"""Results in Redis: live PUBLISH and durable Streams (read them with
+:class:`ingest.redis_consumer.ResultConsumer`).
 
 Keys (``prefix`` defaults to ``framerelay``):
 
@@ -12,11 +13,23 @@ Keys (``prefix`` defaults to ``framerelay``):
 :class:`RedisPublisher` never blocks the caller: ``offer`` appends to a bounded
 buffer (oldest dropped and counted when Redis is slow or down) and a task
 drains it in pipelined batches, reconnecting with backoff. Explicit entry ids
-make retries idempotent. :class:`ResultConsumer` reads a stream through a
-consumer group at least once: its own pending entries first (after a
-restart), stale entries of dead consumers (``XAUTOCLAIM``), then new ones; it
-recreates the group when Redis lost it (``NOGROUP`` after a restart without
-persistence).
+make retries idempotent.
+
+Ids: the result bus settles each id once, before any fan-out, and the entry
+id *is* that id; the publisher never renames a result (WebSocket subscribers
+already have it). Redis only takes ids above a stream's last one, so:
+
+* at start, :meth:`RedisPublisher.prime` floors the bus's id allocator at each
+  stored stream's last id (an ingest restarted with its clock behind, or on
+  another host, continues above what Redis holds);
+* a refused id that Redis holds with this very result is a retried write
+  (``duplicate``); any other refused id (Redis was unreachable at start, the
+  clock stepped back, a second writer) is not stored: dropped and counted
+  (``framerelay_redis_dropped_total{reason="stale_id"}``), and the allocator is
+  floored so that the stream's next results are stored again.
+
+So an id names one result everywhere; a result is in Redis under its own id or
+not at all.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -34,20 +47,22 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
-from framerelay.results import ResultRecord
-from ingest.bus import IdAllocator, IdKey, Published, format_id, parse_id
+from framerelay.results import ResultId, ResultRecord
+from ingest.bus import IdAllocator, Published
 from ingest.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
 TRIM_EVERY_S = 10.0
+PRIME_TIMEOUT_S = 5.0
 FIELD = "r"
+STALE = "equal or smaller"
 
 
-def _aw(value: object) -> Awaitable[Any]:
+def awaitable(value: object) -> Awaitable[Any]:
     """redis-py types commands as ``T | Awaitable[T]``; on the asyncio client they await."""
     return cast("Awaitable[Any]", value)
 
@@ -71,6 +86,11 @@ class RedisKeys:
     def stream(self, stream_id: str) -> str:
         return f"{self.prefix}:results:{stream_id}"
 
+    def stream_id(self, key: str) -> str | None:
+        """The stream a :meth:`stream` key names (None for another key)."""
+        head = f"{self.prefix}:results:"
+        return key[len(head) :] if key.startswith(head) and len(key) > len(head) else None
+
     def channel(self, stream_id: str) -> str:
         return f"{self.prefix}:live:{stream_id}"
 
@@ -92,7 +112,6 @@ class PublisherMetrics:
 @dataclass(slots=True)
 class _Entry:
     item: Published
-    tried: bool = False
     live_done: bool = False
 
 
@@ -196,14 +215,13 @@ class RedisPublisher:
             self._streams.add(item.stream_id)
             if self.live and not entry.live_done:
                 pipe.publish(self.keys.channel(item.stream_id), item.json())
-            pipe.xadd(self.keys.stream(item.stream_id), {FIELD: item.json()}, id=item.id,
+            pipe.xadd(self.keys.stream(item.stream_id), {FIELD: item.json()}, id=str(item.id),
                       maxlen=self.maxlen, approximate=True)  # fmt: skip
         try:
             async with asyncio.timeout(self.timeout_s):
                 replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError, TimeoutError) as exc:
             for entry in reversed(batch):
-                entry.tried = True
                 self._push(entry, front=True)
             self._set_up(False, exc)
             return False
@@ -214,6 +232,7 @@ class RedisPublisher:
 
     async def _check_replies(self, batch: list[_Entry], replies: list[object]) -> None:
         it = iter(replies)
+        stale: list[_Entry] = []
         for entry in batch:
             if self.live and not entry.live_done:
                 next(it)
@@ -222,27 +241,70 @@ class RedisPublisher:
             if not isinstance(reply, Exception):
                 self.counts["stored"] += 1
                 self.metrics.stored.inc()
-            elif "equal or smaller" in str(reply):
-                await self._on_stale_id(entry)
+            elif STALE in str(reply):
+                stale.append(entry)
             else:
                 log.warning("Redis refused result %s: %s", entry.item.id, reply)
                 self._drop("rejected")
+        if stale:
+            await self._settle_stale(stale)
 
-    async def _on_stale_id(self, entry: _Entry) -> None:
-        """The id is not above the stream's top: a retried duplicate, or our clock went back."""
-        if entry.tried:
-            self.counts["duplicate"] += 1
-            return
-        sid = entry.item.stream_id
-        top = await _aw(self._client.xrevrange(self.keys.stream(sid), count=1))
-        if top:
-            self._ids.floor(sid, parse_id(top[0][0]))
-        key = self._ids.next(sid)
-        record = entry.item.record.model_copy(update={"id": format_id(key)})
-        log.warning("stream %s: result id %s is behind Redis; stored as %s",
-                    sid, entry.item.id, format_id(key))  # fmt: skip
-        self.counts["reidentified"] += 1
-        self._push(_Entry(Published(record, key), live_done=True), front=True)
+    async def _settle_stale(self, stale: list[_Entry]) -> None:
+        """Redis refused these ids (not above the stream's last id). One Redis holds with
+        this very result came from a retried write (``duplicate``); the others are dropped,
+        never renamed, and the allocator is floored at the stream's last id so that the
+        next results are stored."""
+        streams = sorted({e.item.stream_id for e in stale})
+        replies = await self._stale_facts(streams, stale)
+        for sid, info in zip(streams, replies[: len(streams)], strict=True):
+            last = _last_id(info)
+            if last is not None:
+                self._ids.floor(sid, last)
+        checks = zip(stale, replies[len(streams) :], strict=True)
+        held = {id(e) for e, reply in checks if _holds(reply, e.item)}
+        self.counts["duplicate"] += len(held)
+        for sid in streams:
+            lost = [e for e in stale if e.item.stream_id == sid and id(e) not in held]
+            if lost:
+                log.warning("stream %s: Redis holds newer ids than %d result(s) (%s..%s): not "
+                            "stored (never renamed); later results get ids above %s", sid,
+                            len(lost), lost[0].item.id, lost[-1].item.id,
+                            self._ids.last(sid))  # fmt: skip
+                self._drop("stale_id", len(lost))
+
+    async def _stale_facts(self, streams: list[str], stale: list[_Entry]) -> list[object]:
+        """``XINFO STREAM`` of each stream, then the entry Redis holds under each id."""
+        pipe = self._client.pipeline(transaction=False)
+        for sid in streams:
+            pipe.xinfo_stream(self.keys.stream(sid))
+        for e in stale:
+            rid = str(e.item.id)
+            pipe.xrange(self.keys.stream(e.item.stream_id), rid, rid, count=1)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return list(await pipe.execute(raise_on_error=False))
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("checking %d refused result ids failed: %s", len(stale), exc)
+            return [exc] * (len(streams) + len(stale))
+
+    async def prime(self, timeout_s: float = PRIME_TIMEOUT_S) -> int:
+        """Floor the id allocator at every stored stream's last id, before publishing
+        starts; returns how many streams Redis holds. With Redis away it warns and
+        returns 0 (refused ids are then dropped and counted, see the module doc)."""
+        pattern = self.keys.stream("*")
+        n = 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for key in self._client.scan_iter(match=pattern, count=1000, _type="stream"):
+                    sid = self.keys.stream_id(str(key))
+                    last = _last_id(await awaitable(self._client.xinfo_stream(str(key))))
+                    if sid is not None and last is not None:
+                        self._ids.floor(sid, last)
+                        n += 1
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("could not read the last result ids from Redis (%s: %s); results it "
+                        "refuses will be dropped and counted", type(exc).__name__, exc)  # fmt: skip
+        return n
 
     def _set_up(self, up: bool, exc: BaseException | None = None) -> None:
         if up != self.up:
@@ -277,20 +339,48 @@ class RedisPublisher:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def read_after(self, stream_id: str, after: IdKey, count: int) -> list[ResultRecord]:
+    async def read_after(self, stream_id: str, after: ResultId, count: int) -> list[Published]:
         """Stored results of ``stream_id`` newer than ``after`` (for resuming subscribers)."""
-        start = f"({format_id(after)}"
-        entries = await _aw(self._client.xrange(self.keys.stream(stream_id), start, "+", count))
-        return [r for r in (_record(f) for _, f in entries) if r is not None]
+        start = f"({after}"
+        key = self.keys.stream(stream_id)
+        entries = await awaitable(self._client.xrange(key, start, "+", count))
+        out = []
+        for raw_id, fields in entries:
+            rid = ResultId.parse(str(raw_id))
+            record = stored_record(fields, rid)
+            if record is not None:
+                out.append(Published(record, rid, fields[FIELD]))
+        return out
 
 
-def _record(fields: dict[str, str] | None) -> ResultRecord | None:
+def _holds(reply: object, item: Published) -> bool:
+    """Whether an ``XRANGE id id`` reply is ``item`` itself (stored by an earlier try)."""
+    if not isinstance(reply, list) or not reply:
+        return False
+    fields = reply[0][1]
+    return isinstance(fields, dict) and fields.get(FIELD) == item.json()
+
+
+def _last_id(info: object) -> ResultId | None:
+    """The ``last-generated-id`` of an ``XINFO STREAM`` reply (None: no such stream)."""
+    if not isinstance(info, dict):
+        return None
+    raw = info.get("last-generated-id")
+    return ResultId.parse(str(raw)) if raw else None
+
+
+def stored_record(fields: dict[str, str] | None, rid: ResultId) -> ResultRecord | None:
+    """The stored record, if it reads (unknown fields ignored) and names itself ``rid``."""
     if not fields or FIELD not in fields:
         return None
     try:
-        return ResultRecord.model_validate_json(fields[FIELD])
+        record = ResultRecord.model_validate_json(fields[FIELD])
     except ValidationError:
         return None
+    if record.id != rid:
+        log.warning("Redis entry %s holds a result named %s: skipped", rid, record.id)
+        return None
+    return record
 
 
 async def _sleep_or(stop: asyncio.Event | None, seconds: float) -> None:
@@ -302,177 +392,6 @@ async def _sleep_or(stop: asyncio.Event | None, seconds: float) -> None:
             await stop.wait()
     except TimeoutError:
         pass
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One durable result as a consumer sees it (``record`` None if unreadable)."""
-
-    id: str
-    record: ResultRecord | None
-
-
-class ResultConsumer:
-    """At-least-once reader of one stream's results through a consumer group.
-
-    Call :meth:`read` in a loop and :meth:`ack` what you have safely handled.
-    After a restart with the same ``consumer`` name its unacknowledged entries
-    come first; entries other (dead) consumers left pending for
-    ``claim_idle_ms`` are claimed; a group Redis lost is recreated.
-    """
-
-    def __init__(
-        self,
-        client: Redis,
-        key: str,
-        group: str,
-        consumer: str,
-        *,
-        count: int = 100,
-        block_ms: int = 1000,
-        claim_idle_ms: int = 30_000,
-        timeout_s: float = 2.0,
-    ) -> None:
-        self._client = client
-        self.key, self.group, self.consumer = key, group, consumer
-        self.count, self.block_ms = count, block_ms
-        self.claim_idle_ms = claim_idle_ms
-        self.timeout_s = timeout_s
-        self.counts: collections.Counter[str] = collections.Counter()
-        self._phase = "pending"
-        self._pending_from = "0"
-        self._claim_from = "0-0"
-        self._next_claim = 0.0
-        self._delay = BACKOFF_FIRST_S
-        self._unacked: set[str] = set()
-
-    async def ensure_group(self) -> bool:
-        """Create the group (and the stream) if missing; True if it was created."""
-        try:
-            await _aw(self._client.xgroup_create(self.key, self.group, id="0", mkstream=True))
-        except ResponseError as exc:
-            if "BUSYGROUP" in str(exc):
-                return False
-            raise
-        log.info("created consumer group %s on %s", self.group, self.key)
-        return True
-
-    async def read(self) -> list[Entry]:
-        """The next entries to handle; [] when none came (or Redis is away, after a pause)."""
-        try:
-            async with asyncio.timeout(self.timeout_s + self.block_ms / 1000):
-                entries = await self._read_phase()
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            self.counts["group_recreated"] += 1
-            log.warning("consumer group %s on %s is gone (Redis restarted without "
-                        "persistence?); recreating it", self.group, self.key)  # fmt: skip
-            await self._recover_group()
-            return []
-        except (RedisError, OSError, TimeoutError) as exc:
-            self.counts["errors"] += 1
-            log.warning("reading %s failed: %s: %s", self.key, type(exc).__name__, exc)
-            await asyncio.sleep(self._delay)
-            self._delay = min(self._delay * 2, BACKOFF_MAX_S)
-            # After an outage, start over with our own pending entries: whatever we
-            # handled but could not acknowledge comes again (callers dedupe by id).
-            self._phase, self._pending_from = "pending", "0"
-            return []
-        self._delay = BACKOFF_FIRST_S
-        if self._unacked:
-            await self.ack([])
-        return entries
-
-    async def _recover_group(self) -> None:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await self.ensure_group()
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("recreating group %s failed: %s", self.group, exc)
-            await asyncio.sleep(self._delay)
-        self._phase, self._pending_from, self._claim_from = "pending", "0", "0-0"
-
-    async def _read_phase(self) -> list[Entry]:
-        if self._phase == "pending":
-            return await self._read_pending()
-        if self._phase == "claim" or time.monotonic() >= self._next_claim:
-            return await self._claim()
-        reply = await _aw(self._client.xreadgroup(
-            self.group, self.consumer, {self.key: ">"}, count=self.count, block=self.block_ms
-        ))  # fmt: skip
-        return await self._entries(reply)
-
-    async def _read_pending(self) -> list[Entry]:
-        reply = await _aw(self._client.xreadgroup(
-            self.group, self.consumer, {self.key: self._pending_from}, count=self.count
-        ))  # fmt: skip
-        entries = await self._entries(reply)
-        if entries:
-            self._pending_from = entries[-1].id
-            self.counts["redelivered"] += len(entries)
-        else:
-            self._phase = "claim"
-        return entries
-
-    async def _claim(self) -> list[Entry]:
-        reply = await _aw(self._client.xautoclaim(
-            self.key, self.group, self.consumer, self.claim_idle_ms,
-            start_id=self._claim_from, count=self.count,
-        ))  # fmt: skip
-        cursor, raw = str(reply[0]), reply[1]
-        entries = await self._parse(raw)
-        self.counts["claimed"] += len(entries)
-        self._claim_from = cursor
-        if cursor == "0-0":
-            self._phase = "new"
-            self._next_claim = time.monotonic() + self.claim_idle_ms / 1000
-        return entries
-
-    async def _entries(self, reply: Any) -> list[Entry]:
-        if not reply:
-            return []
-        if isinstance(reply, dict):  # RESP3
-            raw: Sequence[Any] = next(iter(reply.values()), [[]])[0]
-        else:
-            raw = reply[0][1]
-        return await self._parse(raw)
-
-    async def _parse(self, raw: Sequence[Any]) -> list[Entry]:
-        out, gone = [], []
-        for entry_id, fields in raw:
-            if fields is None:  # trimmed while pending
-                gone.append(str(entry_id))
-                continue
-            record = _record(fields)
-            if record is None:
-                self.counts["unreadable"] += 1
-            out.append(Entry(str(entry_id), record))
-        if gone:
-            self.counts["trimmed"] += len(gone)
-            await self.ack(gone)
-        return out
-
-    async def ack(self, ids: Sequence[str]) -> int:
-        """Acknowledge handled entries; returns how many Redis still had pending.
-
-        Never raises for Redis being away: ids that could not be acknowledged are
-        kept and sent again with the next ``ack`` or successful ``read``.
-        """
-        self._unacked.update(ids)
-        if not self._unacked:
-            return 0
-        todo = list(self._unacked)
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                n = int(await _aw(self._client.xack(self.key, self.group, *todo)))
-        except (RedisError, OSError, TimeoutError) as exc:
-            self.counts["ack_errors"] += 1
-            log.debug("acknowledging %d entries failed: %s", len(todo), exc)
-            return 0
-        self._unacked.difference_update(todo)
-        self.counts["acked"] += n
-        return n
 
 
 def publisher_from_settings(

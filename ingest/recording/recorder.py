@@ -6,7 +6,10 @@ group, places each on its frame (:mod:`ingest.recording.matcher`), appends it
 to that segment's sidecar and acknowledges it only once written. A result whose
 frame may still come waits (bounded); one whose time was not recorded goes to
 a gap file. So after a crash nothing is lost (unacknowledged results come
-again) and nothing is written twice (ids are checked). On start it settles
+again) and nothing is written twice (ids are checked). Each line carries the
+result's durable id, the Redis entry id, which is the id the WebSocket API
+gave it (one id everywhere); stored results with fields this recorder does not
+know are recorded with those fields left out. On start it settles
 what a crash left: the segment being written becomes ``partial`` and results
 placed on frames that did not reach the disk move to a gap file.
 """
@@ -22,17 +25,21 @@ import time
 
 from redis.exceptions import RedisError
 
+from framerelay.results import ResultId, ResultRecord
 from framerelay.schemas import SidecarLine
 from ingest.recording.index import SegmentIndex, SegmentInfo, probe_pts
 from ingest.recording.matcher import FrameLog, Placement
 from ingest.recording.segmenter import Event, FrameEvent, Segmenter
 from ingest.recording.settings import RecorderSettings
 from ingest.recording.sidecar import GAP_DIR, SidecarStore, gap_file
-from ingest.redis_bus import Entry, RedisKeys, ResultConsumer, connect
+from ingest.redis_bus import RedisKeys, connect
+from ingest.redis_consumer import Entry, ResultConsumer
 
 log = logging.getLogger(__name__)
 HOUSEKEEPING_S = 10.0
 JOIN_TIMEOUT_S = 15.0
+Waiting = tuple[ResultId, ResultRecord]
+"""A result waiting for its frame."""
 
 
 class Recorder:
@@ -42,9 +49,9 @@ class Recorder:
         self.index = SegmentIndex.load(self.directory, settings.stream_id)
         self.frames = FrameLog(window_s=settings.match_window_s)
         self.sidecars = SidecarStore(self.directory)
-        self.pending: collections.deque[Entry] = collections.deque()
+        self.pending: collections.deque[Waiting] = collections.deque()
         self.counts: collections.Counter[str] = collections.Counter()
-        self._acks: list[str] = []
+        self._acks: list[ResultId] = []
         self._lock = threading.Lock()  # the index is touched by the segment thread too
         self._next_housekeeping = 0.0
 
@@ -142,30 +149,27 @@ class Recorder:
                 continue
             placement = self.frames.place(entry.record, now)
             if placement is None:
-                self.pending.append(entry)
+                self.pending.append((entry.id, entry.record))
                 if len(self.pending) > self.settings.pending_max:
                     self._retry_pending(force_one=True)
             else:
-                self._write(entry, placement)
+                self._write(entry.id, entry.record, placement)
 
     def _retry_pending(self, *, final: bool = False, force_one: bool = False) -> None:
         now = time.time()
-        waiting: collections.deque[Entry] = collections.deque()
+        waiting: collections.deque[Waiting] = collections.deque()
         while self.pending:
-            entry = self.pending.popleft()
-            assert entry.record is not None  # noqa: S101 - unreadable ones never wait
+            rid, record = self.pending.popleft()
             force = final or (force_one and not waiting)
-            placement = self.frames.place(entry.record, now, final=force)
+            placement = self.frames.place(record, now, final=force)
             if placement is None:
-                waiting.append(entry)
+                waiting.append((rid, record))
             else:
-                self._write(entry, placement)
+                self._write(rid, record, placement)
         self.pending = waiting
 
-    def _write(self, entry: Entry, placement: Placement) -> None:
-        record = entry.record
-        assert record is not None  # noqa: S101
-        line = SidecarLine(id=entry.id, segment=placement.segment, pts=placement.seg_pts,
+    def _write(self, rid: ResultId, record: ResultRecord, placement: Placement) -> None:
+        line = SidecarLine(id=rid, segment=placement.segment, pts=placement.seg_pts,
                            time_base=placement.time_base, exact=placement.exact,
                            result=record)  # fmt: skip
         if placement.segment is None:
@@ -176,7 +180,7 @@ class Recorder:
             self.counts["exact" if placement.exact else "nearest"] += 1
         if not self.sidecars.write(name, line):
             self.counts["duplicate"] += 1
-        self._acks.append(entry.id)
+        self._acks.append(rid)
 
     async def _commit(self, consumer: ResultConsumer) -> None:
         """Written lines reach the OS, then their results are acknowledged."""

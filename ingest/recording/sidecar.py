@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from framerelay.results import ResultId
 from framerelay.schemas import SidecarLine
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def _complete(data: bytes) -> bytes:
     return data[: data.rfind(b"\n") + 1]
 
 
-def repair(path: Path) -> set[str]:
+def repair(path: Path) -> set[ResultId]:
     """Cut a torn last line (a crash mid-write); return the ids the file holds."""
     data = path.read_bytes()
     if len(keep := _complete(data)) < len(data):
@@ -59,9 +60,9 @@ class SidecarStore:
         (directory / GAP_DIR).mkdir(parents=True, exist_ok=True)
         self.dedup_s = dedup_s
         self.max_open = max_open
-        self._recent: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._recent: collections.OrderedDict[ResultId, float] = collections.OrderedDict()
         self._files: collections.OrderedDict[str, IO[str]] = collections.OrderedDict()
-        self._known: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
+        self._known: collections.OrderedDict[str, set[ResultId]] = collections.OrderedDict()
         self.written = 0
         self.duplicates = 0
 
@@ -78,7 +79,7 @@ class SidecarStore:
                 n += 1
         return n
 
-    def seen(self, name: str, rid: str) -> bool:
+    def seen(self, name: str, rid: ResultId) -> bool:
         if rid in self._recent:
             return True
         known = self._known.get(name)

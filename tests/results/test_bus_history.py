@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 
-from ingest.bus import IdAllocator, ResultBus, format_id
+from ingest.bus import IdAllocator, ResultBus
 from tests.results.support import result_record as record
 
 
@@ -17,11 +17,11 @@ def test_history_replays_the_published_records_exactly() -> None:
     bus = ResultBus(history=4)
     published = [bus.push(record("cam-1", i)) for i in range(6)]
     held = bus.history("cam-1")
-    assert [p.key for p in held] == [p.key for p in published[2:]]
+    assert [p.id for p in held] == [p.id for p in published[2:]]
     assert [p.record for p in held] == [p.record for p in published[2:]]
-    assert all(p.record.id == format_id(p.key) for p in held)
-    assert [p.key for p in bus.history("cam-1", after=published[4].key)] == [published[5].key]
-    assert bus.oldest("cam-1") == published[2].key
+    assert all(p.record.id == p.id for p in held)
+    assert [p.id for p in bus.history("cam-1", after=published[4].id)] == [published[5].id]
+    assert bus.oldest("cam-1") == published[2].id
     assert bus.history("cam-2") == [] and bus.oldest("cam-2") is None
 
 
@@ -51,7 +51,7 @@ def test_history_holds_no_result_older_than_its_age_limit() -> None:
         now[0] += 2.0
     held = bus.history("cam-1")
     assert len(held) == 31  # the newest result and the 30 in the 60 s before it
-    assert held[-1].key[0] - held[0].key[0] == 60_000
+    assert held[-1].id.ms - held[0].id.ms == 60_000
 
 
 def test_an_age_limit_of_zero_keeps_the_count_limit_only() -> None:

@@ -114,7 +114,7 @@ def recording(
 
 
 def test_every_durable_result_is_in_exactly_one_sidecar(recording: Recording) -> None:
-    counts = collections.Counter(line.id for line in _lines(recording.directory))
+    counts = collections.Counter(str(line.id) for line in _lines(recording.directory))
     assert len(recording.ids) >= 100
     assert set(counts) == set(recording.ids), "results lost or invented"
     assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1][:5]

@@ -47,7 +47,7 @@ async def _publish(url: str, records: list[ResultRecord], server: RedisServer) -
         rec = records[i % len(records)].model_copy(
             update={"stream_id": STREAM, "captured_at": time.time(), "received_at": time.time()}
         )
-        ids.append(bus.push(rec).id)
+        ids.append(str(bus.push(rec).id))
         await asyncio.sleep(0.05)
     await wait_async(lambda: publisher.buffered == 0, 15, "the publisher caught up")
     stop.set()
@@ -95,7 +95,7 @@ def test_recorder_through_a_redis_kill9(
         server.stop()
     directory = tmp_path / "rec" / STREAM
     paths = [*directory.glob("*.jsonl"), *(directory / GAP_DIR).glob("*.jsonl")]
-    counts = collections.Counter(x.id for p in paths for x in read_lines(p))
+    counts = collections.Counter(str(x.id) for p in paths for x in read_lines(p))
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     assert max(counts.values()) == 1
     if appendonly:  # nothing lost: every published result is durable and recorded once

@@ -11,7 +11,7 @@ import av
 import numpy as np
 import pytest
 
-from framerelay.results import DetectionOut, ResultRecord
+from framerelay.results import DetectionOut, ResultId, ResultRecord
 from framerelay.schemas import SidecarLine
 from ingest.recording.draw import draw_detections, label_area, label_of
 from ingest.recording.index import SegmentIndex, SegmentInfo, probe_pts
@@ -109,7 +109,7 @@ def test_old_frames_are_forgotten() -> None:
 
 
 def line(rid: str, pts: int | None, segment: str | None = "s.mp4") -> SidecarLine:
-    return SidecarLine(id=rid, segment=segment, pts=pts, time_base=(1, 90_000),
+    return SidecarLine(id=ResultId.parse(rid), segment=segment, pts=pts, time_base=(1, 90_000),
                        exact=True, result=record(pts or 0, T0))  # fmt: skip
 
 
@@ -126,7 +126,7 @@ def test_sidecar_ids_are_written_once_across_a_restart(tmp_path: Path) -> None:
     assert not again.write("s.jsonl", line("1-1", 3600))  # redelivered: already there
     assert again.write("s.jsonl", line("1-2", 7200))  # the torn one comes again, whole
     again.close()
-    assert [x.id for x in read_lines(tmp_path / "s.jsonl")] == ["1-0", "1-1", "1-2"]
+    assert [str(x.id) for x in read_lines(tmp_path / "s.jsonl")] == ["1-0", "1-1", "1-2"]
 
 
 def test_readers_see_complete_lines_only(tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_readers_see_complete_lines_only(tmp_path: Path) -> None:
     store.close()
     with (tmp_path / "s.jsonl").open("a") as f:
         f.write('{"v":1,"id":"1-2","segment":"s.mp4","pts":[1')
-    assert [x.id for x in read_lines(tmp_path / "s.jsonl")] == ["1-0", "1-1"]
+    assert [str(x.id) for x in read_lines(tmp_path / "s.jsonl")] == ["1-0", "1-1"]
 
 
 def test_a_torn_line_does_not_stop_moving_lost_frames_to_gaps(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_a_torn_line_does_not_stop_moving_lost_frames_to_gaps(tmp_path: Path) ->
     again = SidecarStore(tmp_path)
     assert again.move_to_gaps("s.jsonl", {0}) == 2
     again.close()
-    assert [x.id for x in read_lines(tmp_path / "s.jsonl")] == ["1-0"]
+    assert [str(x.id) for x in read_lines(tmp_path / "s.jsonl")] == ["1-0"]
     assert (tmp_path / "s.jsonl").read_bytes().endswith(b"\n")  # the torn tail is gone
 
 
@@ -164,7 +164,10 @@ def test_lines_of_lost_frames_move_to_a_gap_file(tmp_path: Path) -> None:
     store.close()
     assert [x.pts for x in read_lines(tmp_path / "s.jsonl")] == [0, 3600]
     moved = read_lines(tmp_path / gap_file(T0))
-    assert [(x.id, x.segment, x.pts) for x in moved] == [("1-2", None, None), ("1-3", None, None)]
+    assert [(str(x.id), x.segment, x.pts) for x in moved] == [
+        ("1-2", None, None),
+        ("1-3", None, None),
+    ]
 
 
 def _fragmented_mp4(path: Path, n: int = 50) -> None:
