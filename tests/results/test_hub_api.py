@@ -139,6 +139,10 @@ REFUSALS = [
      400, "bad_request"),
     ("bad stream id", lambda s: auth(token(s, "results:*")), "stream=no%20spaces", 400,
      "bad_request"),
+    ("unknown parameter", lambda s: auth(token(s, "results:cam-1")),
+     "stream=cam-1&min_conf=0.5", 400, "bad_request"),
+    ("resume id too big", lambda s: auth(token(s, "results:cam-1")),
+     f"stream=cam-1&resume=cam-1@{2**64}-0", 400, "bad_request"),
 ]  # fmt: skip
 
 

@@ -54,6 +54,18 @@ def test_a_removed_or_retyped_field_is_a_breaking_change(monkeypatch: pytest.Mon
     assert all("bump SCHEMA_VERSION" in p for p in problems if "breaking" in p)
 
 
+def test_refusing_unknown_fields_is_a_breaking_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers ignore fields they do not know; a model that starts refusing them breaks
+    every peer that is one additive change ahead (issue 12)."""
+    strict = create_model("NoticeMessage", __base__=NoticeMessage)
+    strict.model_config = {**NoticeMessage.model_config, "extra": "forbid"}
+    strict.model_rebuild(force=True)
+    strict.__doc__ = NoticeMessage.__doc__
+    _swap_notice(monkeypatch, strict)
+    problems = schemas.check()
+    assert any("NoticeMessage now refuses unknown fields" in p for p in problems), problems
+
+
 def test_the_cli_regenerates_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert schemas.main(["--check", "--dir", str(tmp_path)]) == 1  # nothing there yet
     assert schemas.main(["--write", "--dir", str(tmp_path)]) == 0
