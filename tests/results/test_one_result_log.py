@@ -85,7 +85,7 @@ def _newer_ingest(r: redis.Redis) -> list[ResultId]:
 async def _client(url: str, got: list[ResultMessage], state: SubscribeState) -> None:
     token = mint(SECRET, [f"results:{STREAM}"], "ingest", ttl=600)
     results = subscribe(url, streams=[STREAM], token=token, state=state, reconnect_max_s=0.5)
-    async with contextlib.aclosing(results):
+    async with contextlib.aclosing(results):  # type: ignore[type-var]
         async for message in results:
             got.append(message)
             if len(got) == N:
@@ -94,7 +94,8 @@ async def _client(url: str, got: list[ResultMessage], state: SubscribeState) -> 
 
 async def _publish(bus: ResultBus, server: RedisServer) -> list[ResultId]:
     """N results at about 200/s; Redis is killed at KILL_AT and back by BACK_AT."""
-    ids, outage = [], None
+    ids: list[ResultId] = []
+    outage: asyncio.Task[Any] | None = None
     for i in range(N):
         if i == KILL_AT:
             outage = asyncio.create_task(asyncio.to_thread(server.kill9))
@@ -163,7 +164,7 @@ def _record(server: RedisServer, tmp_path: Path) -> tuple[Run, list[ResultId], d
             return bool(groups) and groups[0]["pending"] == 0 and not groups[0].get("lag")
 
         wait_until(settled, 60, "the recorder took every result")
-        durable = {i: json.loads(f["r"]) for i, f in r.xrange(KEY)}
+        durable = {str(i): json.loads(f["r"]) for i, f in r.xrange(KEY)}  # type: ignore[union-attr,index]
         recorder.send_signal(signal.SIGTERM)
         assert recorder.wait(30) == 0, log.read_text()[-3000:]
     finally:

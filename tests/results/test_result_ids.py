@@ -123,7 +123,7 @@ class Writer:
 
 
 async def _stored(client: Redis) -> dict[ResultId, dict[str, Any]]:
-    entries = await client.xrange(KEYS.stream(STREAM))
+    entries: list[tuple[str, dict[str, str]]] = await client.xrange(KEYS.stream(STREAM))  # type: ignore[assignment]
     return {ResultId.parse(i): json.loads(f["r"]) for i, f in entries}
 
 
