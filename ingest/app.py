@@ -91,7 +91,7 @@ def create_app(
         return Response(body, status_code=200 if ready else 503, media_type="application/json")
 
     app.include_router(streams_router(service, api))
-    app.include_router(routing_router(service.pool, api, adopt=service.adopt_stream))
+    app.include_router(routing_router(service, api))
     app.include_router(results_router(hub))
     return app
 

@@ -1,4 +1,4 @@
-"""Stream management REST API (OpenAPI at ``/docs`` and ``/openapi.json``).
+"""Stream management REST API (OpenAPI at ``/openapi.json``).
 
 * ``GET /v1/streams`` - every stream with its state and counters;
 * ``POST /v1/streams`` - add a stream (a :class:`StreamConfig`): 201, or 409
@@ -8,9 +8,13 @@
 * ``PUT /v1/streams/{id}`` - replace its definition; the stream restarts with
   it in the next epoch;
 * ``DELETE /v1/streams/{id}`` - stop it and free its state (ingest and worker);
-* ``GET /v1/workers`` - every worker tunnel (the default one and the
+* ``GET /v1/workers`` - every worker tunnel (the default one first, then the
   orchestrator's): its state (IDLE, CONNECTING, UP, STALLED, DOWN), why it
   stalled, the age of its last result and heartbeat, its streams, stalls.
+
+All of them read the one stream registry (:mod:`ingest.registry`), so they
+agree: a stream listed by ``/v1/streams`` is served by the tunnel that lists
+it in ``/v1/workers`` (and by the worker ``/v1/routing`` names, when placed).
 
 Reading needs a token granting ``streams:read``, changing one granting
 ``streams:write`` (audience ``framerelay-ingest``); a refused request (401,
@@ -29,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.errors import ConfigError, SourceError
-from ingest.service import IngestService, StreamExists, UnknownStream
+from ingest.registry import StreamExists, UnknownStream
+from ingest.service import IngestService
 from ingest.settings import StreamConfig
 from ingest.store import StoreError
 from ingest.stream import IngestStream
@@ -187,7 +192,7 @@ def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
 
     @outer.get("/v1/workers", tags=["workers"], dependencies=read)
     async def list_workers() -> list[TunnelStatus]:
-        tunnels = list(service.tunnels.items())
+        tunnels = list(service.registry.clients.items())
         return [TunnelStatus.model_validate({"name": n, **t.describe()}) for n, t in tunnels]
 
     return outer

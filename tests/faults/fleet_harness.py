@@ -35,7 +35,7 @@ from deploy.settings import LocalSettings, OrchestratorSettings, TierConfig
 from framerelay.auth import KeySet
 from framerelay.results import ResultRecord
 from ingest.app import create_app
-from ingest.routing import WorkerPool
+from ingest.registry import StreamRegistry
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from tests.conftest import MODEL, TIMEOUT_FACTOR
@@ -50,7 +50,7 @@ stays under the tracker's max_lost_s (1 s by default)."""
 class Fleet:
     orch: Orchestrator
     provider: LocalProvider
-    pool: WorkerPool
+    pool: StreamRegistry
     records: list[ResultRecord] = field(default_factory=list)
 
     def results_for(self, stream: str) -> list[ResultRecord]:
@@ -118,7 +118,7 @@ async def running_fleet(
     stop = asyncio.Event()
     loop = asyncio.create_task(orch.run(stop))
     try:
-        yield Fleet(orch, local, ingest.pool, records)
+        yield Fleet(orch, local, ingest.registry, records)
     finally:
         stop.set()
         await asyncio.wait_for(loop, 30)

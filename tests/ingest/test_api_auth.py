@@ -125,8 +125,8 @@ def _state(ingest: Ingest) -> dict[str, Any]:
     return {
         "streams": {sid: s.config.model_dump(mode="json") for sid, s in svc.streams.items()},
         "default_worker": sorted(svc.client.streams),
-        "routing": dict(svc.pool.where),
-        "tunnels": sorted(svc.pool.clients),
+        "routing": dict(svc.registry.where),
+        "tunnels": sorted(svc.registry.clients),
         "store": ingest.store_path.read_text(),
         "results_sent": ingest.registry.get_sample_value("framerelay_hub_results_sent_total"),
         "subscribers": ingest.registry.get_sample_value("framerelay_hub_subscribers"),
@@ -225,8 +225,8 @@ def test_unauthenticated_reroute_is_refused_and_routing_unchanged(
             assert r.status_code == 401
             routing = await http.get("/v1/routing", headers=ingest.auth("streams:read"))
             assert routing.json() == {}
-            assert ingest.service.pool.where == {} and ingest.service.pool.clients == {}
-            assert "cam-1" in ingest.service.client.streams  # still on its own worker
+            assert ingest.service.registry.where == {"cam-1": "default"}  # still on its own
+            assert list(ingest.service.registry.clients) == ["default"]  # worker
 
     asyncio.run(main())
 
@@ -265,7 +265,7 @@ def test_plain_ws_to_a_remote_worker_is_refused(media: Media, tmp_path: Path) ->
             ):  # fmt: skip
                 answers.append(await http.put("/v1/streams/cam-1/worker", json=body,
                                               headers=ingest.auth("routing:write")))  # fmt: skip
-            return answers, dict(ingest.service.pool.where)
+            return answers, ingest.service.registry.placed()
 
     answers, where = asyncio.run(main(allow=False))
     assert [a.status_code for a in answers] == [422, 422, 422]

@@ -112,7 +112,7 @@ def test_bad_numbers_are_a_clear_422(
     errors = r.json()["detail"]
     assert [e["loc"] for e in errors] == [loc], errors
     assert all(any(c in e["msg"] for c in CLEAR) for e in errors), errors
-    assert not service.streams and not service.pool.streams
+    assert not service.streams and not service.registry.where
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 
 

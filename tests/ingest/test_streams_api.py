@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,10 @@ def _cam(media: Media, sid: str, **extra: Any) -> dict[str, Any]:
     return {"id": sid, "url": str(media.short("mp4")), "realtime": True, "loop": True, **extra}
 
 
+def _running(service: IngestService, sid: str) -> bool:
+    return service.streams[sid].state.value == "RUNNING"
+
+
 async def _state(http: httpx.AsyncClient, sid: str) -> str:
     return str((await http.get(f"/v1/streams/{sid}")).json()["state"])
 
@@ -90,7 +95,7 @@ def test_add_list_update_remove_and_resume(media: Media, tmp_path: Path) -> None
             assert set(service.streams) == {"a", "b"}
             assert service.streams["b"].config.fps == 2
             for sid in ("a", "b"):
-                await wait_for(lambda s=sid: service.streams[s].state.value == "RUNNING", 10, sid)
+                await wait_for(partial(_running, service, sid), 10, sid)
 
     asyncio.run(first_life())
     saved = json.loads((tmp_path / "streams.json").read_text())
@@ -169,7 +174,7 @@ def test_openapi_metrics_and_status_model(media: Media, tmp_path: Path) -> None:
             assert (
                 'framerelay_ingest_stream_source_events_total{event="stall",stream="m"} 0.0' in text
             )
-            assert "framerelay_ingest_tunnel_connected 0.0" in text
+            assert 'framerelay_ingest_tunnel_connected{worker="default"} 0.0' in text
             await http.delete("/v1/streams/m")
             assert 'stream="m"' not in (await http.get("/metrics")).text
 

@@ -22,7 +22,7 @@ from framerelay import wire
 from framerelay.auth import TokenVerifier
 from framerelay.errors import ConfigError
 from ingest.auth import tunnel_tokens
-from ingest.routing import WorkerPool
+from ingest.registry import StreamRegistry, TunnelOptions, UnknownStream
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.tunnel_client import client_ssl_context
 from tests.ingest.api_rig import Pki, make_pki
@@ -69,13 +69,13 @@ def test_the_pool_verifies_the_worker_by_the_name_it_was_given(
 
     async def attempt(name: str | None) -> tuple[bool, str | None, list[str]]:
         seen: list[str] = []
-        pool = WorkerPool(tunnel_tokens(settings), lambda r: None,
-                          ssl_context=client_ssl_context(str(pki.ca), None, None))  # fmt: skip
+        pool = StreamRegistry(tunnel_tokens(settings), lambda r: None,
+                              ssl_context=client_ssl_context(str(pki.ca), None, None))  # fmt: skip
         try:
             async with fake_worker(pki, seen) as url:
-                pool.add_stream(StreamConfig(id="cam", url=str(media.short("mp4")),
-                                             realtime=True, loop=True))  # fmt: skip
-                await pool.move("cam", "gpu-a", url, name)
+                pool.create(StreamConfig(id="cam", url=str(media.short("mp4")),
+                                         realtime=True, loop=True))  # fmt: skip
+                await pool.place("cam", "gpu-a", url, name)
                 client = pool.clients["gpu-a"]
                 with contextlib.suppress(TimeoutError):
                     await wait_for(lambda: client.connected.is_set() or bool(client.last_error),
@@ -96,22 +96,22 @@ def test_the_pool_verifies_the_worker_by_the_name_it_was_given(
 
 
 def test_the_pool_refuses_plain_ws_to_another_host() -> None:
-    pool = WorkerPool(lambda w: "t", lambda r: None)
+    pool = StreamRegistry(lambda w: "t", lambda r: None)
 
     async def main() -> None:
         with pytest.raises(ConfigError, match="refusing plain ws://"):
-            await pool.move("cam", "w", "ws://gpu.example.com:8443/v1/tunnel")
+            await pool.place("cam", "w", "ws://gpu.example.com:8443/v1/tunnel")
         with pytest.raises(ConfigError, match="tls_server_name needs a wss://"):
-            await pool.move("cam", "w", "ws://127.0.0.1:1/v1/tunnel", POD)
+            await pool.place("cam", "w", "ws://127.0.0.1:1/v1/tunnel", POD)
         for url in ("ws://127.0.0.1:1/v1/tunnel", "ws://[::1]:1/v1/tunnel",
                     "ws://localhost:1/v1/tunnel", "ws://127.8.9.10:1/v1/tunnel"):  # fmt: skip
-            with pytest.raises(KeyError):  # loopback passes the check (no such stream)
-                await pool.move("cam", "w", url)
+            with pytest.raises(UnknownStream):  # loopback passes the check (no such stream)
+                await pool.place("cam", "w", url)
 
     asyncio.run(main())
-    insecure = WorkerPool(lambda w: "t", lambda r: None, allow_insecure=True)
-    with pytest.raises(KeyError):
-        asyncio.run(insecure.move("cam", "w", "ws://gpu.example.com:8443/v1/tunnel"))
+    insecure = StreamRegistry(lambda w: "t", lambda r: None, TunnelOptions(allow_insecure=True))
+    with pytest.raises(UnknownStream):
+        asyncio.run(insecure.place("cam", "w", "ws://gpu.example.com:8443/v1/tunnel"))
 
 
 def test_settings_refuse_a_remote_plain_worker_url() -> None:

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from framerelay.results import ResultRecord
-from ingest.routing import WorkerPool
+from ingest.registry import StreamRegistry
 from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
 from tests.integration.worker_harness import running_worker, wait_until
@@ -27,14 +27,14 @@ def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
             running_worker(secret, "gpu-a", **fast) as (_, url_a),
             running_worker(secret, "gpu-b", **fast) as (worker_b, url_b),
         ):
-            pool = WorkerPool(lambda w: mint(secret, [f"worker:{w}"], "worker"), records.append)
+            pool = StreamRegistry(lambda w: mint(secret, [f"worker:{w}"], "worker"), records.append)
             cfg = StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True)
-            pool.add_stream(cfg)
+            pool.create(cfg)
             try:
-                await pool.move("cam", "gpu-a", url_a)
+                await pool.place("cam", "gpu-a", url_a)
                 await wait_until(lambda: len(records) >= 15, 60 * TIMEOUT_FACTOR)
-                assert not await pool.move("cam", "gpu-a", url_a)  # idempotent
-                await pool.move("cam", "gpu-b", url_b)
+                assert not await pool.place("cam", "gpu-a", url_a)  # idempotent
+                await pool.place("cam", "gpu-b", url_b)
                 n = len(records)
                 await wait_until(lambda: len(records) >= n + 15, 60 * TIMEOUT_FACTOR)
                 assert set(pool.clients) == {"gpu-b"}  # the idle tunnel to gpu-a closed

@@ -161,7 +161,7 @@ def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Pat
             routing = (await http.get("/v1/routing")).json()
             return {
                 "move_s": t_moved - t0, "results_s": t_res - t0, "gaps": gaps,
-                "failovers": (service.pool.failovers, failovers, stalled_a),
+                "failovers": (service.registry.failovers, failovers, stalled_a),
                 "workers": workers_view,
                 "streams": streams_view, "before": before, "after": after, "routing": routing,
             }  # fmt: skip

@@ -1,0 +1,206 @@
+"""One stream registry in the ingest (issue 12): the default worker is one pool entry
+like any other; create, update, delete and placement all go through the registry.
+
+Regression tests for the bugs of the two registries it replaces (through the API,
+in process): an update after a ``PUT .../worker`` placement answered 404 while GET
+found the stream; a create with a placed id started a second decode thread;
+``/metrics`` showed only the default tunnel. Workers are real (in process, on
+loopback sockets); a placement to a port nobody listens on is a worker that is
+never reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from framerelay.results import ResultRecord
+from gpu_worker.server import Worker
+from ingest.app import create_app
+from ingest.service import IngestService
+from ingest.settings import IngestSettings
+from ingest.store import FileStore
+from tests.integration.worker_harness import running_worker
+from tests.support.auth import mint
+from tests.support.harness import wait_for
+from tests.support.media import Media
+from tests.support.servers import free_port
+
+SCOPES = ["streams:read", "streams:write", "routing:write"]
+
+
+def _nowhere() -> str:
+    """A loopback worker URL nobody listens on."""
+    return f"ws://127.0.0.1:{free_port()}/v1/tunnel"
+
+
+@contextlib.asynccontextmanager
+async def running(
+    secret: str, tmp_path: Path, **overrides: Any
+) -> AsyncIterator[tuple[IngestService, httpx.AsyncClient, list[ResultRecord]]]:
+    """The ingest service and its API in this event loop; every result it publishes."""
+    values: dict[str, Any] = {"worker_url": _nowhere(), "token_secrets": secret,
+                              "store_path": tmp_path / "streams.json", **overrides}  # fmt: skip
+    settings = IngestSettings(**values)
+    service = IngestService(settings, store=FileStore(settings.store_path))
+    got: list[ResultRecord] = []
+    service.bus.tap(got.append)
+    stop = asyncio.Event()
+    run = asyncio.create_task(service.run(stop))
+    app = create_app(service, registry=CollectorRegistry())
+    headers = {"Authorization": f"Bearer {mint(secret, SCOPES, 'ingest', ttl=600)}"}
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://ingest", headers=headers
+        ) as http:
+            await wait_for(service.started.is_set, 10, "ingest start")
+            yield service, http, got
+            assert not run.done(), "the ingest service ended"
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+
+
+def _cam(media: Media, sid: str, **extra: Any) -> dict[str, Any]:
+    return {"id": sid, "url": str(media.short("mp4")), "fps": 5, "realtime": True,
+            "loop": True, **extra}  # fmt: skip
+
+
+def _count(got: list[ResultRecord], sid: str, *, epoch: int | None = None,
+           worker: str | None = None) -> int:  # fmt: skip
+    return sum(1 for r in got if r.stream_id == sid and epoch in (None, r.epoch)
+               and worker in (None, r.worker_id))  # fmt: skip
+
+
+def _decoders(sid: str) -> int:
+    """Decode threads of stream ``sid`` alive now."""
+    return sum(1 for t in threading.enumerate() if t.name == f"decode-{sid}" and t.is_alive())
+
+
+def _sessions(worker: Worker) -> int:
+    text = worker.metrics.render().decode()
+    match = re.search(r"^framerelay_worker_streams (\S+)$", text, re.MULTILINE)
+    return int(float(match[1])) if match else -1
+
+
+async def _place(http: httpx.AsyncClient, sid: str, worker: str, url: str,
+                 stream: dict[str, Any] | None = None) -> httpx.Response:  # fmt: skip
+    body: dict[str, Any] = {"worker_id": worker, "url": url}
+    if stream is not None:
+        body["stream"] = stream
+    return await http.put(f"/v1/streams/{sid}/worker", json=body)
+
+
+async def _views(http: httpx.AsyncClient) -> tuple[set[str], dict[str, str], dict[str, str]]:
+    """(ids in /v1/streams, routing, stream -> tunnel name from /v1/workers)."""
+    ids = {s["id"] for s in (await http.get("/v1/streams")).json()}
+    routing = (await http.get("/v1/routing")).json()
+    served = {sid: w["name"] for w in (await http.get("/v1/workers")).json()
+              for sid in w["streams"]}  # fmt: skip
+    return ids, routing, served
+
+
+@pytest.mark.integration
+def test_update_after_placement_restarts_it_on_its_worker(
+    media: Media, secret: str, tmp_path: Path
+) -> None:
+    """Was: ``PUT /v1/streams/a`` answered 404 once the orchestrator had placed ``a``."""
+
+    async def main() -> dict[str, Any]:
+        async with (
+            running_worker(secret, "gpu-a") as (worker, url),
+            running(secret, tmp_path) as (_, http, got),
+        ):
+            assert (await _place(http, "a", "gpu-a", url, _cam(media, "a"))).status_code == 200
+            await wait_for(lambda: _count(got, "a", worker="gpu-a") >= 3, 30, "a on gpu-a")
+            before = (await http.get("/v1/streams/a")).json()["epoch"]
+            r = await http.put("/v1/streams/a", json=_cam(media, "a", fps=2))
+            epoch = r.json().get("epoch", -1)
+            n = len(got)
+
+            def fresh() -> list[ResultRecord]:
+                return [x for x in got[n:] if x.stream_id == "a" and x.epoch >= epoch]
+
+            await wait_for(lambda: len(fresh()) >= 3, 30, "a's next epoch")
+            await wait_for(lambda: _decoders("a") == 1, 10, "the old decode thread to end")
+            return {
+                "update": (r.status_code, epoch - before, r.json().get("config", {})),
+                "new epoch from": {x.worker_id for x in fresh()},
+                "views": await _views(http), "sessions": _sessions(worker),
+            }  # fmt: skip
+
+    got = asyncio.run(main())
+    status, later, config = got["update"]
+    assert (status, later, config.get("fps")) == (200, 1, 2)  # the next epoch
+    assert got["new epoch from"] == {"gpu-a"}  # the placement was kept
+    assert got["views"] == ({"a"}, {"a": "gpu-a"}, {"a": "gpu-a"})
+    assert got["sessions"] == 1  # the old session was closed, one stream is served once
+    stored = json.loads((tmp_path / "streams.json").read_text())["streams"]
+    assert [(s["id"], s["fps"]) for s in stored] == [("a", 2)]
+
+
+def test_create_with_a_placed_id_is_a_conflict(media: Media, secret: str, tmp_path: Path) -> None:
+    """Was: ``POST /v1/streams`` with the id of a placed stream answered 201 and started a
+    second decode thread (placed by definition, or adopted from the default worker)."""
+
+    async def main() -> dict[str, Any]:
+        async with running(secret, tmp_path) as (_, http, _got):
+            w = _nowhere()
+            placed = await _place(http, "p", "w", w, _cam(media, "p"))
+            assert (await http.post("/v1/streams", json=_cam(media, "q"))).status_code == 201
+            adopted = await _place(http, "q", "w", w)
+            again = {s: (await http.post("/v1/streams", json=_cam(media, s))).status_code
+                     for s in ("p", "q")}  # fmt: skip
+            await wait_for(lambda: _decoders("p") >= 1 and _decoders("q") >= 1, 10, "decoding")
+            await asyncio.sleep(0.3)  # a second thread, if any, would be running by now
+            threads = {s: _decoders(s) for s in ("p", "q")}
+            views = await _views(http)
+            gone = (await http.delete("/v1/streams/p")).status_code
+            await wait_for(lambda: _decoders("p") == 0, 10, "p's decode thread to end")
+            return {"placed": (placed.status_code, adopted.status_code), "again": again,
+                    "threads": threads, "views": views, "gone": gone,
+                    "after": await _views(http)}  # fmt: skip
+
+    got = asyncio.run(main())
+    assert got["placed"] == (200, 200)
+    assert got["again"] == {"p": 409, "q": 409}
+    assert got["threads"] == {"p": 1, "q": 1}
+    assert got["views"] == ({"p", "q"}, {"p": "w", "q": "w"}, {"p": "w", "q": "w"})
+    assert got["gone"] == 204
+    assert got["after"] == ({"q"}, {"q": "w"}, {"q": "w"})
+
+
+@pytest.mark.integration
+def test_metrics_cover_a_placed_tunnel(media: Media, secret: str, tmp_path: Path) -> None:
+    """Was: ``framerelay_ingest_tunnel_connected`` and ``..._connects_total`` described the
+    default tunnel only, whatever tunnel the streams were on. And a stream taken over from
+    the default worker sent nothing while the default worker was down (its decode thread
+    asked the default tunnel whether a worker was connected)."""
+
+    async def main() -> str:
+        async with (
+            running_worker(secret, "gpu-a") as (_, url),
+            running(secret, tmp_path) as (_, http, got),
+        ):
+            assert (await http.post("/v1/streams", json=_cam(media, "m"))).status_code == 201
+            assert (await _place(http, "m", "gpu-a", url)).status_code == 200  # taken over
+            await wait_for(lambda: _count(got, "m") >= 2, 30, "m's results")
+            return str((await http.get("/metrics")).text)
+
+    text = asyncio.run(main())
+    assert 'framerelay_ingest_tunnel_connected{worker="gpu-a"} 1.0' in text
+    assert 'framerelay_ingest_tunnel_connects_total{worker="gpu-a"} 1.0' in text
+    assert 'framerelay_ingest_tunnel_state{state="UP",worker="gpu-a"} 1.0' in text
+    assert 'framerelay_ingest_tunnel_connected{worker="default"} 0.0' in text
+    assert 'framerelay_ingest_stream_worker{stream="m",worker="gpu-a"} 1.0' in text
