@@ -16,6 +16,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,80 @@ def test_metrics_cover_a_placed_tunnel(media: Media, secret: str, tmp_path: Path
     assert 'framerelay_ingest_tunnel_state{state="UP",worker="gpu-a"} 1.0' in text
     assert 'framerelay_ingest_tunnel_connected{worker="default"} 0.0' in text
     assert 'framerelay_ingest_stream_worker{stream="m",worker="gpu-a"} 1.0' in text
+
+
+@pytest.mark.integration
+def test_the_default_workers_streams_fail_over_to_a_placed_worker(
+    media: Media, secret: str, tmp_path: Path
+) -> None:
+    """The default worker goes away: its streams move to a placed worker that is up, with
+    their session snapshot (was: they waited for the default worker, whatever else was up)."""
+    fast = {"snapshot_interval_s": 0.2}
+
+    async def main() -> dict[str, Any]:
+        async with contextlib.AsyncExitStack() as a, running_worker(secret, "gpu-b", **fast) as (
+            worker_b, url_b,
+        ):  # fmt: skip
+            _, url_a = await a.enter_async_context(running_worker(secret, "gpu-a", **fast))
+            async with running(secret, tmp_path, worker_url=url_a, stall_after_s=1.0,
+                               heartbeat_interval_s=0.2) as (service, http, got):  # fmt: skip
+                assert (await http.post("/v1/streams", json=_cam(media, "d"))).status_code == 201
+                assert (
+                    await _place(http, "p", "gpu-b", url_b, _cam(media, "p"))
+                ).status_code == 200
+                await wait_for(lambda: _count(got, "d", worker="gpu-a") >= 3
+                               and _count(got, "p") >= 3, 30, "results")  # fmt: skip
+                before = await _views(http)
+                t0 = time.monotonic()
+                await a.aclose()  # the default worker stops
+                moved = await wait_for(
+                    lambda: service.registry.where.get("d") == "gpu-b", 15, "failover"
+                )
+                await wait_for(lambda: _count(got, "d", worker="gpu-b") >= 3, 15, "d on gpu-b")
+                workers = {w["name"]: (w["state"], w["streams"])
+                           for w in (await http.get("/v1/workers")).json()}  # fmt: skip
+                print(f"\ndefault worker stopped: d on gpu-b after {moved - t0:.2f} s")
+                return {"before": before, "after": await _views(http), "workers": workers,
+                        "failovers": service.registry.failovers,
+                        "resumed": worker_b.metrics.resumed._value.get(),
+                        "states": {s["id"]: s["state"]
+                                   for s in (await http.get("/v1/streams")).json()}}  # fmt: skip
+
+    got = asyncio.run(main())
+    assert got["before"] == ({"d", "p"}, {"p": "gpu-b"}, {"d": "default", "p": "gpu-b"})
+    assert got["after"] == ({"d", "p"}, {"d": "gpu-b", "p": "gpu-b"}, dict.fromkeys("dp", "gpu-b"))
+    assert got["workers"] == {"default": ("IDLE", []), "gpu-b": ("UP", ["d", "p"])}
+    assert got["failovers"] == 1
+    assert got["resumed"] == 1  # d's session went along (its tracker snapshot)
+    assert got["states"] == {"d": "RUNNING", "p": "RUNNING"}
+
+
+def test_a_worker_at_a_new_address_takes_its_streams_along(
+    media: Media, secret: str, tmp_path: Path
+) -> None:
+    """A placement naming a known worker at a new address moves every stream of that
+    worker there (was: the old tunnel kept the others, unsupervised)."""
+
+    async def main() -> dict[str, Any]:
+        async with running(secret, tmp_path) as (service, http, _):
+            old, new = _nowhere(), _nowhere()
+            for sid in ("s1", "s2"):
+                assert (await _place(http, sid, "w", old, _cam(media, sid))).status_code == 200
+            moved = await _place(http, "s1", "w", new)
+            again = await _place(http, "s2", "w", new)
+            default = await _place(http, "s1", "default", old)
+            home = await _place(http, "s1", "default", service.settings.worker_url)
+            return {
+                "answers": [(r.status_code, r.json().get("changed")) for r in (moved, again)],
+                "default": (default.status_code, default.json()["detail"], home.status_code),
+                "urls": {n: c.url for n, c in service.registry.clients.items()}, "new": new,
+                "views": await _views(http), "moves": service.registry.moves,
+            }  # fmt: skip
+
+    got = asyncio.run(main())
+    assert got["answers"] == [(200, True), (200, False)]
+    status, detail, home = got["default"]
+    assert (status, home) == (422, 200) and "default worker" in detail
+    assert set(got["urls"]) == {"default", "w"} and got["urls"]["w"] == got["new"]
+    assert got["views"] == ({"s1", "s2"}, {"s2": "w"}, {"s1": "default", "s2": "w"})
+    assert got["moves"] == 3  # s1 and s2 to the new address, then s1 to the default worker
