@@ -33,6 +33,7 @@ from bench._trust import make_trust  # noqa: E402
 from framerelay import wire  # noqa: E402
 from framerelay.auth import KeySet, TokenIssuer  # noqa: E402
 from framerelay.launcher import LocalWorker  # noqa: E402
+from framerelay.protocol.negotiation import offer  # noqa: E402
 
 
 async def handshake(url: str, token: Callable[[], str], ctx: ssl.SSLContext | None) -> float:
@@ -42,6 +43,7 @@ async def handshake(url: str, token: Callable[[], str], ctx: ssl.SSLContext | No
     headers = {"Authorization": f"Bearer {token()}"}
     name = "bench-worker.pods.framerelay" if ctx else None
     async with connect(url, additional_headers=headers, ssl=ctx, compression=None, proxy=None,
+                       subprotocols=offer(),
                        server_hostname=name) as ws:  # fmt: skip
         header, _ = wire.decode(await ws.recv(decode=False))
         elapsed = (time.perf_counter() - t0) * 1000

@@ -30,16 +30,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import httpx
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from deploy.tls import describe_http_error
 from framerelay import wire
+from framerelay.credits import CreditWindow
 from framerelay.errors import FramerelayError
 from framerelay.letterbox import letterbox_jpeg, read_jpeg_rgb
+from framerelay.protocol import (
+    FrameFailed,
+    HelloReceived,
+    IngestProtocol,
+    ProtocolViolation,
+    ResultReceived,
+)
+from framerelay.protocol import negotiation as versions
 from framerelay.settings import SAMPLES
 
 log = logging.getLogger(__name__)
@@ -126,33 +135,43 @@ class Canary:
                 proxy=None,
                 open_timeout=self.timeout_s,
                 max_size=wire.DEFAULT_LIMITS.max_message,
+                subprotocols=versions.offer(),
                 **tls,  # type: ignore[arg-type]
             ) as ws:
-                hello, _ = wire.decode(await ws.recv(decode=False))
-                if not isinstance(hello, wire.Hello):
-                    raise FramerelayError(f"expected HELLO, got {type(hello).__name__}")
-                img = await asyncio.to_thread(self.image, hello.input_w, hello.input_h)
-                await ws.send(wire.encode(wire.Open(stream_id=CANARY_STREAM, tracker="none")))
-                frame = wire.Frame(
-                    stream_id=CANARY_STREAM, epoch=0, seq=0, pts=0, time_base=(1, 25),
-                    captured_at=time.time(), src_w=img.src_w, src_h=img.src_h, scale=img.scale,
-                )  # fmt: skip
-                await ws.send(wire.encode(frame, img.data))
-                persons = await self._await_result(ws)
-                await ws.send(wire.encode(wire.Close(stream_id=CANARY_STREAM)))
+                persons = await self._converse(ws)
         return persons, (time.monotonic() - t0) * 1000
 
-    async def _await_result(self, ws: object) -> int:
-        from websockets.asyncio.client import ClientConnection
+    async def _converse(self, ws: ClientConnection) -> int:
+        """HELLO, OPEN, one FRAME, its RESULT, CLOSE: the persons detected."""
+        proto = IngestProtocol(versions.accepted(ws.subprotocol))
+        hello = (await _next_event(ws, proto, HelloReceived)).hello
+        img = await asyncio.to_thread(self.image, hello.input_w, hello.input_h)
+        await ws.send(proto.open_stream(CANARY_STREAM, CreditWindow(cap=1), tracker="none"))
+        frame = wire.Frame(
+            stream_id=CANARY_STREAM, epoch=0, seq=0, pts=0, time_base=(1, 25),
+            captured_at=time.time(), src_w=img.src_w, src_h=img.src_h, scale=img.scale,
+        )  # fmt: skip
+        await ws.send(proto.send_frame(frame, img.data, time.monotonic()))
+        result = await _next_event(ws, proto, ResultReceived)
+        await ws.send(proto.close_stream(CANARY_STREAM))
+        return int((result.detections.class_id == PERSON).sum())
 
-        assert isinstance(ws, ClientConnection)  # noqa: S101 - internal call
-        while True:
-            header, payload = wire.decode(await ws.recv(decode=False))
-            if isinstance(header, wire.Result) and header.stream_id == CANARY_STREAM:
-                det = wire.unpack_detections(header.n, payload)
-                return int((det.class_id == PERSON).sum())
-            if isinstance(header, wire.Error):
-                raise FramerelayError(f"worker answered the canary with {header.code}")
+
+_E = TypeVar("_E", HelloReceived, ResultReceived)
+
+
+async def _next_event(ws: ClientConnection, proto: IngestProtocol, kind: type[_E]) -> _E:
+    """Read until an event of ``kind``; a worker ERROR for the frame or a protocol
+    error raises (the timeout of :meth:`Canary.run` bounds the wait)."""
+    while True:
+        for event in proto.receive_data(await ws.recv(decode=False), time.monotonic()):
+            if isinstance(event, kind):
+                return event
+            if isinstance(event, FrameFailed):
+                raise FramerelayError(f"worker answered the canary with {event.code}")
+            if isinstance(event, ProtocolViolation):
+                await ws.close(event.code, event.reason)
+                raise FramerelayError(f"canary: protocol error: {event.reason}")
 
 
 class WorkerProber:

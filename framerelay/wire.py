@@ -7,8 +7,20 @@ One WebSocket binary message carries one protocol message::
     |  u8     |  u8  | u32 big-endian |  UTF-8      |  bytes    |
     +---------+------+----------------+-------------+-----------+
 
-Headers are small JSON objects validated against a schema (unknown fields are
-refused); payloads are binary (a JPEG for frames, packed arrays for results).
+Headers are small JSON objects validated against a schema; payloads are binary
+(a JPEG for frames, packed arrays for results).
+
+**Versions.** ``version`` is the major version of the tunnel protocol the
+message is written in, the one both peers agreed on at the WebSocket handshake
+(subprotocol ``framerelay.v<N>``, see :mod:`framerelay.protocol.negotiation`):
+a message of another version on that connection is a protocol error. Within a
+major version changes are additive only (new optional fields), so a **reader
+of a peer's message ignores fields it does not know**, while a message built
+in code stays strict (unknown keyword arguments are refused). Version 2 (this
+one) differs from version 1 in HELLO only: ``features`` (what the worker
+supports) instead of v1's ``encodings``; :func:`encode` writes a v1 HELLO in
+v1's shape, so a v1 peer's strict reader takes it. Golden bytes of every
+message pin both (``tests/framerelay/fixtures/wire``).
 ``decode`` raises only :class:`ProtocolError`, whatever the bytes. Every number
 is bounded and finite: NaN and +-Infinity (which JSON parsers accept as
 ``NaN``/``Infinity`` or as ``1e400``) are refused in every float field. A FRAME
@@ -31,18 +43,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
 
-VERSION = 1
+VERSION = 2
+"""The major version this codec writes by default (and the newest it reads)."""
+SUPPORTED_VERSIONS = (2, 1)
+"""Versions this codec reads and writes, newest first."""
 PREFIX = struct.Struct(">BBI")
 STREAM_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_SCALE = 64.0
 """The largest letterbox scale a FRAME carries."""
 MAX_SIDE = 16_384
-"""The largest source side (and padding) a FRAME carries."""
+"""The largest source side a FRAME carries."""
 PTS_LIMIT = 2**62
 """A FRAME's ``pts`` is in ``[-PTS_LIMIT, PTS_LIMIT)``."""
-CLOSE_PROTOCOL = 1002
-CLOSE_TOO_BIG = 1009
-CLOSE_POLICY = 1008
 MAX_CAPTURED_AT = 1e11
 """``captured_at`` is Unix time in seconds: 0 <= t < 1e11 (the year 5138)."""
 MAX_CLOCK_S = 1e30
@@ -65,6 +77,22 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+class CloseCode(IntEnum):
+    """The WebSocket close codes of the tunnel."""
+
+    PROTOCOL = 1002
+    """A message broke the protocol (also: no common version at the handshake)."""
+    UNSUPPORTED_DATA = 1003
+    """A text message: the tunnel carries binary messages only."""
+    POLICY = 1008
+    """Too many bad frames: a misbehaving peer."""
+    TOO_BIG = 1009
+    INTERNAL = 1011
+    """The worker's inference stalled or ended."""
+    TRY_AGAIN_LATER = 1013
+    """The peer does not read its results."""
 
 
 class MsgType(IntEnum):
@@ -108,7 +136,11 @@ class Hello(_Header):
     class_names: list[str] = Field(max_length=10_000)
     providers: list[str] = Field(max_length=16)
     max_inflight: int = Field(ge=1, le=1024)
-    encodings: list[str] = Field(max_length=8)
+    features: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=64
+    )
+    """What the worker supports beyond the version's core (see
+    :mod:`framerelay.protocol.negotiation`); unknown names are ignored."""
 
 
 class SessionClock(BaseModel):
@@ -176,8 +208,6 @@ class Frame(Timing):
     src_w: int = Field(gt=0, le=MAX_SIDE)
     src_h: int = Field(gt=0, le=MAX_SIDE)
     scale: float = Field(gt=0.0, le=MAX_SCALE)
-    pad_x: int = Field(0, ge=0, le=MAX_SIDE)
-    pad_y: int = Field(0, ge=0, le=MAX_SIDE)
 
 
 TimingMs = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
@@ -217,33 +247,55 @@ def _check_time_base(header: _Header) -> None:
             raise ProtocolError(message)
 
 
-def encode(header: Header, payload: bytes = b"", limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """Serialise one message. Raises ProtocolError if it breaks a limit."""
-    head = header.model_dump_json().encode()
+def encode(
+    header: Header, payload: bytes = b"", limits: Limits = DEFAULT_LIMITS, *, version: int = VERSION
+) -> bytes:
+    """Serialise one message in protocol ``version``. Raises ProtocolError if it breaks
+    a limit, ValueError for a version this codec does not write."""
+    head = _header_json(header, version)
     if len(head) > limits.max_header:
         raise ProtocolError(
-            f"header of {len(head)} B exceeds {limits.max_header} B", close_code=CLOSE_TOO_BIG
+            f"header of {len(head)} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
         )
     if len(payload) > limits.max_payload:
         raise ProtocolError(
-            f"payload of {len(payload)} B exceeds {limits.max_payload} B", close_code=CLOSE_TOO_BIG
+            f"payload of {len(payload)} B exceeds {limits.max_payload} B",
+            close_code=CloseCode.TOO_BIG,
         )
-    return PREFIX.pack(VERSION, header.TYPE, len(head)) + head + payload
+    return PREFIX.pack(version, header.TYPE, len(head)) + head + payload
 
 
-def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[Header, bytes]:
-    """Parse and validate one message into (header, payload)."""
+def _header_json(header: Header, version: int) -> bytes:
+    if version == VERSION:
+        return header.model_dump_json().encode()
+    if version not in SUPPORTED_VERSIONS:
+        raise ValueError(f"protocol version {version} is not one of {SUPPORTED_VERSIONS}")
+    if not isinstance(header, Hello):
+        return header.model_dump_json().encode()
+    fields = header.model_dump(mode="json", exclude={"features"})
+    fields["encodings"] = ["jpeg"]  # v1's HELLO requires it (a strict reader)
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode(
+    data: bytes, limits: Limits = DEFAULT_LIMITS, *, version: int = VERSION
+) -> tuple[Header, bytes]:
+    """Parse and validate one message of protocol ``version`` into (header, payload).
+
+    Fields the header's schema does not know are ignored (a newer peer's additions)."""
     if len(data) < PREFIX.size:
         raise ProtocolError(f"message of {len(data)} B is shorter than the {PREFIX.size} B prefix")
-    version, mtype, hlen = PREFIX.unpack_from(data)
-    if version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version}; this peer speaks {VERSION}")
+    got, mtype, hlen = PREFIX.unpack_from(data)
+    if got != version:
+        raise ProtocolError(
+            f"message of protocol version {got} on a tunnel that agreed on version {version}"
+        )
     model = _BY_TYPE.get(mtype)
     if model is None:
         raise ProtocolError(f"unknown message type {mtype}")
     if hlen > limits.max_header:
         raise ProtocolError(
-            f"header of {hlen} B exceeds {limits.max_header} B", close_code=CLOSE_TOO_BIG
+            f"header of {hlen} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
         )
     end = PREFIX.size + hlen
     if len(data) < end:
@@ -253,7 +305,7 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[Header, bytes]
     if len(data) - end > limits.max_payload:
         raise ProtocolError(
             f"payload of {len(data) - end} B exceeds {limits.max_payload} B",
-            close_code=CLOSE_TOO_BIG,
+            close_code=CloseCode.TOO_BIG,
         )
     header = _parse_header(model, data[PREFIX.size : end])
     _check_time_base(header)
@@ -262,7 +314,7 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[Header, bytes]
 
 def _parse_header(model: type[_Header], raw: bytes) -> _Header:
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate_json(raw, extra="ignore")
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "(header)"

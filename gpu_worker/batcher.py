@@ -51,8 +51,10 @@ class Failure:
     message: str
 
 
-Outcome = list[bytes] | Failure
-"""The encoded RESULT (and a due SNAPSHOT), or why the frame failed."""
+Reply = tuple[wire.Result, bytes] | tuple[wire.Snapshot, bytes]
+"""A message for the tunnel: its header and payload (the tunnel's protocol encodes it)."""
+Outcome = list[Reply] | Failure
+"""The RESULT (and a due SNAPSHOT), or why the frame failed."""
 
 
 @dataclass(slots=True)
@@ -242,9 +244,9 @@ class Batcher:
                 "batch": float(len(batch)),
                 "worker_ms": (time.monotonic() - item.received_at) * 1000,
             }
-            messages = [_encode_result(item.frame, tracked, timings)]
+            messages: list[Reply] = [_result(item.frame, tracked, timings)]
             if item.session.snapshot_due():
-                messages.append(_encode_snapshot(item))
+                messages.append(_snapshot(item))
         except Exception as exc:
             item.session.reset()
             self.metrics.batch_errors.labels("track").inc()
@@ -260,16 +262,16 @@ def _describe(exc: BaseException) -> str:
 
 
 def _letterbox(f: wire.Frame, size: tuple[int, int]) -> Letterbox:
-    return Letterbox(f.src_w, f.src_h, size[0], size[1], f.scale, f.pad_x, f.pad_y)
+    return Letterbox(f.src_w, f.src_h, size[0], size[1], f.scale)
 
 
-def _encode_snapshot(item: WorkItem) -> bytes:
+def _snapshot(item: WorkItem) -> Reply:
     session = item.session
     header = wire.Snapshot(stream_id=session.stream_id, seq=item.frame.seq, clock=session.clock)
-    return wire.encode(header, session.tracker.snapshot())
+    return header, session.tracker.snapshot()
 
 
-def _encode_result(f: wire.Frame, det: Detections, timings: dict[str, float]) -> bytes:
+def _result(f: wire.Frame, det: Detections, timings: dict[str, float]) -> Reply:
     header = wire.Result(
         stream_id=f.stream_id,
         epoch=f.epoch,
@@ -280,4 +282,4 @@ def _encode_result(f: wire.Frame, det: Detections, timings: dict[str, float]) ->
         n=len(det),
         timings=timings,
     )
-    return wire.encode(header, wire.pack_detections(det))
+    return header, wire.pack_detections(det)

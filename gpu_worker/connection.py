@@ -25,6 +25,16 @@ from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
 from framerelay.errors import ConfigError, ProtocolError
+from framerelay.protocol import (
+    FrameReceived,
+    ProtocolViolation,
+    Refused,
+    StreamClosed,
+    StreamOpened,
+    WorkerEvent,
+    WorkerProtocol,
+    WorkerState,
+)
 from gpu_worker.batcher import Batcher, Failure, Outcome, WorkItem
 from gpu_worker.budgets import ErrorBudget, Pacer
 from gpu_worker.images import decode_jpeg_bgr
@@ -47,6 +57,9 @@ REFUSED_CODES = BAD_FRAME_CODES | {
 
 
 class TunnelConnection:
+    """Pumps one tunnel's bytes through its :class:`WorkerProtocol` (the rules live
+    there) and acts on the events: sessions, decoding, the batcher, budgets, metrics."""
+
     def __init__(
         self,
         ws: ServerConnection,
@@ -56,6 +69,7 @@ class TunnelConnection:
         decode_pool: Executor,
         hello: wire.Hello,
         *,
+        version: int = wire.VERSION,
         on_fault: Callable[[], None] | None = None,
     ) -> None:
         self.ws = ws
@@ -66,10 +80,13 @@ class TunnelConnection:
         self.metrics = metrics
         self.decode_pool = decode_pool
         self.hello = hello
-        self.limits = wire.Limits(max_payload=settings.max_message_bytes)
+        self.proto = WorkerProtocol(
+            version,
+            max_streams=settings.max_streams_per_connection,
+            max_inflight=settings.max_inflight,
+            limits=wire.Limits(max_payload=settings.max_message_bytes),
+        )
         self.sessions: dict[str, StreamSession] = {}
-        self.inflight: dict[str, int] = {}
-        """Frames in flight per stream id: kept across a re-OPEN (which must not reset credit)."""
         bound = settings.max_streams_per_connection * settings.max_inflight + 64
         self._out: asyncio.Queue[bytes] = asyncio.Queue(maxsize=bound)
         self._done = False
@@ -81,27 +98,29 @@ class TunnelConnection:
 
     async def close(self, code: int, reason: str) -> None:
         """Close this tunnel (the watchdog's call when inference stalls)."""
+        self.proto.close()
         with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
             await self.ws.close(code, reason[:120])
 
-    async def _drop(self, code: int, reason: str, error: str | None = None) -> None:
+    async def _drop(self, code: int, reason: str, error: bytes | None = None) -> None:
         """Close a misbehaving peer: stop reading it first (what it sends after this
-        costs nothing), send ``error`` as an ERROR and the close frame, and give it
+        costs nothing), send ``error`` (an ERROR) and the close frame, and give it
         :data:`DROP_TIMEOUT_S` before the socket is closed."""
+        self.proto.close()
         self.ws.transport.pause_reading()
         if self.on_fault is not None:
             self.on_fault()
         with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
             async with asyncio.timeout(DROP_TIMEOUT_S):
                 if error is not None:
-                    await self.ws.send(wire.encode(wire.Error(code="protocol", message=error)))
+                    await self.ws.send(error)
                 await self.ws.close(code, reason[:120])
         self.ws.transport.close()  # flushes what is buffered, reads nothing more
 
     async def run(self) -> None:
         self.metrics.connections.inc()
         try:
-            await self.ws.send(wire.encode(self.hello))
+            await self.ws.send(self.proto.send_hello(self.hello))
             sender = asyncio.create_task(self._send_loop())
             try:
                 await self._receive_loop()
@@ -113,6 +132,7 @@ class TunnelConnection:
             pass
         finally:
             self._done = True
+            self.proto.close()
             self.batcher.close_lane(self._lane)
             self.metrics.connections.dec()
             self.metrics.streams.dec(len(self.sessions))
@@ -120,24 +140,13 @@ class TunnelConnection:
 
     async def _receive_loop(self) -> None:
         async for data in self.ws:
-            if isinstance(data, str):
-                await self._fail(
-                    ProtocolError("text messages are not part of the protocol", close_code=1003)
-                )
-                return
-            try:
-                header, payload = wire.decode(data, self.limits)
-                await self._dispatch(header, payload)
-            except wire.FrameError as exc:
-                self.metrics.drops.labels("bad_frame").inc()
-                self._reply_error("bad_frame", str(exc), exc.stream_id, exc.seq)
-            except ProtocolError as exc:
-                self.metrics.frames.labels("protocol_error").inc()
-                self.metrics.tunnels_closed.labels("protocol").inc()
-                await self._fail(exc)
-                return
+            for event in self.proto.receive_data(data):
+                if isinstance(event, ProtocolViolation):
+                    await self._violated(event)
+                    return
+                await self._handle(event)
             if self._abort is not None:
-                await self._drop(wire.CLOSE_POLICY, self._abort)
+                await self._drop(wire.CloseCode.POLICY, self._abort)
                 return
             await self._pace()
 
@@ -148,36 +157,37 @@ class TunnelConnection:
             self.metrics.paced_s.inc(delay)
             await asyncio.sleep(delay)
 
-    async def _fail(self, exc: ProtocolError) -> None:
-        log.warning("closing tunnel from %s: %s", self.ws.remote_address, exc)
-        await self._drop(exc.close_code, str(exc), error=str(exc)[:2000])
+    async def _violated(self, event: ProtocolViolation) -> None:
+        self.metrics.frames.labels("protocol_error").inc()
+        self.metrics.tunnels_closed.labels("protocol").inc()
+        log.warning("closing tunnel from %s: %s", self.ws.remote_address, event.error)
+        await self._drop(event.code, event.reason, event.reply)
 
-    async def _dispatch(self, header: wire.Header, payload: bytes) -> None:
-        if isinstance(header, wire.Frame):
-            await self._on_frame(header, payload)
-        elif isinstance(header, wire.Open):
-            self._on_open(header, payload)
-        elif isinstance(header, wire.Close):
-            if self.sessions.pop(header.stream_id, None) is not None:
+    async def _handle(self, event: WorkerEvent) -> None:
+        if isinstance(event, FrameReceived):
+            await self._on_frame(event.frame, event.payload)
+        elif isinstance(event, StreamOpened):
+            self._on_open(event)
+        elif isinstance(event, StreamClosed):
+            if self.sessions.pop(event.stream_id, None) is not None:
                 self.metrics.streams.dec()
             else:
                 self._pacer.spend(time.monotonic())
-        else:
-            raise ProtocolError(f"{type(header).__name__} is not accepted from an ingest")
+        elif isinstance(event, Refused):
+            if event.code == "bad_frame":
+                self.metrics.drops.labels("bad_frame").inc()
+            self._count_error(event.code)
+            self._enqueue(event.reply)
 
-    def _on_open(self, msg: wire.Open, snapshot: bytes) -> None:
-        if msg.stream_id in self.sessions:  # a restart of the stream: rare, so paced
+    def _on_open(self, event: StreamOpened) -> None:
+        msg = event.open
+        if event.reopened:  # a restart of the stream: rare, so paced
             self._pacer.spend(time.monotonic())
-        limit = self.settings.max_streams_per_connection
-        if msg.stream_id not in self.sessions and len(self.sessions) >= limit:
-            self._reply_error(
-                "too_many_streams", f"limit is {limit} streams per tunnel", msg.stream_id
-            )
-            return
         try:
-            session = self._session_for(msg, snapshot)
+            session = self._session_for(msg, event.snapshot)
         except ConfigError as exc:
-            self._reply_error("bad_tracker", str(exc), msg.stream_id)
+            self._count_error("bad_tracker")
+            self._enqueue(self.proto.refuse_open(event, "bad_tracker", str(exc)))
             return
         if self.sessions.get(msg.stream_id) is None:
             self.metrics.streams.inc()
@@ -198,17 +208,9 @@ class TunnelConnection:
     async def _on_frame(self, frame: wire.Frame, payload: bytes) -> None:
         received = time.monotonic()
         session = self.sessions.get(frame.stream_id)
-        if session is None:
+        if session is None:  # the protocol knows it open, but its session failed to start
             self._reply_error(
                 "unknown_stream", "send OPEN before frames", frame.stream_id, frame.seq
-            )
-            return
-        if self.inflight.get(frame.stream_id, 0) >= self.settings.max_inflight:
-            self._reply_error(
-                "credit_exceeded",
-                f"at most {self.settings.max_inflight} frames in flight per stream",
-                frame.stream_id,
-                frame.seq,
             )
             return
         if not self.batcher.has_room(self._lane):  # refuse before paying for the decode
@@ -227,8 +229,6 @@ class TunnelConnection:
         self.metrics.stage_ms.labels("decode").observe((item.decoded_at - received) * 1000)
         if not self.batcher.submit(item):
             self._refuse_capacity(frame)
-            return
-        self.inflight[frame.stream_id] = self.inflight.get(frame.stream_id, 0) + 1
 
     def _refuse_capacity(self, frame: wire.Frame) -> None:
         self.metrics.drops.labels("capacity").inc()
@@ -236,25 +236,30 @@ class TunnelConnection:
 
     def _reply(self, item: WorkItem, outcome: Outcome) -> None:
         """The batcher's answer for one frame (on the event loop)."""
-        sid = item.frame.stream_id
-        left = self.inflight.pop(sid, 0) - 1
-        if left > 0:
-            self.inflight[sid] = left
+        if self._done or self.proto.state is not WorkerState.OPEN:
+            return
         if isinstance(outcome, Failure):
             self.metrics.drops.labels(outcome.code).inc()
             self._reply_error(outcome.code, outcome.message, item.frame.stream_id, item.frame.seq)
             return
         self.metrics.frames.labels("ok").inc()
-        for data in outcome:
-            self._enqueue(data)
+        for header, payload in outcome:
+            if isinstance(header, wire.Result):
+                self._enqueue(self.proto.send_result(header, payload))
+            else:
+                self._enqueue(self.proto.send_snapshot(header, payload))
 
     def _reply_error(
         self, code: str, message: str, stream_id: str | None = None, seq: int | None = None
     ) -> None:
+        if self._done or self.proto.state is not WorkerState.OPEN:
+            return
+        self._count_error(code)
+        self._enqueue(self.proto.send_error(code, message, stream_id, seq))
+
+    def _count_error(self, code: str) -> None:
+        """Metrics and budgets of one ERROR sent."""
         self.metrics.frames.labels(code).inc()
-        self._enqueue(
-            wire.encode(wire.Error(code=code, message=message[:2000], stream_id=stream_id, seq=seq))
-        )
         if code in REFUSED_CODES:
             now = time.monotonic()
             self._pacer.spend(now)
@@ -279,7 +284,9 @@ class TunnelConnection:
                 self._slow = True
                 log.warning("peer %s is not reading results; closing", self.ws.remote_address)
                 self.metrics.tunnels_closed.labels("slow_peer").inc()
-                asyncio.get_running_loop().create_task(self.ws.close(1013, "not reading results"))
+                asyncio.get_running_loop().create_task(
+                    self.ws.close(wire.CloseCode.TRY_AGAIN_LATER, "not reading results")
+                )
 
     async def _send_loop(self) -> None:
         while True:
@@ -289,5 +296,7 @@ class TunnelConnection:
                     await self.ws.send(data)
             except TimeoutError:
                 self.metrics.drops.labels("slow_peer").inc()
-                await self.ws.close(1013, "send timeout: not reading results")
+                await self.ws.close(
+                    wire.CloseCode.TRY_AGAIN_LATER, "send timeout: not reading results"
+                )
                 return

@@ -22,17 +22,22 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
 import numpy as np
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.headers import parse_subprotocol
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from framerelay import wire
 from framerelay.auth.guard import FailureLimiter, Throttled, status_of
 from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
+from framerelay.protocol import NoCommonVersion
+from framerelay.protocol import negotiation as versions
 from gpu_worker.batcher import Batcher
 from gpu_worker.connection import TunnelConnection
 from gpu_worker.detectors import Detector, ModelInput, load_detector
@@ -70,6 +75,27 @@ def _ok(conn: ServerConnection, body: bytes, content_type: str) -> Response:
         del resp.headers[name]  # Headers is a multidict: setting adds
         resp.headers[name] = value
     return resp
+
+
+def _offered(conn: ServerConnection) -> list[str]:
+    """The subprotocols the peer offered in its upgrade request."""
+    if conn.request is None:
+        return []
+    values = conn.request.headers.get_all("Sec-WebSocket-Protocol")
+    return [str(name) for value in values for name in parse_subprotocol(value)]
+
+
+def _select_subprotocol(
+    conn: ServerConnection, offered: Sequence[Subprotocol]
+) -> Subprotocol | None:
+    """The newest common version; none for a peer from before negotiation (v1) and for
+    one with no common version (:meth:`Worker._handle` then closes it with the reason)."""
+    if not offered:
+        return None
+    try:
+        return versions.subprotocol(versions.select(offered))
+    except NoCommonVersion:
+        return None
 
 
 def _peer(conn: ServerConnection) -> str:
@@ -155,7 +181,7 @@ class Worker:
             class_names=list(self.detector.class_names),
             providers=list(self.detector.providers),
             max_inflight=self.settings.max_inflight,
-            encodings=["jpeg"],
+            features=list(versions.FEATURES),
         )
 
     def warm_up(self) -> float:
@@ -256,9 +282,16 @@ class Worker:
         if isinstance(getattr(ws.transport, "max_size", None), int):  # asyncio's selector
             ws.transport.max_size = READ_CHUNK  # type: ignore[attr-defined]
         peer = _peer(ws)
+        try:
+            version = versions.select(_offered(ws))
+        except NoCommonVersion as exc:  # accepted without a subprotocol: say why, close
+            log.warning("refused a tunnel from %s: %s", peer, exc)
+            self.metrics.tunnels_closed.labels("protocol").inc()
+            await ws.close(exc.close_code, str(exc))
+            return
         conn = TunnelConnection(
             ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello,
-            on_fault=lambda: self.faults_by_peer.failed(peer),
+            version=version, on_fault=lambda: self.faults_by_peer.failed(peer),
         )  # fmt: skip
         self.connections.add(conn)
         try:
@@ -284,6 +317,8 @@ class Worker:
             self.settings.port,
             ssl=ssl_ctx,
             process_request=self._process_request,
+            subprotocols=versions.offer(),
+            select_subprotocol=_select_subprotocol,
             compression=None,
             max_size=wire.Limits(max_payload=self.settings.max_message_bytes).max_message,
             max_queue=32,

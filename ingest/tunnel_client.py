@@ -27,7 +27,6 @@ fails streams over on it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import ssl
@@ -37,24 +36,30 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from framerelay import wire
-from framerelay.credits import waited_s
 from framerelay.errors import AuthError, ConfigError, ProtocolError
+from framerelay.protocol import (
+    FrameFailed,
+    HelloReceived,
+    IngestEvent,
+    IngestProtocol,
+    PeerError,
+    ProtocolViolation,
+    ResultReceived,
+    SessionSnapshot,
+)
+from framerelay.protocol import negotiation as versions
 from framerelay.results import ResultRecord
 from ingest.heartbeat import TunnelMonitor, TunnelStalled
 from ingest.reconnect import Backoff
 from ingest.stream import IngestStream, StreamState
 from ingest.tunnel_health import TunnelHealth, TunnelState
-from ingest.tunnel_sender import (
-    CLOSE_TIMEOUT_S,
-    TUNNEL_ERRORS,
-    open_message,
-    send_close,
-    send_stream,
-)
+from ingest.tunnel_sender import CLOSE_TIMEOUT_S, TUNNEL_ERRORS, send_close, send_stream
+from ingest.tunnel_supervision import first_of, sleep_unless, supervise
 
+__all__ = ["TunnelClient", "client_ssl_context", "supervise"]
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 15.0
 HEALTHY_AFTER_S = 30.0
@@ -105,8 +110,9 @@ class TunnelClient:
             url, self.streams, interval_s=heartbeat_interval_s, stall_after_s=stall_after_s,
             on_change=lambda: on_state(self) if on_state is not None else None,
         )  # fmt: skip
-        self.snapshots: dict[str, tuple[wire.SessionClock, bytes]] = {}
-        """Latest session snapshot per stream; sent back in OPEN on (re)connect."""
+        self.snapshots: dict[str, SessionSnapshot] = {}
+        """Latest session snapshot per stream (every session's protocol caches into it);
+        sent back in OPEN on (re)connect."""
         self.hello: wire.Hello | None = None
         self.connected = asyncio.Event()
         self._wanted = asyncio.Event()
@@ -120,31 +126,28 @@ class TunnelClient:
         """Times :func:`supervise` had to start ``run`` again."""
         self.last_error: str | None = None
         self._ws: ClientConnection | None = None
+        self._proto: IngestProtocol | None = None
+        """The conversation of the current session (None between sessions)."""
         self._senders: set[asyncio.Task[None]] = set()
         self._serving: dict[str, asyncio.Task[Any]] = {}
         """The sender task serving each stream (so one stream can be let go)."""
         self._failed: asyncio.Future[None] | None = None
-        self._broken: set[str] = set()
-        """Streams failed by a crash here: their late results are dropped."""
         self._error_seen: str | None = None
         self._failing: dict[str, int] = {}
         """Worker errors in a row per stream."""
 
-    def add(
-        self, stream: IngestStream, snapshot: tuple[wire.SessionClock, bytes] | None = None
-    ) -> None:
+    def add(self, stream: IngestStream, snapshot: SessionSnapshot | None = None) -> None:
         """Add a stream (optionally resuming a session snapshot taken elsewhere);
         it starts flowing as soon as a worker is connected."""
         self.streams[stream.id] = stream
-        self._broken.discard(stream.id)
         self._wanted.set()
         if snapshot is not None:
             self.snapshots[stream.id] = snapshot
         self.monitor.added(stream)
         if self.hello is not None:
             stream.start(self.hello.input_w, self.hello.input_h)
-        if self._ws is not None and self.hello is not None:
-            self._start_stream(self._ws, stream)
+        if self._ws is not None and self._proto is not None and self.hello is not None:
+            self._start_stream(self._ws, self._proto, stream)
 
     @property
     def worker_id(self) -> str | None:
@@ -175,7 +178,7 @@ class TunnelClient:
         try:
             while not stop.is_set():
                 if not self._wanted.is_set():
-                    await _first(self._wanted, stop)
+                    await first_of(self._wanted, stop)
                     continue
                 started = time.monotonic()
                 await self._attempt(stop)
@@ -183,7 +186,7 @@ class TunnelClient:
                     return
                 if time.monotonic() - started > HEALTHY_AFTER_S:
                     backoff.reset()
-                await _sleep_unless(stop, backoff.next_delay(rng))
+                await sleep_unless(stop, backoff.next_delay(rng))
         finally:
             self.monitor.stop()
 
@@ -225,6 +228,7 @@ class TunnelClient:
                 compression=None,
                 max_size=wire.DEFAULT_LIMITS.max_message,
                 open_timeout=HELLO_TIMEOUT_S,
+                subprotocols=versions.offer(),
                 close_timeout=CLOSE_TIMEOUT_S,
                 proxy=None,
                 max_queue=64,
@@ -239,17 +243,13 @@ class TunnelClient:
             await self._session(ws, stop)
 
     async def _session(self, ws: ClientConnection, stop: asyncio.Event) -> None:
-        async with asyncio.timeout(HELLO_TIMEOUT_S):
-            header, _ = wire.decode(await ws.recv(decode=False))
-        if not isinstance(header, wire.Hello):
-            raise ProtocolError(f"expected HELLO from the worker, got {type(header).__name__}")
-        self._up(ws, header)
+        proto, header = await self._handshake(ws)
+        self._up(ws, proto, header)
         self._failed = asyncio.get_running_loop().create_future()
         for stream in list(self.streams.values()):
-            stream.window.cap = min(stream.window.cap, header.max_inflight)
             stream.start(header.input_w, header.input_h)
-            self._start_stream(ws, stream)
-        receiver = asyncio.create_task(self._receive(ws), name="tunnel-receive")
+            self._start_stream(ws, proto, stream)
+        receiver = asyncio.create_task(self._receive(ws, proto), name="tunnel-receive")
         watcher = asyncio.create_task(self.monitor.watch(), name="tunnel-heartbeat")
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -269,16 +269,41 @@ class TunnelClient:
         if self._failed.done():
             raise self._failed.exception() or ConnectionError("sender failed")
 
-    def _up(self, ws: ClientConnection, hello: wire.Hello) -> None:
-        self.hello, self._ws = hello, ws
+    async def _handshake(self, ws: ClientConnection) -> tuple[IngestProtocol, wire.Hello]:
+        """The version the worker chose, then its HELLO: the session's protocol, OPEN."""
+        try:
+            version = versions.accepted(ws.subprotocol)
+        except ProtocolError as exc:
+            await ws.close(exc.close_code, str(exc))
+            raise
+        proto = IngestProtocol(version, snapshots=self.snapshots)
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                data = await ws.recv(decode=False)
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == wire.CloseCode.PROTOCOL:
+                raise ProtocolError(f"the worker refused the tunnel: {exc.rcvd.reason}") from None
+            raise
+        for event in proto.receive_data(data, time.monotonic()):
+            if isinstance(event, ProtocolViolation):
+                await ws.close(event.code, event.reason)
+                raise event.error
+            if isinstance(event, HelloReceived):
+                return proto, event.hello
+        raise ProtocolError("no HELLO from the worker")  # unreachable: HELLO or a violation
+
+    def _up(self, ws: ClientConnection, proto: IngestProtocol, hello: wire.Hello) -> None:
+        self.hello, self._ws, self._proto = hello, ws, proto
         self.connects += 1
         self.connected.set()
         log.info("tunnel up to worker %s (%s)", hello.worker_id, ",".join(hello.providers))
         self.monitor.up(ws, hello.worker_id)
 
-    def _start_stream(self, ws: ClientConnection, stream: IngestStream) -> None:
+    def _start_stream(
+        self, ws: ClientConnection, proto: IngestProtocol, stream: IngestStream
+    ) -> None:
         if stream.state is not StreamState.FAILED:  # a failed stream has nothing to send
-            self._spawn(self._serve_stream(ws, stream))
+            self._spawn(self._serve_stream(ws, proto, stream))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -298,15 +323,17 @@ class TunnelClient:
             await asyncio.wait(set(self._senders), timeout=timeout_s)
 
     def _on_disconnect(self, *, stopping: bool) -> None:
-        self._ws = None
+        lost = self._proto.connection_lost() if self._proto is not None else {}
+        self._ws = self._proto = None
         self.connected.clear()
         for stream in self.streams.values():
-            lost = stream.window.abandon()
-            stream.counters["disconnected"] += lost
+            stream.counters["disconnected"] += lost.get(stream.id, 0)
             stream.credit.set()
         self.monitor.down(stopping=stopping, last_error=self.last_error)
 
-    async def _serve_stream(self, ws: ClientConnection, stream: IngestStream) -> None:
+    async def _serve_stream(
+        self, ws: ClientConnection, proto: IngestProtocol, stream: IngestStream
+    ) -> None:
         # Tells the stream when a sender serves it: IngestService.remove_stream/update_stream
         # wait for ``stream.sender_idle`` (last results, CLOSE sent) before forgetting it.
         stream.sender_started()
@@ -314,13 +341,12 @@ class TunnelClient:
         if task is not None:
             self._serving[stream.id] = task
         try:
-            snap = self.snapshots.get(stream.id)
-            await send_stream(ws, stream, open_message(stream, snap), self.frame_timeout_s)
+            await send_stream(ws, proto, stream, self.frame_timeout_s)
         except TUNNEL_ERRORS:
             raise
         except Exception as exc:  # this stream's bug (e.g. a frame the wire refuses)
             self._stream_crashed(stream, "sender", exc)
-            await send_close(ws, stream.id)
+            await send_close(ws, proto, stream.id)
         finally:
             if self._serving.get(stream.id) is task:
                 del self._serving[stream.id]
@@ -329,7 +355,8 @@ class TunnelClient:
     def _stream_crashed(self, stream: IngestStream, where: str, exc: Exception) -> None:
         """Fail ``stream`` alone: FAILED with the exception, its frames in flight given up."""
         self.task_errors += 1
-        self._broken.add(stream.id)
+        if self._proto is not None:  # its late answers are dropped from now on
+            self._proto.forget(stream.id)
         trace = stream.spec.scrub("".join(traceback.format_exception(exc)))
         log.error("stream %s: %s crashed; failing this stream only:\n%s", stream.id, where, trace)
         stream.fail(f"{where} crashed: {type(exc).__name__}: {_short(exc)}")
@@ -338,7 +365,7 @@ class TunnelClient:
 
     async def detach(
         self, stream_id: str, *, close: bool = True
-    ) -> tuple[IngestStream, tuple[wire.SessionClock, bytes] | None] | None:
+    ) -> tuple[IngestStream, SessionSnapshot | None] | None:
         """Stop sending ``stream_id`` here without stopping the stream; returns it
         with its latest session snapshot (to resume it on another worker).
         ``close``: send CLOSE so the worker frees the session (skip it for a stalled
@@ -352,9 +379,11 @@ class TunnelClient:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        ws = self._ws
-        if ws is not None and close:
-            await send_close(ws, stream_id)
+        ws, proto = self._ws, self._proto
+        if ws is not None and proto is not None and close:
+            await send_close(ws, proto, stream_id)
+        elif proto is not None:
+            proto.forget(stream_id)
         stream.counters["disconnected"] += stream.window.abandon()
         stream.credit.set()
         return stream, snapshot
@@ -375,42 +404,36 @@ class TunnelClient:
 
     # -- receiving -------------------------------------------------------------
 
-    async def _receive(self, ws: ClientConnection) -> None:
+    async def _receive(self, ws: ClientConnection, proto: IngestProtocol) -> None:
         async for data in ws:
-            if isinstance(data, str):
-                raise ProtocolError("worker sent a text message")
-            header, payload = wire.decode(data)
-            sid = getattr(header, "stream_id", None)
-            if sid in self._broken:
-                continue
-            try:
-                self._dispatch(header, payload)
-            except ProtocolError:
+            for event in proto.receive_data(data, time.monotonic()):
+                if isinstance(event, ProtocolViolation):
+                    await ws.close(event.code, event.reason)
+                    raise event.error
+                self._on_event(event)
+
+    def _on_event(self, event: IngestEvent) -> None:
+        """Act on one event; this stream's bug here fails this stream only."""
+        try:
+            if isinstance(event, ResultReceived):
+                self._on_result_msg(event)
+            elif isinstance(event, FrameFailed):
+                self._on_error_msg(event)
+            elif isinstance(event, PeerError):
+                log.warning("worker error %s: %s", event.error.code, event.error.message)
+        except Exception as exc:
+            sid = getattr(event, "stream_id", None)
+            stream = self.streams.get(sid) if isinstance(sid, str) else None
+            if stream is None:
                 raise
-            except Exception as exc:  # this stream's bug: fail it alone
-                stream = self.streams.get(sid) if isinstance(sid, str) else None
-                if stream is None:
-                    raise
-                self._stream_crashed(stream, "result handling", exc)
+            self._stream_crashed(stream, "result handling", exc)
 
-    def _dispatch(self, header: object, payload: bytes) -> None:
-        if isinstance(header, wire.Result):
-            self._on_result_msg(header, payload)
-        elif isinstance(header, wire.Error):
-            self._on_error_msg(header)
-        elif isinstance(header, wire.Snapshot):
-            if header.stream_id in self.streams:
-                self.snapshots[header.stream_id] = (header.clock, payload)
-        else:
-            raise ProtocolError(f"unexpected {type(header).__name__} from the worker")
-
-    def _on_result_msg(self, header: wire.Result, payload: bytes) -> None:
+    def _on_result_msg(self, event: ResultReceived) -> None:
+        header, rtt = event.result, event.rtt_s
         stream = self.streams.get(header.stream_id)
         if stream is None:
             return
-        det = wire.unpack_detections(header.n, payload)
         now = time.monotonic()
-        rtt = stream.window.completed(header.seq, now, waited_s(header.timings))
         if not stream.lossless:
             stream.window.resize(stream.sampling_fps)
         stream.credit.set()
@@ -422,7 +445,7 @@ class TunnelClient:
         assert self.hello is not None  # noqa: S101 - results only follow a HELLO
         record = ResultRecord.build(
             header,
-            det,
+            event.detections,
             class_names=self.hello.class_names,
             worker_id=self.hello.worker_id,
             received_at=time.time(),
@@ -432,13 +455,12 @@ class TunnelClient:
         stream.latency_ms.append(record.latency_ms)
         self._on_result(record)
 
-    def _on_error_msg(self, header: wire.Error) -> None:
-        stream = self.streams.get(header.stream_id or "")
-        if stream is None or header.seq is None:
+    def _on_error_msg(self, header: FrameFailed) -> None:
+        stream = self.streams.get(header.stream_id)
+        if stream is None:
             log.warning("worker error %s: %s", header.code, header.message)
             return
         now = time.monotonic()
-        stream.window.completed(header.seq, now)
         stream.counters["worker_error"] += 1
         stream.credit.set()
         self.monitor.answered(stream, now, None)
@@ -456,40 +478,6 @@ class TunnelClient:
         )
 
 
-async def supervise(client: TunnelClient, stop: asyncio.Event) -> None:
-    """Run ``client`` until ``stop``. Should ``run`` ever end or raise anyway, log it,
-    count it (``client.restarts``) and start it again with backoff."""
-    backoff = Backoff(0.5, 10.0)
-    rng = random.Random()  # noqa: S311 - jitter, not security
-    while not stop.is_set():
-        try:
-            await client.run(stop)
-        except Exception as exc:
-            log.error("tunnel client for %s crashed; restarting it", client.url, exc_info=exc)
-        else:
-            if stop.is_set():
-                return
-            log.error("tunnel client for %s ended by itself; restarting it", client.url)
-        client.restarts += 1
-        await _sleep_unless(stop, backoff.next_delay(rng))
-
-
 def _short(exc: BaseException) -> str:
     """An exception's message on one line, bounded (pydantic's run over many lines)."""
     return " ".join(str(exc).split())[:MAX_REASON]
-
-
-async def _sleep_unless(stop: asyncio.Event, delay_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(delay_s):
-            await stop.wait()
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Wait until any of ``events`` is set."""
-    waiters = [asyncio.create_task(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()

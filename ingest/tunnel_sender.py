@@ -1,10 +1,12 @@
 """One stream's sending over a tunnel: OPEN, frames as credits allow, drain, CLOSE.
 
 :func:`send_stream` is the body of a stream's sender task in
-:class:`ingest.tunnel_client.TunnelClient`. It raises :data:`TUNNEL_ERRORS`
-when the connection fails (the tunnel's business) and anything else when the
-stream itself is at fault (e.g. a frame the wire refuses): the client fails
-that stream alone.
+:class:`ingest.tunnel_client.TunnelClient`; the bytes come from the tunnel's
+:class:`~framerelay.protocol.IngestProtocol`, which keeps the rules (OPEN
+before FRAME, a credit per frame). It raises :data:`TUNNEL_ERRORS` when the
+connection fails or its protocol closed (the tunnel's business) and anything
+else when the stream itself is at fault (e.g. a frame the wire refuses): the
+client fails that stream alone.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
+from framerelay.protocol import IngestProtocol, IngestState
 from ingest.handoff import SlotClosed
-from ingest.stream import IngestStream
+from ingest.stream import IngestStream, Outgoing
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 10.0
@@ -29,51 +32,65 @@ TUNNEL_ERRORS = (ConnectionClosed, OSError, TimeoutError)
 """Failures of the connection itself: they end the session, never a stream."""
 
 
+class TunnelClosed(ConnectionError):
+    """The tunnel's protocol closed (a protocol error, or the connection was lost)."""
+
+
 async def send_stream(
-    ws: ClientConnection, stream: IngestStream, open_message: bytes, frame_timeout_s: float
+    ws: ClientConnection, proto: IngestProtocol, stream: IngestStream, frame_timeout_s: float
 ) -> None:
     """OPEN, then every frame the stream offers while credits allow, then CLOSE."""
-    await ws.send(open_message)
+    _check_open(proto)
+    await ws.send(proto.open_stream(stream.id, stream.window, stream.config.tracker))
     while True:
         await _wait_credit(stream, frame_timeout_s)
         try:
             out = await stream.slot.get()
         except SlotClosed:
             break
-        header = wire.Frame(
-            stream_id=stream.id,
-            epoch=out.epoch,
-            seq=out.seq,
-            pts=out.pts,
-            time_base=(out.time_base.numerator, out.time_base.denominator),
-            captured_at=out.captured_at,
-            src_w=out.prepared.letterbox.src_w,
-            src_h=out.prepared.letterbox.src_h,
-            scale=out.prepared.letterbox.scale,
+        _check_open(proto)
+        if not proto.is_open(stream.id):  # failed here meanwhile: nothing more to send
+            break
+        message = proto.send_frame(
+            frame_header(stream.id, out), out.prepared.data, time.monotonic()
         )
-        message = wire.encode(header, out.prepared.data)
-        stream.window.sent(out.seq, time.monotonic())
         async with asyncio.timeout(SEND_TIMEOUT_S):
             await ws.send(message)
         stream.counters["sent"] += 1
     await _drain(stream, frame_timeout_s)
-    await ws.send(wire.encode(wire.Close(stream_id=stream.id)))
+    _check_open(proto)
+    await ws.send(proto.close_stream(stream.id))
 
 
-async def send_close(ws: ClientConnection, stream_id: str) -> None:
-    """CLOSE ``stream_id`` on the worker, if the connection takes it in time."""
+def frame_header(stream_id: str, out: Outgoing) -> wire.Frame:
+    """The FRAME header of a prepared frame (pydantic's ValidationError when the wire
+    refuses a value, e.g. the scale of a 1x1 source)."""
+    lb = out.prepared.letterbox
+    return wire.Frame(
+        stream_id=stream_id,
+        epoch=out.epoch,
+        seq=out.seq,
+        pts=out.pts,
+        time_base=(out.time_base.numerator, out.time_base.denominator),
+        captured_at=out.captured_at,
+        src_w=lb.src_w,
+        src_h=lb.src_h,
+        scale=lb.scale,
+    )
+
+
+async def send_close(ws: ClientConnection, proto: IngestProtocol, stream_id: str) -> None:
+    """CLOSE ``stream_id`` on the worker, if the tunnel is open and takes it in time."""
+    if proto.state is not IngestState.OPEN:
+        return
     with contextlib.suppress(*TUNNEL_ERRORS):
         async with asyncio.timeout(CLOSE_TIMEOUT_S):
-            await ws.send(wire.encode(wire.Close(stream_id=stream_id)))
+            await ws.send(proto.close_stream(stream_id))
 
 
-def open_message(stream: IngestStream, snap: tuple[wire.SessionClock, bytes] | None) -> bytes:
-    """OPEN for ``stream``, resuming the session snapshot ``snap`` when there is one."""
-    if snap is None:
-        return wire.encode(wire.Open(stream_id=stream.id, tracker=stream.config.tracker))
-    clock, blob = snap
-    header = wire.Open(stream_id=stream.id, tracker=stream.config.tracker, clock=clock)
-    return wire.encode(header, blob)
+def _check_open(proto: IngestProtocol) -> None:
+    if proto.state is not IngestState.OPEN:
+        raise TunnelClosed(f"the tunnel is {proto.state.value}")
 
 
 async def _wait_credit(stream: IngestStream, frame_timeout_s: float) -> None:

@@ -26,9 +26,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from framerelay import wire
 from framerelay.errors import ProtocolError
+from framerelay.protocol.negotiation import offer
 
 FRAME_FIELDS = ("epoch", "seq", "pts", "time_base.0", "time_base.1", "captured_at",
-                "src_w", "src_h", "scale", "pad_x", "pad_y")  # fmt: skip
+                "src_w", "src_h", "scale")  # fmt: skip
 CLOCK_FIELDS = ("clock.epoch", "clock.offset", "clock.last_t", "clock.last_captured")
 HELLO_FIELDS = ("input_w", "input_h", "max_inflight")
 RESULT_FIELDS = ("epoch", "seq", "pts", "time_base.0", "time_base.1", "captured_at", "n",
@@ -94,7 +95,8 @@ class Probe:
             auth = {"Authorization": f"Bearer {self.token}"}
             local = (PROBE_ADDRS[self.connects % len(PROBE_ADDRS)], 0)
             self.ws = await connect(self.url, proxy=None, compression=None, max_size=None,
-                                    additional_headers=auth, local_addr=local)  # fmt: skip
+                                    additional_headers=auth, local_addr=local,
+                                    subprotocols=offer())  # fmt: skip
             self.connects += 1
             hello, _ = wire.decode(await asyncio.wait_for(self.ws.recv(decode=False), 10))
             assert isinstance(hello, wire.Hello)
@@ -231,7 +233,7 @@ async def _flood_once(
     sent = 0
     async with connect(url, proxy=None, compression=None, max_size=None,
                        additional_headers={"Authorization": f"Bearer {token}"},
-                       local_addr=(FLOOD_ADDR, 0)) as ws:  # fmt: skip
+                       local_addr=(FLOOD_ADDR, 0), subprotocols=offer()) as ws:  # fmt: skip
         counts["connections"] += 1
         reader = asyncio.create_task(_drain(ws, counts))
         await ws.send(wire.encode(wire.Open(stream_id="flood")))
@@ -307,7 +309,8 @@ class FakeWorker:
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         server: Server
-        async with serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None) as server:
+        async with serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None,
+                         subprotocols=offer()) as server:  # fmt: skip
             port = next(iter(server.sockets)).getsockname()[1]
             self.url = f"ws://127.0.0.1:{port}/v1/tunnel"
             await self._stop.wait()
@@ -324,8 +327,8 @@ class FakeWorker:
     async def _handle(self, ws: ServerConnection) -> None:
         self.connections += 1
         hello = wire.Hello(worker_id="fake-worker", input_w=416, input_h=416,
-                           class_names=["person"], providers=["fake"], max_inflight=4,
-                           encodings=["jpeg"]).model_dump(mode="json")  # fmt: skip
+                           class_names=["person"], providers=["fake"],
+                           max_inflight=4).model_dump(mode="json")  # fmt: skip
         if self._peek() == "HELLO":
             _, name, value = self._next()
             await ws.send(message(wire.MsgType.HELLO, with_value(hello, name, value)))

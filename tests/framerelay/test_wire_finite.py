@@ -4,7 +4,7 @@ NaN, +-Infinity (JSON ``NaN``/``Infinity`` or an overflowing ``1e400``) and
 out-of-range values in every numeric field of every message are refused with
 a ProtocolError; for a FRAME that still names a valid stream and seq it is a
 :class:`wire.FrameError` carrying both, so the worker answers that frame only.
-Valid messages encode exactly as before (golden bytes).
+Valid messages keep their exact bytes: see test_wire_golden.py.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ TIMING = {"stream_id": "cam-1", "epoch": 2, "seq": 7, "pts": 8_589_934_000,
 CLOCK = {"epoch": 3, "offset": 1.5, "last_t": 12.25, "last_captured": 1_700_000_000.5}
 VALID: dict[wire.MsgType, dict[str, Any]] = {
     wire.MsgType.HELLO: {"worker_id": "w", "input_w": 416, "input_h": 416, "class_names": ["a"],
-                         "providers": ["CPU"], "max_inflight": 4, "encodings": ["jpeg"]},
+                         "providers": ["CPU"], "max_inflight": 4, "features": ["resume"]},
     wire.MsgType.FRAME: {**TIMING, "encoding": "jpeg", "src_w": 1280, "src_h": 720,
-                         "scale": 0.325, "pad_x": 0, "pad_y": 10},
+                         "scale": 0.325},
     wire.MsgType.RESULT: {**TIMING, "n": 0, "timings": {"infer_ms": 3.5}},
     wire.MsgType.OPEN: {"stream_id": "cam-1", "tracker": "default", "clock": CLOCK},
     wire.MsgType.SNAPSHOT: {"stream_id": "cam-1", "seq": 41, "clock": CLOCK},
@@ -36,7 +36,7 @@ VALID: dict[wire.MsgType, dict[str, Any]] = {
 NUMERIC: dict[wire.MsgType, list[str]] = {
     wire.MsgType.HELLO: ["input_w", "input_h", "max_inflight"],
     wire.MsgType.FRAME: ["epoch", "seq", "pts", "time_base.0", "time_base.1", "captured_at",
-                         "src_w", "src_h", "scale", "pad_x", "pad_y"],
+                         "src_w", "src_h", "scale"],
     wire.MsgType.RESULT: ["epoch", "seq", "pts", "time_base.0", "time_base.1", "captured_at",
                           "n", "timings.infer_ms"],
     wire.MsgType.OPEN: ["clock.epoch", "clock.offset", "clock.last_t", "clock.last_captured"],
@@ -90,7 +90,7 @@ def test_non_finite_and_out_of_range_numbers_are_refused(
     if mtype == wire.MsgType.FRAME and path != "seq":
         assert isinstance(err, wire.FrameError), f"{path}={token}: no per-frame error"
         assert (err.stream_id, err.seq) == ("cam-1", 7)
-        assert err.close_code == wire.CLOSE_PROTOCOL
+        assert err.close_code == wire.CloseCode.PROTOCOL
     else:
         assert not isinstance(err, wire.FrameError)
 
@@ -109,7 +109,6 @@ def test_non_finite_and_out_of_range_numbers_are_refused(
         ({"captured_at": 1e11}, True),
         ({"scale": 0.0}, True),
         ({"scale": 65.0}, True),
-        ({"extra": 1}, True),
         ({"time_base": [0, 1]}, True),
         ({"time_base": [1, 2**32]}, True),
     ],
@@ -155,25 +154,3 @@ def test_result_timings_must_be_finite() -> None:
     for bad in (math.nan, math.inf, 1e13):
         with pytest.raises(ValidationError):
             wire.Result(**fields, timings={"infer_ms": bad})
-
-
-GOLDEN_FRAME = (
-    b'\x01\x04\x00\x00\x00\xb8{"stream_id":"cam-1","epoch":2,"seq":7,"pts":8589934000,'
-    b'"time_base":[1,90000],"captured_at":1700000000.25,"encoding":"jpeg","src_w":1280,'
-    b'"src_h":720,"scale":0.325,"pad_x":0,"pad_y":10}\xff\xd8'
-)
-GOLDEN_SNAPSHOT = (
-    b'\x01\x07\x00\x00\x00\x6b{"stream_id":"cam-1","seq":41,"clock":{"epoch":3,"offset":1.5,'
-    b'"last_t":12.25,"last_captured":1700000000.5}}FRTK'
-)
-
-
-def test_valid_messages_encode_byte_for_byte_as_before() -> None:
-    frame = wire.Frame(**{**VALID[wire.MsgType.FRAME], "time_base": (1, 90_000)})
-    assert wire.encode(frame, b"\xff\xd8") == GOLDEN_FRAME
-    snap = wire.Snapshot(stream_id="cam-1", seq=41, clock=wire.SessionClock(**CLOCK))
-    assert wire.encode(snap, b"FRTK") == GOLDEN_SNAPSHOT
-    fresh = wire.Open(stream_id="a", clock=wire.SessionClock())
-    assert wire.encode(fresh).endswith(
-        b'"clock":{"epoch":null,"offset":0.0,"last_t":-1e+18,"last_captured":0.0}}'
-    )

@@ -31,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
+from framerelay.protocol.negotiation import offer
 
 SIDE = 416
 JPEG: bytes = simplejpeg.encode_jpeg(
@@ -143,7 +144,8 @@ class Tunnel:
 async def open_tunnel(url: str, token: str) -> AsyncIterator[Tunnel]:
     """A tunnel past its HELLO, reading in the background; closed on exit."""
     ws = await connect(url, additional_headers={"Authorization": f"Bearer {token}"},
-                       compression=None, proxy=None, max_size=None)  # fmt: skip
+                       compression=None, proxy=None, max_size=None,
+                       subprotocols=offer())  # fmt: skip
     hello, _ = wire.decode(await ws.recv(decode=False))
     assert isinstance(hello, wire.Hello)
     tunnel = Tunnel(ws, hello)
@@ -290,6 +292,7 @@ def _handshake(sock: socket.socket, addr: tuple[str, int], token: str) -> bool:
     sock.sendall(
         f"GET /v1/tunnel HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\nUpgrade: websocket\r\n"
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: {', '.join(offer())}\r\n"
         f"Authorization: Bearer {token}\r\n\r\n".encode()
     )
     head = b""

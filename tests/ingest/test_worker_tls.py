@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from framerelay import wire
 from framerelay.auth import TokenVerifier
 from framerelay.errors import ConfigError
+from framerelay.protocol.negotiation import offer
 from ingest.auth import tunnel_tokens
 from ingest.registry import StreamRegistry, TunnelOptions, UnknownStream
 from ingest.settings import IngestSettings, StreamConfig
@@ -50,12 +51,14 @@ async def fake_worker(pki: Pki, seen: list[str]) -> AsyncIterator[str]:
         assert ws.request is not None
         seen.append(ws.request.headers.get("Authorization", ""))
         hello = wire.Hello(worker_id="gpu-a", input_w=416, input_h=416, class_names=["person"],
-                           providers=["fake"], max_inflight=2, encodings=["jpeg"])  # fmt: skip
+                           providers=["fake"], max_inflight=2)  # fmt: skip
         await ws.send(wire.encode(hello))
         async for _ in ws:  # frames: never answered
             pass
 
-    async with serve(handler, "127.0.0.1", 0, ssl=ctx, compression=None) as server:
+    async with serve(
+        handler, "127.0.0.1", 0, ssl=ctx, compression=None, subprotocols=offer()
+    ) as server:
         port = next(iter(server.sockets)).getsockname()[1]
         yield f"wss://127.0.0.1:{port}/v1/tunnel"
 

@@ -13,6 +13,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
+from framerelay.protocol.negotiation import offer
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
 from tests.conftest import CLIP
@@ -28,7 +29,8 @@ FRAME = wire.Frame(
 
 async def _raw(url: str, secret: str) -> ClientConnection:
     ws = await connect(url, additional_headers={"Authorization": f"Bearer {token(secret)}"},
-                       compression=None, proxy=None, max_size=None)  # fmt: skip
+                       compression=None, proxy=None, max_size=None,
+                       subprotocols=offer())  # fmt: skip
     hello, _ = wire.decode(await ws.recv(decode=False))
     assert isinstance(hello, wire.Hello)
     return ws
@@ -53,12 +55,14 @@ async def _next_error(ws: ClientConnection) -> wire.Error:
     return header
 
 
+V = wire.VERSION
 RESULT = wire.Result(**FRAME.model_dump(include=set(wire.Timing.model_fields)), n=0)
 BAD_MESSAGES = [
-    ("malformed JSON", struct.pack(">BBI", 1, 4, 5) + b"{oops", 1002, "Invalid JSON"),
-    ("truncated", struct.pack(">BBI", 1, 4, 500) + b'{"stream_id":', 1002, "truncated"),
-    ("unknown type", struct.pack(">BBI", 1, 42, 2) + b"{}", 1002, "unknown message type"),
-    ("bad version", struct.pack(">BBI", 9, 4, 2) + b"{}", 1002, "unsupported protocol version"),
+    ("malformed JSON", struct.pack(">BBI", V, 4, 5) + b"{oops", 1002, "Invalid JSON"),
+    ("truncated", struct.pack(">BBI", V, 4, 500) + b'{"stream_id":', 1002, "truncated"),
+    ("unknown type", struct.pack(">BBI", V, 42, 2) + b"{}", 1002, "unknown message type"),
+    ("bad version", struct.pack(">BBI", 9, 4, 2) + b"{}", 1002, "protocol version 9 on a tunnel"),
+    ("older version", struct.pack(">BBI", 1, 4, 2) + b"{}", 1002, "protocol version 1 on a tunnel"),
     ("schema", wire.encode(wire.Close(stream_id="x")).replace(b'"x"', b"42 "), 1002, "stream_id"),
     ("wrong direction", wire.encode(RESULT), 1002, "not accepted"),
     ("oversized", b"\x01\x04" + b"\0" * (9 * 1024 * 1024), 1009, ""),

@@ -11,6 +11,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from framerelay import wire
+from framerelay.protocol.negotiation import offer
 from ingest.prepare import Preparer
 from tests.conftest import CLIP
 from tests.integration.worker_harness import running_worker, token
@@ -37,7 +38,9 @@ def frames() -> list[tuple[wire.Frame, bytes]]:
 
 async def _connect(url: str, secret: str, worker_id: str) -> ClientConnection:
     auth = {"Authorization": f"Bearer {token(secret, f'worker:{worker_id}')}"}
-    ws = await connect(url, additional_headers=auth, compression=None, proxy=None)
+    ws = await connect(
+        url, additional_headers=auth, compression=None, proxy=None, subprotocols=offer()
+    )
     assert isinstance(wire.decode(await ws.recv(decode=False))[0], wire.Hello)
     return ws
 

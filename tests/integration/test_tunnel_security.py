@@ -31,6 +31,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from framerelay import wire
+from framerelay.protocol.negotiation import offer
 from gpu_worker.server import Worker
 from tests.integration.worker_harness import running_worker, token
 from tests.support.auth import ed_keys, mint
@@ -122,7 +123,7 @@ async def _tunnel(url: str, header: str | None, ctx: ssl.SSLContext) -> tuple[in
     headers = {"Authorization": header} if header is not None else {}
     try:
         async with connect(url, additional_headers=headers, ssl=ctx, compression=None,
-                           proxy=None, open_timeout=10) as ws:  # fmt: skip
+                           proxy=None, open_timeout=10, subprotocols=offer()) as ws:  # fmt: skip
             hello, _ = wire.decode(await asyncio.wait_for(ws.recv(decode=False), 10))
             assert isinstance(hello, wire.Hello) and hello.worker_id == "gpu-a"
             return 101, ""
@@ -234,7 +235,7 @@ def test_single_host_hs256_refusals(
 async def _open(url: str, tok: str | None, ssl_ctx: ssl.SSLContext | None = None) -> wire.Header:
     headers = {"Authorization": f"Bearer {tok}"} if tok is not None else {}
     async with connect(url, additional_headers=headers, ssl=ssl_ctx, compression=None, proxy=None,
-                       open_timeout=10) as ws:  # fmt: skip
+                       open_timeout=10, subprotocols=offer()) as ws:  # fmt: skip
         header, _ = wire.decode(await asyncio.wait_for(ws.recv(decode=False), 10))
         return header
 
