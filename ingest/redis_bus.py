@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from framerelay.results import ResultId, ResultRecord
 from ingest.bus import IdAllocator, Published
@@ -297,7 +297,7 @@ class RedisPublisher:
             async with asyncio.timeout(timeout_s):
                 async for key in self._client.scan_iter(match=pattern, count=1000, _type="stream"):
                     sid = self.keys.stream_id(str(key))
-                    last = _last_id(await awaitable(self._client.xinfo_stream(str(key))))
+                    last = await self._last_of(str(key))
                     if sid is not None and last is not None:
                         self._ids.floor(sid, last)
                         n += 1
@@ -305,6 +305,13 @@ class RedisPublisher:
             log.warning("could not read the last result ids from Redis (%s: %s); results it "
                         "refuses will be dropped and counted", type(exc).__name__, exc)  # fmt: skip
         return n
+
+    async def _last_of(self, key: str) -> ResultId | None:
+        """The last id stream ``key`` gave (None once it expired meanwhile)."""
+        try:
+            return _last_id(await awaitable(self._client.xinfo_stream(key)))
+        except ResponseError:  # no such key (expired since the scan)
+            return None
 
     def _set_up(self, up: bool, exc: BaseException | None = None) -> None:
         if up != self.up:
