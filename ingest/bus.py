@@ -70,6 +70,12 @@ class IdAllocator:
     def last(self, stream_id: str) -> ResultId | None:
         return self._last.get(stream_id)
 
+    def forget_before(self, ms: int) -> None:
+        """Forget streams whose last id is older than ``ms`` (removed streams: a later
+        id of the same stream comes from the wall clock, after ``ms``, all the same)."""
+        for stream_id in [k for k, rid in self._last.items() if rid.ms < ms]:
+            del self._last[stream_id]
+
 
 @dataclass(frozen=True, slots=True)
 class DetectionFilter:
@@ -190,6 +196,7 @@ class ResultBus:
         self._history_ms = _age_ms(history_s)
         self.ids = ids or IdAllocator()
         self.dropped = 0
+        self._swept_ms = 0
 
     def subscribe(
         self,
@@ -229,6 +236,7 @@ class ResultBus:
             ring.append((rid.ms, rid.seq, item.json()))
             while self._history_ms and ring[0][0] < rid.ms - self._history_ms:
                 ring.popleft()
+        self._sweep(rid.ms)
         for func in self._taps:
             func(item.record)
         for obs in self._observers:
@@ -246,6 +254,18 @@ class ResultBus:
         self._history = {
             k: collections.deque(v, maxlen=self._history_len) for k, v in self._history.items()
         } if self._history_len else {}  # fmt: skip
+
+    def _sweep(self, now_ms: int) -> None:
+        """Every ``history_s`` or so, drop what streams that stopped publishing (removed
+        ones) still hold: their history and their last id, so a long-running ingest
+        with streams coming and going does not keep every one it ever had."""
+        if not self._history_ms or now_ms - self._swept_ms < self._history_ms:
+            return
+        self._swept_ms = now_ms
+        cutoff = now_ms - self._history_ms
+        for stream_id in [k for k, ring in self._history.items() if ring[-1][0] < cutoff]:
+            del self._history[stream_id]
+        self.ids.forget_before(cutoff)
 
     def history(
         self, stream_id: str, after: ResultId | None = None, limit: int | None = None

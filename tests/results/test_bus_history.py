@@ -64,3 +64,21 @@ def test_an_age_limit_of_zero_keeps_the_count_limit_only() -> None:
     bus.resize_history(8, max_age_s=1.0)
     bus.push(record("cam-1", 0))
     assert len(bus.history("cam-1")) == 1
+
+
+def test_a_stream_that_stopped_publishing_is_forgotten_after_the_age_limit() -> None:
+    """Streams come and go: a removed stream's history and id state do not stay forever."""
+    now = [1_800_000_000.0]
+    ids = IdAllocator(clock=lambda: now[0])
+    bus = ResultBus(history=1024, history_s=60.0, ids=ids)
+    for i in range(50):  # 50 streams, each publishing a little, then removed
+        bus.push(record(f"gone-{i}", 0))
+        now[0] += 1.0
+    for _ in range(200):  # one stream keeps going for 200 s
+        bus.push(record("cam-1", 0))
+        now[0] += 1.0
+    assert [s for s in bus._history if s.startswith("gone-")] == []
+    assert [s for s in ids._last if s.startswith("gone-")] == []
+    assert len(bus.history("cam-1")) == 61
+    first = bus.push(record("gone-3", 0))  # a stream added again gets a newer id
+    assert first.record.id is not None and first.record.id.ms > 1_800_000_000_000 + 49_000
