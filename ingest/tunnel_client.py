@@ -39,6 +39,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from framerelay import wire
+from framerelay.backoff import Backoff
 from framerelay.errors import AuthError, ConfigError, ProtocolError
 from framerelay.protocol import (
     FrameFailed,
@@ -53,7 +54,6 @@ from framerelay.protocol import (
 from framerelay.protocol import negotiation as versions
 from framerelay.results import ResultRecord
 from ingest.heartbeat import TunnelMonitor, TunnelStalled
-from ingest.reconnect import Backoff
 from ingest.stream import IngestStream, StreamState
 from ingest.tunnel_health import TunnelHealth, TunnelState
 from ingest.tunnel_sender import CLOSE_TIMEOUT_S, TUNNEL_ERRORS, send_close, send_stream

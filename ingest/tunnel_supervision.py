@@ -14,7 +14,7 @@ import logging
 import random
 from typing import Protocol
 
-from ingest.reconnect import Backoff
+from framerelay.backoff import Backoff
 
 log = logging.getLogger("ingest.tunnel_client")
 
