@@ -191,10 +191,10 @@ class StreamRegistry:
         """Replace a stream by one with the new definition (its next epoch), on the same
         tunnel. UnknownStream if there is none."""
         old = self.get(config.id)
-        closed = await self._retire(old)
+        close = await self._retire(old)
         async with self._lock:
             worker = self._where.get(config.id)
-            await self._forget(config.id, close=not closed)
+            await self._forget(config.id, close=close)
             stream = self._start(config, old.epoch + 1, worker)
             await self._close_idle()
         self._join_later(old)
@@ -204,9 +204,9 @@ class StreamRegistry:
         """Stop a stream and forget it (its worker frees the session). UnknownStream if
         there is none."""
         stream = self.get(stream_id)
-        closed = await self._retire(stream)
+        close = await self._retire(stream)
         async with self._lock:
-            await self._forget(stream_id, close=not closed)
+            await self._forget(stream_id, close=close)
             await self._close_idle()
         self._join_later(stream)
         return stream
@@ -317,17 +317,24 @@ class StreamRegistry:
 
     async def _retire(self, stream: IngestStream) -> bool:
         """Stop ``stream`` and wait (bounded) for its sender to get the last results and
-        send CLOSE. True if it did (or there was none)."""
+        send CLOSE. True if a CLOSE is still due (none is sent into an unhealthy tunnel,
+        and no last result awaited from it)."""
         self._leaving.add(stream.id)
         stream.stop()
+        if self._unhealthy(stream.id):
+            return False
         await asyncio.sleep(0)  # a sender spawned just now starts (and sees the closed slot)
         try:
             async with asyncio.timeout(self.options.frame_timeout_s + RETIRE_GRACE_S):
                 await stream.sender_idle.wait()
         except TimeoutError:
             log.warning("stream %s: sender still busy after removal; dropping it", stream.id)
-            return False
-        return True
+            return not self._unhealthy(stream.id)
+        return False
+
+    def _unhealthy(self, stream_id: str) -> bool:
+        client = self._clients.get(self._where.get(stream_id, ""))
+        return client is not None and client.unhealthy
 
     async def _forget(self, stream_id: str, *, close: bool) -> None:
         await self._detach(stream_id, close=close)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -25,12 +27,15 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from framerelay.launcher import LocalWorker
 from framerelay.results import ResultRecord
 from gpu_worker.server import Worker
 from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import FileStore
+from ingest.tunnel_health import TunnelState
+from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.integration.worker_harness import running_worker
 from tests.support.auth import mint
 from tests.support.harness import wait_for
@@ -282,3 +287,41 @@ def test_a_worker_at_a_new_address_takes_its_streams_along(
     assert set(got["urls"]) == {"default", "w"} and got["urls"]["w"] == got["new"]
     assert got["views"] == ({"s1", "s2"}, {"s2": "w"}, {"s1": "default", "s2": "w"})
     assert got["moves"] == 3  # s1 and s2 to the new address, then s1 to the default worker
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_removing_a_stream_from_a_frozen_worker_does_not_wait_for_it(
+    media: Media, secret: str, tmp_path: Path
+) -> None:
+    """A removal lets the last results come back (bounded by frame_timeout_s), unless the
+    stream's worker is STALLED: none will come (it waited until the stalled tunnel was
+    reconnected, another stall_after_s later), and no CLOSE is sent into the stall."""
+    worker = LocalWorker(secret, worker_id="frozen", args=["--model", str(MODEL)],
+                         env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+
+    async def main() -> tuple[float, int]:
+        async with running(secret, tmp_path, worker_url=worker.url, stall_after_s=3.0,
+                           heartbeat_interval_s=0.2) as (service, http, got):  # fmt: skip
+            assert (await http.post("/v1/streams", json=_cam(media, "s"))).status_code == 201
+            await wait_for(lambda: _count(got, "s") >= 3, 60, "results")
+            if worker.proc is None:
+                raise RuntimeError("the worker process did not start")
+            pid = worker.proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await wait_for(lambda: service.client.state is TunnelState.STALLED, 10, "stall")
+                t0 = time.monotonic()
+                status = (await http.delete("/v1/streams/s")).status_code
+                return time.monotonic() - t0, status
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+    worker.start(timeout_s=120 * TIMEOUT_FACTOR)
+    try:
+        took, status = asyncio.run(main())
+    finally:
+        worker.stop()
+    print(f"\nDELETE of a stream on a STALLED worker took {took:.2f} s")
+    assert status == 204
+    assert took < 1.0 * TIMEOUT_FACTOR  # was: until the stalled tunnel reconnected (3 s)
