@@ -150,6 +150,7 @@ class RedisPublisher:
         self._streams: set[str] = set()
         self._next_trim = time.monotonic() + trim_every_s
         self.up = False
+        self._unexpected: set[str] = set()
 
     def offer(self, item: Published) -> None:
         """Queue a result for Redis; O(1), never blocks (drops the oldest when full)."""
@@ -186,15 +187,34 @@ class RedisPublisher:
             if not self._buf:
                 await self._idle(stop)
                 continue
-            if await self._write_batch():
+            if await self._step():
                 delay = BACKOFF_FIRST_S
-                await self._trim_if_due()
             else:
                 await _sleep_or(stop if deadline is None else None, delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
         if self._buf:
             self._drop("shutdown", len(self._buf))
             self._buf.clear()
+
+    async def _step(self) -> bool:
+        """One batch written (True) or not. Supervised: an unexpected error (a bug, a
+        reply of a shape we did not expect) is logged with its traceback and counted,
+        then writing goes on after the backoff; it never ends Redis writes for good."""
+        try:
+            if not await self._write_batch():
+                return False
+            await self._trim_if_due()
+        except Exception as exc:
+            self.counts["errors"] += 1
+            self.metrics.errors.inc()
+            kind = type(exc).__name__
+            if kind not in self._unexpected:
+                self._unexpected.add(kind)
+                log.exception("unexpected error writing results to Redis; carrying on")
+            else:
+                log.error("unexpected error writing results to Redis (%s); carrying on", kind)
+            return False
+        return True
 
     async def _idle(self, stop: asyncio.Event) -> None:
         self._wake.clear()
@@ -225,6 +245,9 @@ class RedisPublisher:
                 self._push(entry, front=True)
             self._set_up(False, exc)
             return False
+        except Exception:  # not Redis being away: a batch that cannot be sent is dropped
+            self._drop("error", len(batch))
+            raise
         self._set_up(True)
         await self._check_replies(batch, list(replies))
         self.metrics.buffered.set(len(self._buf))
