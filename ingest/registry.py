@@ -235,7 +235,8 @@ class StreamRegistry:
             old = self._where.get(stream_id)
             if old == worker_id:
                 return readdressed
-            snapshot = await self._detach(stream_id, close=True)
+            close = not self._unhealthy(stream_id)  # no CLOSE into a stall
+            snapshot = await self._detach(stream_id, close=close)
             self._attach(self._streams[stream_id], worker_id, snapshot)
             self.moves += old is not None
             log.info("stream %s: %s -> %s (snapshot: %s)",
