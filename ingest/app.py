@@ -121,7 +121,6 @@ async def serve_ingest(settings: IngestSettings) -> int:
     service.bus.resize_history(settings.results.history, settings.results.history_s)
     publisher = publisher_from_settings(settings, service.bus.ids, registry)
     if publisher is not None:
-        await publisher.prime()  # result ids continue above what Redis holds
         service.bus.observe(publisher.offer)
     durable = publisher.read_after if publisher else None
     hub = build_hub(service.bus, settings, registry, durable, guard=guard)
@@ -131,7 +130,10 @@ async def serve_ingest(settings: IngestSettings) -> int:
     # uvicorn captures SIGINT/SIGTERM while it serves and re-raises them when it
     # returns; whichever side ends first stops the other.
     api = asyncio.create_task(server.serve(sockets=[sock]), name="ingest-api")
-    run = asyncio.create_task(service.run(stop), name="ingest-service")
+    # result ids continue above what Redis holds: primed once the stream store is read
+    # (a store that cannot be read is the one line the ingest exits with)
+    prime = publisher.prime if publisher is not None else None
+    run = asyncio.create_task(service.run(stop, before_streams=prime), name="ingest-service")
     flushed = asyncio.Event()  # the publisher stops after the last results came in
     redis = asyncio.create_task(publisher.run(flushed)) if publisher is not None else None
     try:

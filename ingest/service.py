@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from framerelay.errors import FramerelayError
 from ingest.auth import tunnel_tokens
@@ -127,10 +127,18 @@ class IngestService:
                 raise UnknownStream(f"no placed stream {stream_id!r}")
             await self.registry.remove(stream_id)
 
-    async def run(self, stop: asyncio.Event, *, until_finished: bool = False) -> None:
-        """Run until ``stop`` (or, with ``until_finished``, until every source ended)."""
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        until_finished: bool = False,
+        before_streams: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        """Run until ``stop`` (or, with ``until_finished``, until every source ended).
+        ``before_streams`` is awaited once the stored definitions are read and before
+        any stream starts (the Redis publisher settles where result ids continue)."""
         try:
-            await self._load()
+            await self._load(before_streams)
             while not stop.is_set():
                 streams = list(self.streams.values())
                 if until_finished and streams and all(s.finished for s in streams):
@@ -142,11 +150,13 @@ class IngestService:
             stop.set()
             await self.registry.aclose(DRAIN_TIMEOUT_S)
 
-    async def _load(self) -> None:
+    async def _load(self, before_streams: Callable[[], Awaitable[object]] | None) -> None:
         """Start the configured and stored streams (a stored definition wins)."""
         configs = {cfg.id: cfg for cfg in self._pending}
         if self.store is not None:
             configs.update((cfg.id, cfg) for cfg in await self.store.load())
+        if before_streams is not None:
+            await before_streams()
         for cfg in configs.values():
             if cfg.id in self.registry.streams:  # created over the API meanwhile
                 continue
