@@ -39,6 +39,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from deploy.tls import describe_http_error
 from framerelay import wire
 from framerelay.credits import CreditWindow
+from framerelay.data import CANARY_STILL
 from framerelay.errors import FramerelayError
 from framerelay.letterbox import letterbox_jpeg, read_jpeg_rgb
 from framerelay.protocol import (
@@ -49,7 +50,6 @@ from framerelay.protocol import (
     ResultReceived,
 )
 from framerelay.protocol import negotiation as versions
-from framerelay.settings import SAMPLES
 
 log = logging.getLogger(__name__)
 PERSON = 0
@@ -59,7 +59,7 @@ CANARY_STREAM = "framerelay-canary"
 MAX_CAPACITY_FPS = 1_000_000.0
 """A worker's reported capacity above this (or not finite) counts as unknown (0)."""
 REASON_CHARS = 200
-CANARY_IMAGE = SAMPLES / "mot15" / "TUD-Stadtmitte" / "frame-000001.jpg"
+CANARY_IMAGE = CANARY_STILL  # package data: present wherever the wheel is installed
 """Frame 1 of the TUD-Stadtmitte clip as a still (no video decoding in the orchestrator)."""
 
 

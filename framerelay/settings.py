@@ -31,12 +31,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from framerelay.data import DEFAULT_CLIP as DEFAULT_CLIP  # the defaults ship in the wheel
+from framerelay.data import DEFAULT_MODEL as DEFAULT_MODEL
 from framerelay.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = REPO_ROOT / "samples"
-DEFAULT_MODEL = SAMPLES / "models" / "yolox_nano_416.onnx"
-DEFAULT_CLIP = SAMPLES / "mot15" / "TUD-Stadtmitte" / "TUD-Stadtmitte.mp4"
+SAMPLES = REPO_ROOT / "samples"  # a source checkout's samples (benches, tests)
 
 
 MAX_SECRET_FILE_BYTES = 1 << 20

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from framerelay.settings import DEFAULT_CLIP, DEFAULT_MODEL
+from framerelay.data import DEFAULT_CLIP, DEFAULT_MODEL
 
 HELP = "run the whole pipeline locally on a sample clip (no Redis, no GPU needed)"
 CONNECT_TIMEOUT_S = 60.0
