@@ -3,16 +3,21 @@
 A struct of numpy arrays, validated at construction, in the style of
 roboflow/supervision. Boxes are ``xyxy`` in source-frame pixels.
 ``tracker_id`` is ``-1`` until a tracker assigns an id (ids start at 1).
+:meth:`Detections.to_supervision` and :meth:`Detections.from_supervision`
+convert to and from ``supervision.Detections`` (imported only when called).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+if TYPE_CHECKING:
+    import supervision as sv
 
 UNTRACKED = -1
 
@@ -102,4 +107,39 @@ class Detections:
             and np.allclose(self.confidence, other.confidence, atol=atol, rtol=0)
             and np.array_equal(self.class_id, other.class_id)
             and np.array_equal(self.tracker_id, other.tracker_id)
+        )
+
+    def to_supervision(self) -> sv.Detections:
+        """These detections as ``supervision.Detections`` (needs ``supervision`` installed).
+
+        ``tracker_id`` is None when no row is tracked (supervision's "no tracker"), else
+        the ids with ``-1`` for untracked rows.
+        """
+        import supervision as sv
+
+        tracked = bool((self.tracker_id != UNTRACKED).any())
+        return sv.Detections(
+            xyxy=self.xyxy.copy(),
+            confidence=self.confidence.copy(),
+            class_id=self.class_id.astype(np.int64),
+            tracker_id=self.tracker_id.copy() if tracked else None,
+        )
+
+    @classmethod
+    def from_supervision(cls, detections: sv.Detections) -> Detections:
+        """``supervision.Detections`` as our type: masks and ``data`` are left out; a missing
+        ``confidence`` becomes 1.0 (annotations), a missing ``tracker_id`` ``-1``; a missing
+        ``class_id`` is refused (ValueError)."""
+        n = len(detections.xyxy)
+        if detections.class_id is None and n:
+            raise ValueError("Detections.from_supervision needs class_id (it is None)")
+        confidence, class_id, tracker_id = (
+            detections.confidence, detections.class_id, detections.tracker_id
+        )  # fmt: skip
+        return cls(
+            xyxy=np.asarray(detections.xyxy, np.float32).reshape(-1, 4),
+            confidence=np.asarray(1.0 if confidence is None else confidence, np.float32)
+            * np.ones(n, np.float32),
+            class_id=np.asarray(() if class_id is None else class_id, np.int32),
+            tracker_id=np.asarray(() if tracker_id is None else tracker_id, np.int64),
         )
