@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -146,6 +146,10 @@ class OrchestratorSettings(ServiceSettings):
         extra="forbid",
         hide_input_in_errors=True,  # a value in the wrong place may be a secret (API key)
     )
+    env_also: ClassVar[frozenset[str]] = frozenset(
+        {"FRAMERELAY_ORCH_URL", "FRAMERELAY_ORCH_CA_FILE"}
+    )
+    """Read by the fleet CLI commands (where the orchestrator is, its CA), not by it."""
 
     host: str = "127.0.0.1"
     port: int = Field(8090, ge=0, le=65535)

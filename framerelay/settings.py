@@ -14,12 +14,14 @@ setting can never be ``inf``. Redis URLs are checked at load with
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, SecretStr, ValidationError, model_validator
@@ -49,10 +51,21 @@ def _is_secret(annotation: object) -> bool:
 
 
 def _model_of(annotation: object) -> type[BaseModel] | None:
-    for arg in (annotation, *typing.get_args(annotation)):
+    models = _models_of(annotation)
+    return models[0] if models else None
+
+
+def _models_of(annotation: object) -> list[type[BaseModel]]:
+    """The models an annotation may hold (``A | B``, ``Annotated[A | B, ...]``, ``A | None``)."""
+    out: list[type[BaseModel]] = []
+    todo = [annotation]
+    while todo:
+        arg = todo.pop(0)
         if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
+            out.append(arg)
+        else:
+            todo.extend(typing.get_args(arg))
+    return out
 
 
 def _env_names(prefix: str, name: str, field: FieldInfo) -> list[str]:
@@ -136,6 +149,21 @@ class _EnvWithoutSecretFiles(EnvSettingsSource):
         }
         return {k: v for k, v in env.items() if k.lower() not in files}
 
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError as exc:  # never quote the value: it may be a secret
+            prefix = str(self.config.get("env_prefix", ""))
+            env = _env_names(prefix, field_name, field)[-1]
+            why = f" ({exc.msg}, line {exc.lineno} column {exc.colno})" if isinstance(
+                exc, json.JSONDecodeError) else ""  # fmt: skip
+            raise ConfigError(
+                f"{env} is not valid JSON{why}; lists and objects are given as JSON, e.g. "
+                f"{env}='[...]' or '{{...}}'"
+            ) from None
+
 
 def non_finite(value: object, path: str = "", depth: int = MAX_NESTING) -> str | None:
     """The dotted path of the first NaN/Infinity in ``value`` (models, dicts, lists), else None."""
@@ -180,11 +208,93 @@ def redis_url_problem(url: str) -> str | None:
     return None
 
 
+def _nested_models(annotation: object) -> list[type[BaseModel]]:
+    """Models whose fields the env may set one by one (``A__B``); not those in lists."""
+    if typing.get_origin(annotation) in (list, tuple, set, frozenset):
+        return []
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _nested_models(arg)]
+
+
+def _is_mapping(annotation: object) -> bool:
+    if typing.get_origin(annotation) is dict:
+        return True
+    return any(_is_mapping(arg) for arg in typing.get_args(annotation))
+
+
+def _known_env(
+    fields: dict[str, FieldInfo], prefix: str, delim: str, depth: int
+) -> tuple[set[str], set[str]]:
+    """(every env name of these settings, prefixes under which any name is a dict key)."""
+    exact: set[str] = set()
+    open_prefixes: set[str] = set()
+    for name, field in fields.items():
+        names = _env_names(prefix, name, field)
+        exact.update(names)
+        if _is_secret(field.annotation):
+            exact.update(f"{n}_FILE" for n in names)
+        inner = f"{prefix}{name}{delim}".upper()
+        if _is_mapping(field.annotation):
+            open_prefixes.add(inner)
+        for model in _nested_models(field.annotation) if depth > 1 else []:
+            more, more_open = _known_env(model.model_fields, inner, delim, depth - 1)
+            exact |= more
+            open_prefixes |= more_open
+    return exact, open_prefixes
+
+
+def unknown_env_problem(
+    prefix: str, known: set[str], open_prefixes: set[str], environ: Mapping[str, str]
+) -> str | None:
+    """One line naming each ``prefix*`` variable that is no setting, with the nearest
+    valid name (names only, never values), or None when there is none."""
+    said = []
+    for var in sorted(environ):
+        name = var.upper()
+        if not name.startswith(prefix) or name in known or name.startswith(tuple(open_prefixes)):
+            continue
+        said.append(f"{var} ({_nearest(prefix, name, known)})")
+    if not said:
+        return None
+    return f"unknown setting{'s' if len(said) > 1 else ''}: " + "; ".join(said)
+
+
+def _nearest(prefix: str, name: str, known: set[str]) -> str:
+    """``did you mean X?`` by the part after the prefix (the prefix itself matches all)."""
+    tails = {k.removeprefix(prefix): k for k in known if k.startswith(prefix)}
+    near = difflib.get_close_matches(name.removeprefix(prefix), sorted(tails), n=1, cutoff=0.6)
+    if near:
+        return f"did you mean {tails[near[0]]}?"
+    return f"no {prefix}* setting is near it; unset it"
+
+
 class ServiceSettings(BaseSettings):
     """Base of every service's settings: env, then ``*_FILE`` for secret settings; every
-    number finite (subclasses' ``model_config`` is merged with this one)."""
+    number finite (subclasses' ``model_config`` is merged with this one).
+
+    A variable under the service's own prefix that names no setting is an error
+    naming the nearest valid one (a typo in a TLS setting must not leave a
+    tunnel in plaintext); other services' prefixes and shared names are not
+    this service's business.
+    """
 
     model_config = SettingsConfigDict(allow_inf_nan=False)
+    env_also: ClassVar[frozenset[str]] = frozenset()
+    """Names under this prefix that are no setting but are read elsewhere (by the CLI)."""
+    env_retired: ClassVar[frozenset[str]] = frozenset()
+    """Names under this prefix that are gone: the service warns about them, never refuses."""
+
+    @classmethod
+    def env_problem(cls, environ: Mapping[str, str]) -> str | None:
+        """The unknown variables under this service's prefix (see :func:`unknown_env_problem`)."""
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        if not prefix:
+            return None
+        delim = str(cls.model_config.get("env_nested_delimiter") or "__")
+        known, open_prefixes = _known_env(cls.model_fields, prefix, delim, depth=3)
+        known |= cls.env_also | cls.env_retired
+        return unknown_env_problem(prefix, known, open_prefixes, environ)
 
     @classmethod
     def env_name(cls, field: str) -> str | None:
@@ -210,6 +320,10 @@ class ServiceSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if issubclass(settings_cls, ServiceSettings):
+            problem = settings_cls.env_problem(os.environ)
+            if problem is not None:
+                raise ConfigError(problem)
         env = _EnvWithoutSecretFiles(settings_cls)
         return (init_settings, env, SecretFilesSource(settings_cls), dotenv_settings)
 
@@ -223,6 +337,15 @@ def settings_class(title: str) -> type[ServiceSettings] | None:
             return cls
         todo.extend(cls.__subclasses__())
     return None
+
+
+def settings_error(exc: BaseException) -> str | None:
+    """One line for pydantic-settings' own errors (a value it could not read), else None."""
+    from pydantic_settings import SettingsError
+
+    if not isinstance(exc, SettingsError):
+        return None
+    return f"{exc}; check the environment variables of that setting"
 
 
 def describe_invalid(exc: ValidationError) -> str:

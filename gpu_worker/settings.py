@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -38,6 +38,7 @@ class WorkerSettings(ServiceSettings):
         hide_input_in_errors=True,
         allow_inf_nan=False,  # every float setting is finite (and bounded below)
     )
+    env_retired: ClassVar[frozenset[str]] = frozenset({*RENAMED, *RETIRED})
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a pod).")
     port: int = Field(8443, ge=0, le=65535, description="0 picks a free port.")

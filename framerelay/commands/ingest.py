@@ -82,11 +82,41 @@ def _build_settings(args: argparse.Namespace) -> Any:
         for i, url in enumerate(args.source)
     ]
     if args.streams_file is not None:
-        raw = json.loads(args.streams_file.read_text(encoding="utf-8"))
-        streams += [StreamConfig.model_validate(s) for s in raw]
+        streams += read_streams_file(args.streams_file)
     if streams:
         over["streams"] = streams
     return IngestSettings(**over)
+
+
+def read_streams_file(path: Path) -> list[Any]:
+    """The stream definitions in a JSON file; ConfigError naming the file and the stream."""
+    from pydantic import ValidationError
+
+    from framerelay.errors import ConfigError
+    from framerelay.settings import describe_invalid
+    from ingest.settings import StreamConfig
+
+    label = f"--streams-file {path}"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{label}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{label}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(raw, list):
+        raise ConfigError(f"{label}: expected a JSON list of stream definitions")
+    out = []
+    for i, item in enumerate(raw):
+        try:
+            out.append(StreamConfig.model_validate(item))
+        except ValidationError as exc:
+            what = describe_invalid(exc).removeprefix("invalid StreamConfig: ")
+            raise ConfigError(f"{label}: stream {i + 1}: {what}") from None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
