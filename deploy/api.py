@@ -23,11 +23,13 @@ its token passed). Every number in a body is finite and bounded (422).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Response
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.cost import CostTotals
@@ -91,37 +93,66 @@ def _stream_view(spec: StreamSpec) -> dict[str, Any]:
     return {**spec.model_dump(), "url": redact_url(spec.url)}
 
 
+COST_COUNTERS = (
+    ("fleet_cost_usd", "fleet_usd", 1.0, "Fleet cost so far ($)"),
+    ("ondemand_equivalent_cost_usd", "ondemand_equiv_usd", 1.0,
+     "What the same capacity would have cost on on-demand ($)"),
+    ("stream_seconds", "stream_hours", 3600.0, "Stream-seconds served"),
+)  # fmt: skip
+"""``(metric, cost key, factor, help)``: cumulative costs, as counters."""
+COST_GAUGES = (
+    ("saving_vs_ondemand_ratio", "saving_vs_ondemand", "Share saved vs all on-demand (0..1)"),
+    ("cost_per_stream_hour_usd", "cost_per_stream_hour_usd", "Fleet cost per stream-hour ($)"),
+    ("burn_rate_usd_per_hour", "burn_usd_per_hr", "Current fleet cost per hour ($/h)"),
+)
+"""``(metric, cost key, help)``: ratios and rates, as gauges."""
+ORCH = "framerelay_orch_"
+
+
+class _Families:
+    """A registry of metric families built for one scrape (no ``_created`` series: the
+    values are totals kept elsewhere, not counters of this registry)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
 def render_metrics(status: dict[str, Any], refused: Mapping[str, int] | None = None) -> bytes:
-    reg = CollectorRegistry()
-    auth = Counter("framerelay_orch_auth_refused", "Refused API requests by reason", ["reason"],
-                   registry=reg)  # fmt: skip
+    auth = CounterMetricFamily(ORCH + "auth_refused", "Refused API requests by reason",
+                               labels=["reason"])  # fmt: skip
     for reason, n in (refused or {}).items():
-        auth.labels(reason).inc(n)
-    pods = Gauge("framerelay_orch_pods", "Pods by tier and state", ["tier", "state"], registry=reg)
-    ready = Gauge("framerelay_orch_ready_workers", "Ready workers by tier", ["tier"], registry=reg)
-    target = Gauge("framerelay_orch_target_workers", "Target by tier", ["tier"], registry=reg)
-    for t in status["tiers"]:
-        ready.labels(t["name"]).set(t["ready"])
-        target.labels(t["name"]).set(t["target"])
-    for p in status["pods"]:
-        pods.labels(p["tier"], p["state"]).inc()
-    streams = Gauge("framerelay_orch_streams", "Streams by placement", ["placed"], registry=reg)
-    streams.labels("yes").set(sum(1 for s in status["streams"] if s["worker"]))
-    streams.labels("no").set(len(status["unplaced"]))
-    cost = status["cost"]
-    for key, help_ in (
-        ("fleet_usd", "Fleet cost so far ($)"),
-        ("ondemand_equiv_usd", "The same capacity on on-demand ($)"),
-        ("saving_vs_ondemand", "Share saved vs all on-demand"),
-        ("cost_per_stream_hour_usd", "Fleet cost per stream-hour ($)"),
-        ("stream_hours", "Stream-hours served"),
-        ("burn_usd_per_hr", "Current fleet cost per hour ($/h)"),
-    ):
-        Gauge(f"framerelay_orch_{key}", help_, registry=reg).set(float(cost[key]))
-    events = Gauge("framerelay_orch_events", "Fleet events by kind", ["kind"], registry=reg)
+        auth.add_metric([reason], n)
+    events = CounterMetricFamily(ORCH + "events", "Fleet events by kind", labels=["kind"])
     for kind, n in status["counters"].items():
-        events.labels(kind).set(n)
+        events.add_metric([kind], n)
+    cost = status["cost"]
+    families: list[Metric] = [auth, events, *_fleet_gauges(status)]
+    for name, key, factor, help_ in COST_COUNTERS:
+        families.append(CounterMetricFamily(ORCH + name, help_, value=float(cost[key]) * factor))
+    for name, key, help_ in COST_GAUGES:
+        families.append(GaugeMetricFamily(ORCH + name, help_, value=float(cost[key])))
+    reg = CollectorRegistry()
+    reg.register(_Families(families))
     return bytes(generate_latest(reg))
+
+
+def _fleet_gauges(status: dict[str, Any]) -> list[Metric]:
+    pods = GaugeMetricFamily(ORCH + "pods", "Pods by tier and state", labels=["tier", "state"])
+    ready = GaugeMetricFamily(ORCH + "ready_workers", "Ready workers by tier", labels=["tier"])
+    target = GaugeMetricFamily(ORCH + "target_workers", "Target by tier", labels=["tier"])
+    for t in status["tiers"]:
+        ready.add_metric([t["name"]], t["ready"])
+        target.add_metric([t["name"]], t["target"])
+    by_state = collections.Counter((p["tier"], p["state"]) for p in status["pods"])
+    for (tier, state), n in sorted(by_state.items()):
+        pods.add_metric([tier, state], n)
+    streams = GaugeMetricFamily(ORCH + "streams", "Streams by placement", labels=["placed"])
+    streams.add_metric(["yes"], sum(1 for s in status["streams"] if s["worker"]))
+    streams.add_metric(["no"], len(status["unplaced"]))
+    return [pods, ready, target, streams]
 
 
 def api_auth(orch: Orchestrator) -> ApiAuth:

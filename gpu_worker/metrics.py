@@ -1,10 +1,37 @@
-"""Prometheus metrics of one worker (a private registry per worker instance)."""
+"""Prometheus metrics of one worker (a private registry per worker instance).
+
+Durations are in seconds (``framerelay_worker_stage_seconds{stage}``); the
+pipeline measures milliseconds and records them through
+:attr:`WorkerMetrics.stage_ms`, which converts.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-_MS_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000, 2500)
+_STAGE_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+
+class _Observer:
+    """One stage's series, fed milliseconds."""
+
+    def __init__(self, series: Histogram) -> None:
+        self._series = series
+
+    def observe(self, ms: float) -> None:
+        self._series.observe(ms / 1000)
+
+
+class MsHistogram:
+    """``stage_ms.labels(stage).observe(ms)`` into a histogram in seconds."""
+
+    def __init__(self, seconds: Histogram) -> None:
+        self.seconds = seconds
+
+    def labels(self, *values: str) -> _Observer:
+        return _Observer(self.seconds.labels(*values))
 
 
 class WorkerMetrics:
@@ -22,13 +49,14 @@ class WorkerMetrics:
         self.drops = Counter(
             "framerelay_worker_drops", "Frames not processed, by reason", ["reason"], registry=r
         )
-        self.stage_ms = Histogram(
-            "framerelay_worker_stage_ms",
-            "Per-stage latency in ms",
+        self.stage_seconds = Histogram(
+            "framerelay_worker_stage_seconds",
+            "Per-stage latency (decode, queue, infer, track)",
             ["stage"],
-            buckets=_MS_BUCKETS,
+            buckets=_STAGE_BUCKETS,
             registry=r,
         )
+        self.stage_ms = MsHistogram(self.stage_seconds)
         self.batch_size = Histogram(
             "framerelay_worker_batch_size",
             "Frames per inference batch",

@@ -58,7 +58,7 @@ from ingest.settings import IngestSettings
 log = logging.getLogger(__name__)
 NOTICE_EVERY_S = 1.0
 CLOSE_WAIT_S = 1.0
-_DELAY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 50, 100, 250, 1000, 5000)
+_DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 DurableRange = Callable[[str, ResultId, int], Awaitable[list[Published]]]
 """``(stream_id, after, count) -> results`` newer than ``after`` (Redis XRANGE)."""
@@ -103,8 +103,8 @@ class HubMetrics:
             "framerelay_hub_disconnects", "Subscriber disconnects, by reason", ["reason"],
             registry=r,
         )  # fmt: skip
-        self.delay_ms = Histogram(
-            "framerelay_hub_delivery_delay_ms",
+        self.delay_s = Histogram(
+            "framerelay_hub_delivery_delay_seconds",
             "From the ingest receiving a result to the hub finishing its send",
             buckets=_DELAY_BUCKETS,
             registry=r,
@@ -315,7 +315,7 @@ class ResultHub:
         await self._send(ws, item.message(session.filt, dropped))
         session.last_sent[item.stream_id] = item.id
         self.metrics.sent.inc()
-        self.metrics.delay_ms.observe(max(0.0, (time.time() - item.record.received_at) * 1000))
+        self.metrics.delay_s.observe(max(0.0, time.time() - item.record.received_at))
 
     async def _maybe_notice(self, ws: WebSocket, session: _Session, dropped: int) -> None:
         now = time.monotonic()

@@ -1,15 +1,30 @@
 """Prometheus metrics of the ingest streams, read from the streams at scrape time.
 
 A custom collector (no per-frame cost, and a removed stream's series vanish
-with it) registered on the ingest's private ``CollectorRegistry``:
+with it) registered on the ingest's private ``CollectorRegistry``. Each
+labelled counter splits one quantity into disjoint parts, so a ``sum()`` over
+a label never counts a thing twice:
 
 * ``framerelay_ingest_stream_state{stream,state}`` - 1 for the current state;
-* ``framerelay_ingest_stream_frames_total{stream,reason}`` - every frame
-  counter of the stream (``decoded``, ``sampled_out``, ``replaced``,
-  ``no_credit``, ``decode_error``, ...; see :mod:`ingest.stream`);
-* ``framerelay_ingest_stream_source_events_total{stream,event}`` -
-  ``open_error``, ``stall``, ``source_lost``, ``reconnects``, ``auth_failed``,
-  ``size_refused``, ``corrupt_timestamps``;
+* ``framerelay_ingest_stream_frames_decoded_total{stream}``, ``..._prepared_total``
+  (letterboxed and encoded), ``..._sent_total`` - the stages a frame passes;
+* ``framerelay_ingest_stream_frames_total{stream,outcome}`` - what became of
+  the decoded frames: ``result`` (a result came back) or ``dropped`` (on the
+  ingest or lost in flight); frames still in flight are in neither;
+* ``framerelay_ingest_stream_frames_dropped_total{stream,reason}`` - the
+  ``dropped`` outcome by reason: ``no_pts``, ``out_of_range``,
+  ``sampled_out``, ``no_credit``, ``encode_error``, ``replaced`` (ingest),
+  ``disconnected``, ``timeout``, ``worker_error`` (in flight);
+* ``framerelay_ingest_stream_frames_corrupt_total{stream}`` - decoded frames
+  flagged as damaged (kept);
+* ``framerelay_ingest_stream_packets_dropped_total{stream,reason}`` - packets
+  never decoded: ``decode_error``, ``behind``;
+* ``framerelay_ingest_stream_source_failures_total{stream,reason}`` -
+  ``open_error``, ``stall``, ``source_lost``, ``auth_failed`` (each followed
+  by a reconnect), ``size_refused`` (the stream fails);
+  ``..._stream_reconnects_total{stream}`` and
+  ``..._stream_corrupt_timestamps_total{stream}`` (discontinuities over the
+  epoch budget);
 * ``framerelay_ingest_stream_epoch``, ``..._inflight``, ``..._credits``,
   ``..._last_frame_age_seconds``, ``..._lag_seconds`` (per stream);
 * ``framerelay_ingest_stream_worker{stream,worker}`` - 1 for the tunnel that
@@ -39,7 +54,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ingest.stream import COUNTERS, StreamState
+from ingest.stream import StreamState
 from ingest.tunnel_health import TunnelState
 
 if TYPE_CHECKING:
@@ -47,12 +62,24 @@ if TYPE_CHECKING:
     from ingest.stream import IngestStream
     from ingest.tunnel_client import TunnelClient
 
-SOURCE_EVENTS = (
-    "open_error", "stall", "source_lost", "reconnects", "auth_failed", "size_refused",
-    "corrupt_timestamps",
+STAGES = ("decoded", "prepared", "sent")
+"""Counters of the stages a frame passes (each its own metric)."""
+INGEST_DROPS = ("no_pts", "out_of_range", "sampled_out", "no_credit", "encode_error", "replaced")
+"""Frames dropped on the ingest, before sending."""
+FLIGHT_DROPS = ("disconnected", "timeout", "worker_error")
+"""Frames sent and lost in flight (no result)."""
+DROP_REASONS = INGEST_DROPS + FLIGHT_DROPS
+PACKET_DROPS = ("decode_error", "behind")
+"""Packets never decoded."""
+SOURCE_FAILURES = ("open_error", "stall", "source_lost", "auth_failed", "size_refused")
+"""Failures of the source (disjoint: one per failed attempt)."""
+SINGLE_COUNTERS = (
+    ("frames_corrupt", "corrupt", "Decoded frames flagged as damaged (kept)"),
+    ("reconnects", "reconnects", "Attempts to open the source again after a failure"),
+    ("corrupt_timestamps", "corrupt_timestamps",
+     "PTS discontinuities over max_epochs_per_min (not new epochs)"),
 )  # fmt: skip
-"""Counters of the source rather than of frames."""
-FRAME_REASONS = tuple(c for c in COUNTERS if c not in SOURCE_EVENTS)
+"""``(metric suffix, stream counter, help)`` of the unlabelled per-stream counters."""
 P = "framerelay_ingest_"
 STREAM_GAUGES = (
     ("epoch", "Current epoch (bumps on every discontinuity)"),
@@ -92,30 +119,21 @@ class StreamCollector:
         state = GaugeMetricFamily(
             P + "stream_state", "1 for the stream's current state", labels=["stream", "state"]
         )
-        frames = CounterMetricFamily(
-            P + "stream_frames", "Frames of a stream by outcome or drop reason",
-            labels=["stream", "reason"],
-        )  # fmt: skip
-        events = CounterMetricFamily(
-            P + "stream_source_events", "Source failures and reconnects", labels=["stream", "event"]
-        )
         worker = GaugeMetricFamily(
             P + "stream_worker", "1 for the tunnel serving the stream", labels=["stream", "worker"]
         )
         gauges = {name: GaugeMetricFamily(P + "stream_" + name, doc, labels=["stream"])
                   for name, doc in STREAM_GAUGES}  # fmt: skip
+        counters = _StreamCounters()
         where = dict(self._registry.where)
         for sid, stream in list(self._registry.streams.items()):
             for s in StreamState:
                 state.add_metric([sid, s.value], 1.0 if stream.state is s else 0.0)
-            for reason in FRAME_REASONS:
-                frames.add_metric([sid, reason], stream.counters[reason])
-            for event in SOURCE_EVENTS:
-                events.add_metric([sid, event], stream.counters[event])
             if sid in where:
                 worker.add_metric([sid, where[sid]], 1.0)
+            counters.add(sid, dict(stream.counters))  # one snapshot: the parts add up
             _stream_gauges(gauges, sid, stream)
-        yield from (state, frames, events, worker, *gauges.values())
+        yield from (state, worker, *gauges.values(), *counters.families())
 
     def _tunnels(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(
@@ -139,6 +157,42 @@ class StreamCollector:
         yield CounterMetricFamily(
             P + "moves", "Streams moved between workers", value=self._registry.moves
         )
+
+
+class _StreamCounters:
+    """The per-stream counter families, filled stream by stream."""
+
+    def __init__(self) -> None:
+        def counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+            return CounterMetricFamily(P + "stream_" + name, doc, labels=["stream", *labels])
+
+        self.stages = {s: counter(f"frames_{s}", f"Frames {s}") for s in STAGES}
+        self.outcome = counter(
+            "frames", "Decoded frames by outcome: result, or dropped (ingest or in flight)",
+            "outcome",
+        )  # fmt: skip
+        self.dropped = counter("frames_dropped", "Dropped frames by reason", "reason")
+        self.packets = counter("packets_dropped", "Packets never decoded, by reason", "reason")
+        self.failures = counter("source_failures", "Source failures by reason", "reason")
+        self.single = {key: counter(name, doc) for name, key, doc in SINGLE_COUNTERS}
+
+    def add(self, sid: str, c: dict[str, int]) -> None:
+        for stage, family in self.stages.items():
+            family.add_metric([sid], c[stage])
+        self.outcome.add_metric([sid, "result"], c["results"])
+        self.outcome.add_metric([sid, "dropped"], sum(c[r] for r in DROP_REASONS))
+        for family, reasons in (
+            (self.dropped, DROP_REASONS), (self.packets, PACKET_DROPS),
+            (self.failures, SOURCE_FAILURES),
+        ):  # fmt: skip
+            for reason in reasons:
+                family.add_metric([sid, reason], c[reason])
+        for key, family in self.single.items():
+            family.add_metric([sid], c[key])
+
+    def families(self) -> tuple[CounterMetricFamily, ...]:
+        return (*self.stages.values(), self.outcome, self.dropped, self.packets, self.failures,
+                *self.single.values())  # fmt: skip
 
 
 def _stream_gauges(gauges: dict[str, GaugeMetricFamily], sid: str, stream: IngestStream) -> None:

@@ -170,9 +170,11 @@ def test_openapi_metrics_and_status_model(media: Media, tmp_path: Path) -> None:
             await wait_for(lambda: service.streams["m"].counters["decoded"] > 0, 10, "decoding")
             text = (await http.get("/metrics")).text
             assert 'framerelay_ingest_stream_state{state="RUNNING",stream="m"} 1.0' in text
-            assert 'framerelay_ingest_stream_frames_total{reason="decoded",stream="m"}' in text
+            assert 'framerelay_ingest_stream_frames_decoded_total{stream="m"}' in text
+            assert 'framerelay_ingest_stream_frames_total{outcome="dropped",stream="m"}' in text
             assert (
-                'framerelay_ingest_stream_source_events_total{event="stall",stream="m"} 0.0' in text
+                'framerelay_ingest_stream_source_failures_total{reason="stall",stream="m"} 0.0'
+                in text
             )
             assert 'framerelay_ingest_tunnel_connected{worker="default"} 0.0' in text
             await http.delete("/v1/streams/m")

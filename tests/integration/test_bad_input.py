@@ -157,8 +157,8 @@ def test_good_stream_never_noticed(outcome: dict[str, object]) -> None:
 def test_worker_metrics_count_stages_and_drops(outcome: dict[str, object]) -> None:
     metrics = str(outcome["metrics"])
     for needle in (
-        'framerelay_worker_stage_ms_bucket{le="50.0",stage="infer"}',
-        'framerelay_worker_stage_ms_count{stage="decode"}',
+        'framerelay_worker_stage_seconds_bucket{le="0.05",stage="infer"}',
+        'framerelay_worker_stage_seconds_count{stage="decode"}',
         'framerelay_worker_frames_total{outcome="ok"}',
         'framerelay_worker_frames_total{outcome="protocol_error"}',
         'framerelay_worker_drops_total{reason="bad_image"} 1.0',
