@@ -101,8 +101,13 @@ class LocalWorker:
         reader.start()
         reader.join(timeout_s)
         if not result or not result[0].startswith("{"):
+            exited = proc.poll()
             self.stop()
             tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            if exited is not None:  # it failed at once: say why, in one line
+                said = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "no output")
+                said = said.removeprefix("framerelay: error: ")
+                raise ConfigError(f"the worker exited (code {exited}) before it was ready: {said}")
             raise ConfigError(
                 f"worker did not become ready in {timeout_s:.0f} s; its log ends:\n{tail}"
             )

@@ -38,11 +38,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from framerelay.auth import AuthGuard
 from framerelay.auth.web import ApiAuth, install_validation_handler
 from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
+from framerelay.startup import bind_error
 from framerelay.web_limits import BodyLimit
 from ingest.auth import api_guard
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
 from ingest.metrics import register_stream_metrics
+from ingest.ready import announce
 from ingest.redis_bus import publisher_from_settings
 from ingest.routing import routing_router
 from ingest.server import api_server, tls_options
@@ -125,7 +127,12 @@ async def serve_ingest(settings: IngestSettings) -> int:
     durable = publisher.read_after if publisher else None
     hub = build_hub(service.bus, settings, registry, durable, guard=guard)
     stop = asyncio.Event()
-    server, sock = api_server(create_app(service, hub, registry, guard=guard), settings)
+    try:
+        server, sock = api_server(create_app(service, hub, registry, guard=guard), settings)
+    except OSError as exc:
+        where = "--api-port / FRAMERELAY_INGEST_API_PORT"
+        raise bind_error(exc, settings.api_host, settings.api_port, where) from None
+    announce(settings, sock, store)
     install_signal_handlers(stop)
     # uvicorn captures SIGINT/SIGTERM while it serves and re-raises them when it
     # returns; whichever side ends first stops the other.

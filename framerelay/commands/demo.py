@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--streams must be at least 1")
     if "://" not in args.source and not Path(args.source).exists():
         raise ConfigError(f"--source {args.source} does not exist")
+    check_args(args)  # every mistake refused before a worker starts
     secret = secrets.token_urlsafe(32)
     worker_args = ["--model", str(args.model), "--threads", str(args.threads)]
     if args.max_batch:
@@ -72,6 +73,42 @@ def run(args: argparse.Namespace) -> int:
     with LocalWorker(secret, worker_id="demo-worker", args=worker_args) as worker:
         _say(f"worker ready at {worker.url} on {', '.join(worker.info['providers'])}")
         return asyncio.run(_run_ingest(args, worker.url, secret))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """ConfigError (one line) for any option the worker or the ingest would refuse."""
+    from pydantic import ValidationError
+
+    from framerelay.errors import ConfigError
+    from framerelay.settings import describe_invalid
+    from tracker.base import available_trackers
+
+    known = available_trackers()
+    if args.tracker not in known:
+        raise ConfigError(
+            f"--tracker {args.tracker!r} is unknown; choose one of {', '.join(known)}"
+        )
+    if not Path(args.model).is_file():
+        raise ConfigError(f"--model {args.model}: cannot load the model: no such file")
+    for name, value, high in (
+        ("--threads", args.threads, 256),
+        ("--max-batch", args.max_batch, 256),
+    ):
+        if not 0 <= value <= high:
+            raise ConfigError(f"{name} must be between 0 and {high} (0 = default), not {value}")
+    try:
+        _settings(args, "ws://127.0.0.1:1/v1/tunnel", "check")  # the streams' own rules
+    except ValidationError as exc:
+        raise ConfigError(_as_options(describe_invalid(exc))) from None
+
+
+def _as_options(said: str) -> str:
+    """``invalid StreamConfig: fps: ...`` as ``--fps: ...`` (the demo's options)."""
+    said = said.removeprefix("invalid StreamConfig: ").removeprefix("invalid IngestSettings: ")
+    for field in ("fps", "max_frames", "tracker", "url"):
+        option = "--source" if field == "url" else "--" + field.replace("_", "-")
+        said = said.replace(f"{field}: ", f"{option}: ", 1) if said.startswith(field) else said
+    return said
 
 
 def _say(text: str) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
+from typing import Any
 
 HELP = "run the GPU fleet orchestrator: warm pools, health, placement, cost"
 
@@ -39,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(settings: object) -> int:
     import json
-    import logging
     import sys
 
     import uvicorn
@@ -49,6 +50,7 @@ async def _serve(settings: object) -> int:
     from deploy.settings import OrchestratorSettings
     from deploy.tls import api_ssl_options
     from framerelay.lifecycle import install_signal_handlers
+    from framerelay.startup import announce_ready
 
     assert isinstance(settings, OrchestratorSettings)  # noqa: S101 - built above
     tls = api_ssl_options(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
@@ -59,19 +61,20 @@ async def _serve(settings: object) -> int:
         access_log=False, lifespan="off", timeout_graceful_shutdown=5, **tls,  # type: ignore[arg-type]
     )  # fmt: skip
     server = uvicorn.Server(config)
+    sock = _listen(settings.host, settings.port)
     install_signal_handlers(stop)
-    api = asyncio.create_task(server.serve(), name="orchestrator-api")
+    api = asyncio.create_task(server.serve(sockets=[sock]), name="orchestrator-api")
     loop = asyncio.create_task(orch.run(stop), name="orchestrator-loop")
     for _ in range(600):  # bounded: uvicorn binds within 30 s or has failed
         if server.started or api.done():
             break
         await asyncio.sleep(0.05)
     if server.started:
-        port = server.servers[0].sockets[0].getsockname()[1]
+        port = sock.getsockname()[1]
         scheme = "https" if tls else "http"
         ready = {"event": "ready", "url": f"{scheme}://{settings.host}:{port}"}
         print(json.dumps(ready), flush=True)
-        logging.getLogger(__name__).info("orchestrator API on %s", ready["url"])
+        announce_ready("orchestrator API", ready["url"], _loaded(settings))
     try:
         await asyncio.wait({api, loop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -81,3 +84,30 @@ async def _serve(settings: object) -> int:
         await orch.aclose()
     print("orchestrator stopped", file=sys.stderr)
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket, bound before anything starts (a taken port: one line)."""
+    from framerelay.startup import bind_error
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise bind_error(exc, host, port, "--port / FRAMERELAY_ORCH_PORT") from None
+    sock.setblocking(False)
+    return sock
+
+
+def _loaded(settings: Any) -> str:
+    """What the orchestrator runs with, for its ready line (no secrets)."""
+    tiers = ", ".join(
+        f"{t.name} ({'spot' if t.spot else 'on-demand'}, {t.min_warm}..{t.max_workers})"
+        for t in settings.tiers
+    )
+    ingest = settings.ingest_url or "none"
+    return f"provider {settings.provider}, tiers {tiers or 'none'}, ingest {ingest}"

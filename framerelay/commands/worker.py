@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -107,12 +106,17 @@ def startup_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> li
 
 async def _serve(settings: Any, announce: bool) -> int:
     from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
+    from framerelay.startup import announce_ready, bind_error
     from gpu_worker.server import TUNNEL_PATH, Worker
 
-    worker = Worker(settings)
+    worker = _load(Worker, settings)
     stop = asyncio.Event()
     install_signal_handlers(stop)
-    host, port = await worker.start()
+    try:
+        host, port = await worker.start()
+    except OSError as exc:
+        where = "--port / FRAMERELAY_WORKER_PORT"
+        raise bind_error(exc, settings.host, settings.port, where) from None
     info = {
         "event": "ready",
         "url": f"{worker.scheme}://{host}:{port}{TUNNEL_PATH}",
@@ -121,11 +125,26 @@ async def _serve(settings: Any, announce: bool) -> int:
     }
     if announce:
         print(json.dumps(info), flush=True)
-    print(
-        f"worker {settings.worker_id} ready on {info['url']} ({', '.join(info['providers'])})",
-        file=sys.stderr,
-        flush=True,
+    model = settings.detector.model
+    announce_ready(
+        f"worker {settings.worker_id}",
+        info["url"],
+        f"model {model.name} on {', '.join(info['providers'])} (warm-up "
+        f"{worker.warmup_ms:.0f} ms per inference)",
     )
     with startup_heap_frozen():
         await worker.serve_forever(stop)
     return 0
+
+
+def _load(worker_cls: Any, settings: Any) -> Any:
+    """The worker with its model loaded; ConfigError (one line) when the model cannot load."""
+    from framerelay.errors import ModelError
+
+    try:
+        return worker_cls(settings)
+    except ModelError as exc:
+        said = str(exc)
+        if "cannot load the model" not in said:
+            said = f"cannot load the model {settings.detector.model}: {said}"
+        raise ModelError(said) from None

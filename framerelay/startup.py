@@ -1,0 +1,38 @@
+"""What every service says when it starts, and its one-line bind errors.
+
+Each service logs one ``ready`` line at INFO (in the ``--log-format`` chosen):
+where it listens and what it loaded. A port already taken is a
+:class:`~framerelay.errors.ConfigError` naming the address and the option or
+variable that sets it, never a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+from framerelay.errors import ConfigError
+
+log = logging.getLogger("framerelay.startup")
+
+
+def bind_error(exc: OSError, host: str, port: int, setting: str) -> ConfigError:
+    """One actionable line for a failed bind of ``host:port`` (set by ``setting``)."""
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(
+            f"cannot listen on {host}:{port}: the address is already in use (another "
+            f"process holds it); choose another port with {setting}, or 0 for any free port"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(f"cannot listen on {host}:{port}: no such address here ({setting})")
+    if exc.errno == errno.EACCES:
+        return ConfigError(
+            f"cannot listen on {host}:{port}: permission denied (ports below 1024 need "
+            f"privileges; {setting})"
+        )
+    return ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} ({setting})")
+
+
+def announce_ready(service: str, url: str, loaded: str) -> None:
+    """The ready line: ``<service> listening on <url>; <what it loaded>``."""
+    log.info("%s listening on %s; %s", service, url, loaded)
