@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 from deploy.models import check_name_part
+from framerelay import __version__
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings, redis_url_problem
 from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES
 
@@ -82,6 +83,11 @@ class TierConfig(BaseModel):
         return check_name_part("tier name", v)
 
 
+WORKER_IMAGE = f"framerelay/worker:{__version__}"
+"""The CUDA worker image (deploy/docker/worker-cuda.Dockerfile, ``make images``); the
+same name in compose and deploy/k8s. The CPU worker is ``framerelay/worker:<version>-cpu``."""
+
+
 def default_tiers() -> list[TierConfig]:
     return [
         TierConfig(name="ondemand", spot=False, min_warm=1, max_workers=4),
@@ -94,7 +100,7 @@ class RunPodSettings(BaseModel):
 
     api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
     base_url: str = "https://rest.runpod.io/v1"
-    image: str = Field("ghcr.io/framerelay/worker:latest", description="Worker image.")
+    image: str = Field(WORKER_IMAGE, description="Worker image.")
     container_disk_gb: int = Field(20, ge=1, le=2000)
     network_volume_id: str | None = None
     timeout_s: float = Field(30.0, gt=0, le=600)
@@ -129,7 +135,7 @@ class KubernetesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     namespace: str = "framerelay"
-    image: str = "ghcr.io/framerelay/worker:latest"
+    image: str = WORKER_IMAGE
     secret_name: str = Field(
         "framerelay-worker-env", description="Secret holding any other secret env of worker pods."
     )

@@ -1,26 +1,48 @@
-# CPU image for the ingest and the orchestrator (same code, different command):
-#   docker build -f deploy/docker/service.Dockerfile -t framerelay/service .
-#   docker run framerelay/service ingest ...     |   docker run framerelay/service orchestrator
-FROM python:3.11-slim
+# Services image: the ingest, the orchestrator and the recorder (same wheel, one command
+# each), with kubectl for the orchestrator's Kubernetes provider and ONNX Runtime (CPU)
+# for its local provider (workers as child processes).
+#   docker build -f deploy/docker/service.Dockerfile -t framerelay/service:0.1.0 .
+#   docker run framerelay/service:0.1.0 ingest ... | orchestrator | record ...
+# Runs as uid 65534 on a read-only root: writable only /var/lib/framerelay (its working
+# directory and a volume: the ingest's stream store, recordings, the pod CA) and /tmp.
+# Keys come as secret files (FRAMERELAY_SIGNING_KEYS_FILE), never as layers or build args.
+FROM python:3.11-slim-bookworm AS wheel
+WORKDIR /src
+COPY . .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
-WORKDIR /opt/framerelay
-COPY pyproject.toml README.md ./
-COPY framerelay ./framerelay
-COPY gpu_worker ./gpu_worker
-COPY tracker ./tracker
-COPY ingest ./ingest
-COPY deploy ./deploy
-COPY samples/mot15/TUD-Stadtmitte/frame-000001.jpg ./samples/mot15/TUD-Stadtmitte/
-RUN pip install ".[cpu]" \
+FROM python:3.11-slim-bookworm
+# kubectl: the official release binary, pinned, checked against its published SHA-256
+# (Debian 12's kubernetes-client package is 1.20, too old for current clusters).
+ARG KUBECTL_VERSION=v1.32.4
+ARG TARGETARCH=amd64
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends curl ca-certificates \
+    && base="https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/${TARGETARCH}" \
+    && curl -fsSLo /usr/local/bin/kubectl "$base/kubectl" \
+    && echo "$(curl -fsSL "$base/kubectl.sha256")  /usr/local/bin/kubectl" | sha256sum -c - \
+    && chmod 0755 /usr/local/bin/kubectl \
+    && apt-get purge -y curl && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir "$(echo /wheels/framerelay-*.whl)[cpu]" && rm -rf /wheels \
     && mkdir -p /var/lib/framerelay/ca /var/lib/framerelay/worker-tls \
-    && chown -R 65534:65534 /var/lib/framerelay && chmod 700 /var/lib/framerelay/ca
+        /var/lib/framerelay/ingest /var/lib/framerelay/recordings \
+    && chown -R 65534:65534 /var/lib/framerelay && chmod 0700 /var/lib/framerelay/ca
 
-# The pod CA (ca.pem, ca.key) lives in a volume mounted here; keys come as secret files
-# (FRAMERELAY_SIGNING_KEYS_FILE), never as image layers or build args.
-ENV FRAMERELAY_INGEST_API_HOST=0.0.0.0 FRAMERELAY_ORCH_HOST=0.0.0.0 \
-    FRAMERELAY_ORCH_CA_DIR=/var/lib/framerelay/ca
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    FRAMERELAY_INGEST_API_HOST=0.0.0.0 \
+    FRAMERELAY_INGEST_STORE_PATH=/var/lib/framerelay/ingest/streams.json \
+    FRAMERELAY_ORCH_HOST=0.0.0.0 \
+    FRAMERELAY_ORCH_CA_DIR=/var/lib/framerelay/ca \
+    FRAMERELAY_RECORD_OUT_DIR=/var/lib/framerelay/recordings
+VOLUME ["/var/lib/framerelay"]
+WORKDIR /var/lib/framerelay
 EXPOSE 8080 8090
-USER 65534
+USER 65534:65534
+# The orchestrator's port, else the ingest's (compose and the manifests name one each;
+# the recorder serves no HTTP). https first, then http.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD python -m framerelay.healthcheck "${FRAMERELAY_ORCH_PORT:-8090}" /healthz \
+        || python -m framerelay.healthcheck "${FRAMERELAY_INGEST_API_PORT:-8080}" /healthz
 ENTRYPOINT ["framerelay"]
 CMD ["orchestrator"]

@@ -1,33 +1,52 @@
-# GPU worker image: CUDA runtime + cuDNN, onnxruntime-gpu, the model baked in.
-# The worker warms the model up before it listens (/readyz turns ready after it).
-#   docker build -f deploy/docker/worker.Dockerfile -t framerelay/worker .
-FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+# CUDA worker: ONNX Runtime GPU with the TensorRT and CUDA providers, TensorRT's runtime
+# libraries from PyPI (tensorrt-cu12-libs), the sample model baked in (package data of
+# the wheel); TensorRT engines are cached on a volume, so only the first start of a
+# model on a GPU type pays the engine build (minutes).
+#   docker build -f deploy/docker/worker-cuda.Dockerfile -t framerelay/worker:0.1.0 .
+#   docker run --gpus all -v framerelay-trt:/var/cache/framerelay/trt framerelay/worker:0.1.0
+# Runs as uid 65534 on a read-only root: writable only the engine cache and /tmp.
+FROM python:3.11-slim-bookworm AS wheel
+WORKDIR /src
+COPY . .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+# CUDA 12 runtime + cuDNN 9, as onnxruntime-gpu 1.2x/1.3x wants; Ubuntu 24.04's Python 3.12.
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# onnxruntime-gpu links TensorRT 10 (libnvinfer.so.10): keep the TensorRT major that the
+# pinned ONNX Runtime names in its TensorRT provider's requirements when bumping either.
+ARG ORT_VERSION=1.31.1
+ARG TENSORRT_SPEC="tensorrt-cu12-libs>=10.9,<11"
+ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv curl \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
-    && python3.11 -m venv /opt/venv
+    && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir "$(echo /wheels/framerelay-*.whl)[gpu]" \
+        "onnxruntime-gpu==${ORT_VERSION}" "${TENSORRT_SPEC}" \
+    && rm -rf /wheels \
+    && ln -s "$(python -c 'import tensorrt_libs, os; print(os.path.dirname(tensorrt_libs.__file__))')" \
+        /opt/tensorrt_libs \
+    && mkdir -p /var/cache/framerelay/trt && chown 65534:65534 /var/cache/framerelay/trt
 
-WORKDIR /opt/framerelay
-COPY pyproject.toml README.md ./
-COPY framerelay ./framerelay
-COPY gpu_worker ./gpu_worker
-COPY tracker ./tracker
-COPY ingest ./ingest
-COPY deploy ./deploy
-RUN pip install ".[gpu]"
-COPY samples/models/yolox_nano_416.onnx /opt/framerelay/models/model.onnx
-
-ENV FRAMERELAY_WORKER_HOST=0.0.0.0 \
+# ORT_TENSORRT_*: ONNX Runtime's own settings of its TensorRT provider (engine and
+# timing caches in the volume), not framerelay settings.
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    LD_LIBRARY_PATH=/opt/tensorrt_libs \
+    ORT_TENSORRT_ENGINE_CACHE_ENABLE=1 \
+    ORT_TENSORRT_TIMING_CACHE_ENABLE=1 \
+    ORT_TENSORRT_CACHE_PATH=/var/cache/framerelay/trt \
+    FRAMERELAY_WORKER_HOST=0.0.0.0 \
     FRAMERELAY_WORKER_PORT=8443 \
-    FRAMERELAY_WORKER_DETECTOR__MODEL=/opt/framerelay/models/model.onnx \
     FRAMERELAY_WORKER_DETECTOR__PROVIDERS=auto
+VOLUME ["/var/cache/framerelay/trt"]
+WORKDIR /opt/framerelay
 EXPOSE 8443
-USER 65534
-# Liveness only (no token, nothing secret): http, or https when the worker has a certificate.
-HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
-    CMD curl -fsS http://127.0.0.1:8443/readyz || curl -fsSk https://127.0.0.1:8443/readyz || exit 1
+USER 65534:65534
+# https first (with or without TLS on), then http. The first TensorRT engine build can
+# take minutes: a long start period; /readyz turns ready after the warm-up.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
+    CMD python -m framerelay.healthcheck "${FRAMERELAY_WORKER_PORT:-8443}" /readyz
 ENTRYPOINT ["framerelay"]
 CMD ["worker"]
