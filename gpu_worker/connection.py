@@ -7,8 +7,11 @@ image, an unknown stream, credit exceeded, a full lane, a failed inference or
 tracker update) are answered with an ERROR for that frame, which returns the
 sender's credit. A correct ingest never sends a bad header or image: a tunnel
 sending more than ``max_bad_frames_per_s`` of them in a second is closed (1008).
-Results leave through a bounded outbound queue with a send timeout, so a peer
-that stops reading is cut off instead of stalling the worker.
+Frames are decoded in parallel across the decode pool, up to
+``2 x decode_threads`` per tunnel (:mod:`gpu_worker.decoding`), and reach the
+batcher in their stream's order. Results leave through a bounded outbound
+queue with a send timeout, so a peer that stops reading is cut off instead of
+stalling the worker.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ from framerelay.protocol import (
 )
 from gpu_worker.batcher import Batcher, Failure, Outcome, WorkItem
 from gpu_worker.budgets import ErrorBudget, Pacer
-from gpu_worker.images import decode_jpeg_bgr
+from gpu_worker.decoding import Decoding, Image, OrderedDecoder
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.sessions import StreamSession, new_session, resumed_session
 from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 10.0
+DECODES_PER_THREAD = 2
+"""A tunnel's frames decoding at once, per decode thread (the rest wait in TCP)."""
 DROP_TIMEOUT_S = 0.5
 """How long a misbehaving peer has to take its ERROR and close frame (it is not read)."""
 BAD_FRAME_CODES = frozenset({"bad_frame", "bad_image"})
@@ -91,6 +96,9 @@ class TunnelConnection:
         self._out: asyncio.Queue[bytes] = asyncio.Queue(maxsize=bound)
         self._done = False
         self._lane = batcher.open_lane()
+        size = (hello.input_w, hello.input_h)
+        limit = DECODES_PER_THREAD * settings.decode_threads
+        self._decoder = OrderedDecoder(decode_pool, size, limit, self._decoded)
         self._bad = ErrorBudget(settings.max_bad_frames_per_s)
         self._pacer = Pacer(settings.max_refused_frames_per_s)
         self._abort: str | None = None  # set: close with 1008 after this message
@@ -132,6 +140,7 @@ class TunnelConnection:
             pass
         finally:
             self._done = True
+            self._decoder.close()
             self.proto.close()
             self.batcher.close_lane(self._lane)
             self.metrics.connections.dec()
@@ -206,7 +215,6 @@ class TunnelConnection:
         return new_session(msg.stream_id, msg.tracker, *args)
 
     async def _on_frame(self, frame: wire.Frame, payload: bytes) -> None:
-        received = time.monotonic()
         session = self.sessions.get(frame.stream_id)
         if session is None:  # the protocol knows it open, but its session failed to start
             self._reply_error(
@@ -216,17 +224,21 @@ class TunnelConnection:
         if not self.batcher.has_room(self._lane):  # refuse before paying for the decode
             self._refuse_capacity(frame)
             return
-        w, h = self.hello.input_w, self.hello.input_h
-        loop = asyncio.get_running_loop()
-        try:
-            image = await loop.run_in_executor(self.decode_pool, decode_jpeg_bgr, payload, w, h)
-        except ProtocolError as exc:
+        await self._decoder.start(frame, payload, session)
+
+    def _decoded(self, job: Decoding, outcome: Image | ProtocolError) -> None:
+        """A frame's decode finished (in its stream's order): to the batcher, or refused."""
+        frame = job.frame
+        if isinstance(outcome, ProtocolError):
             self.metrics.drops.labels("bad_image").inc()
-            self._reply_error("bad_image", str(exc), frame.stream_id, frame.seq)
+            self._reply_error("bad_image", str(outcome), frame.stream_id, frame.seq)
             return
-        decoded = time.monotonic()
-        item = WorkItem(frame, image, session, self._reply, received, decoded, self._lane)
-        self.metrics.stage_ms.labels("decode").observe((item.decoded_at - received) * 1000)
+        if self._done:
+            return
+        item = WorkItem(
+            frame, outcome, job.session, self._reply, job.received_at, job.decoded_at, self._lane
+        )
+        self.metrics.stage_ms.labels("decode").observe((job.decoded_at - job.received_at) * 1000)
         if not self.batcher.submit(item):
             self._refuse_capacity(frame)
 
