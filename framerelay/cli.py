@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
@@ -25,8 +25,15 @@ FAILURE = 1
 log = logging.getLogger("framerelay")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors in one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="framerelay",
         description="Cross-cloud, real-time video inference pipeline.",
     )

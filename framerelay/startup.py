@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 
 from framerelay.errors import ConfigError
 
@@ -31,6 +32,21 @@ def bind_error(exc: OSError, host: str, port: int, setting: str) -> ConfigError:
             f"privileges; {setting})"
         )
     return ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} ({setting})")
+
+
+def check_port(host: str, port: int, setting: str) -> None:
+    """Fail fast, before a long start (model warm-up), when ``host:port`` cannot be bound."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except socket.gaierror:
+            return  # a host name: the real bind says what is wrong with it
+        except OSError as exc:
+            raise bind_error(exc, host, port, setting) from None
 
 
 def announce_ready(service: str, url: str, loaded: str) -> None:

@@ -53,6 +53,7 @@ from framerelay.protocol import (
 )
 from framerelay.protocol import negotiation as versions
 from framerelay.results import ResultRecord
+from ingest import tunnel_hints
 from ingest.heartbeat import TunnelMonitor, TunnelStalled
 from ingest.stream import IngestStream, StreamState
 from ingest.tunnel_health import TunnelHealth, TunnelState
@@ -198,7 +199,7 @@ class TunnelClient:
             self.last_error = str(exc)
             log.error("worker refused the tunnel: %s", exc)
         except (*TUNNEL_ERRORS, ProtocolError, TunnelStalled, InvalidHandshake, InvalidURI) as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = tunnel_hints.describe(self.url, exc)  # what to change, if known
             log.warning("tunnel to %s lost: %s", self.url, self.last_error)
         except Exception as exc:  # a bug or an unforeseen library error: reconnect anyway
             self._unexpected(exc)

@@ -1,4 +1,4 @@
-"""``framerelay fleet status``: tiers, pods, streams and cost in one table."""
+"""``framerelay fleet show``: tiers, pods, streams and cost in one table (alias ``status``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ HELP = "fleet status: tiers, pods, placement and cost (via the orchestrator)"
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fleet", help=HELP, description=HELP)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    st = verbs.add_parser("status", help="a readable summary")
+    st = verbs.add_parser("show", aliases=["status"], help="a readable summary")
     add_url(st)
     st.set_defaults(func=_status)
 

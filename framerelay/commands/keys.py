@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("file", type=Path)
     _alg_kid(add)
     add.set_defaults(func=_add)
-    rm = verbs.add_parser("remove", help="remove a key by id (tokens it signed stop working)")
+    rm = verbs.add_parser(
+        "remove", aliases=["rm"], help="remove a key by id (tokens it signed stop working)"
+    )
     rm.add_argument("file", type=Path)
     rm.add_argument("kid")
     rm.set_defaults(func=_remove)
@@ -37,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pub.add_argument("file", type=Path)
     pub.add_argument("--out", type=Path, help="write here instead of stdout")
     pub.set_defaults(func=_public)
-    ls = verbs.add_parser("list", help="key ids, algorithms, and which one signs")
+    ls = verbs.add_parser("list", aliases=["ls"], help="key ids, algorithms, and which one signs")
     ls.add_argument("file", type=Path)
     ls.set_defaults(func=_list)
 

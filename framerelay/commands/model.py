@@ -23,7 +23,7 @@ _MAX_NAMES = 20
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``model`` with its ``export`` and ``info`` sub-commands."""
+    """Add ``model`` with its ``export`` and ``show`` (alias ``info``) sub-commands."""
     parser = subparsers.add_parser(
         "model",
         help="export and inspect detector models",
@@ -86,7 +86,8 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "info",
+        "show",
+        aliases=["info"],
         help="print a model's inputs, outputs, format and class names",
         description="Describe an .onnx model (or a .pt one, with the [ultralytics] extra).",
     )

@@ -1,20 +1,29 @@
-"""``framerelay streams add|rm|ls|move``: streams the orchestrator places."""
+"""``framerelay streams list|add|remove|show|move``: streams the orchestrator places.
+
+``ls`` and ``rm`` are kept as aliases of ``list`` and ``remove``.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from framerelay.commands._orch_client import add_url, call, emit, table
+from framerelay.errors import ConfigError
 
-HELP = "declare, remove, list or move streams (via the orchestrator)"
+HELP = "declare, remove, list, show or move streams (via the orchestrator)"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("streams", help=HELP, description=HELP)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ls = verbs.add_parser("list", aliases=["ls"], help="streams and where they run")
+    add_url(ls)
+    ls.set_defaults(func=_list)
     add = verbs.add_parser("add", help="declare a stream")
     add.add_argument("id")
-    add.add_argument("url", help="camera or file URL the ingest opens")
+    # dest "source": "url" is --url's, the orchestrator's address (they once shared it)
+    add.add_argument("source", metavar="URL", help="camera or file URL the ingest opens")
     add.add_argument("--priority", choices=["critical", "standard", "batch"], default="standard")
     add.add_argument("--fps", type=float, default=5.0)
     add.add_argument("--model", default="yolox_nano")
@@ -22,13 +31,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("--loop", action="store_true", help="loop a file source")
     add_url(add)
     add.set_defaults(func=_add)
-    rm = verbs.add_parser("rm", help="remove a stream")
+    rm = verbs.add_parser("remove", aliases=["rm"], help="remove a stream")
     rm.add_argument("id")
     add_url(rm)
-    rm.set_defaults(func=_rm)
-    ls = verbs.add_parser("ls", help="streams and where they run")
-    add_url(ls)
-    ls.set_defaults(func=_ls)
+    rm.set_defaults(func=_remove)
+    show = verbs.add_parser("show", help="one stream: its definition and where it runs")
+    show.add_argument("id")
+    add_url(show)
+    show.set_defaults(func=_show)
     mv = verbs.add_parser("move", help="move a stream to a worker (its tracks continue)")
     mv.add_argument("id")
     mv.add_argument("worker")
@@ -38,22 +48,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add(args: argparse.Namespace) -> int:
     body = {
-        "id": args.id, "url": args.url, "priority": args.priority, "fps": args.fps,
+        "id": args.id, "url": args.source, "priority": args.priority, "fps": args.fps,
         "model": args.model, "tracker": args.tracker, "loop": args.loop,
     }  # fmt: skip
     out = call(args, "POST", "/v1/streams", body)
     return emit(args, out, f"added {out['id']} ({out['priority']}, {out['fps']} fps)")
 
 
-def _rm(args: argparse.Namespace) -> int:
+def _remove(args: argparse.Namespace) -> int:
     out = call(args, "DELETE", f"/v1/streams/{args.id}")
     return emit(args, out, f"removed {out['removed']}")
 
 
-def _ls(args: argparse.Namespace) -> int:
+def _list(args: argparse.Namespace) -> int:
     streams = call(args, "GET", "/v1/streams")
     rows = [(s["id"], s["priority"], s["fps"], s["model"], s["worker"] or "-") for s in streams]
     return emit(args, streams, table(rows, ("STREAM", "PRIORITY", "FPS", "MODEL", "WORKER")))
+
+
+def _show(args: argparse.Namespace) -> int:
+    streams: list[dict[str, Any]] = call(args, "GET", "/v1/streams")
+    found = next((s for s in streams if s["id"] == args.id), None)
+    if found is None:
+        known = ", ".join(sorted(s["id"] for s in streams)) or "none"
+        raise ConfigError(f"no stream {args.id!r} on the orchestrator (streams: {known})")
+    text = "\n".join(f"{k}: {'-' if v is None else v}" for k, v in found.items())
+    return emit(args, found, text)
 
 
 def _move(args: argparse.Namespace) -> int:

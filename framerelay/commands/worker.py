@@ -106,16 +106,17 @@ def startup_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> li
 
 async def _serve(settings: Any, announce: bool) -> int:
     from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
-    from framerelay.startup import announce_ready, bind_error
+    from framerelay.startup import announce_ready, bind_error, check_port
     from gpu_worker.server import TUNNEL_PATH, Worker
 
+    where = "--port / FRAMERELAY_WORKER_PORT"
+    check_port(settings.host, settings.port, where)  # before a warm-up of minutes
     worker = _load(Worker, settings)
     stop = asyncio.Event()
     install_signal_handlers(stop)
     try:
         host, port = await worker.start()
     except OSError as exc:
-        where = "--port / FRAMERELAY_WORKER_PORT"
         raise bind_error(exc, settings.host, settings.port, where) from None
     info = {
         "event": "ready",

@@ -1,0 +1,40 @@
+"""What to do when a tunnel cannot open: the error text plus a hint, in one line.
+
+A worker serving TLS closes a plain ``ws://`` connection without a word, and
+a worker requiring client certificates (mTLS) closes a ``wss://`` one without
+a certificate the same way: websockets reports both as "did not receive a
+valid HTTP response". The hint says which setting to look at; the ingest keeps
+retrying, and the error shows in ``GET /v1/workers`` and the streams' status.
+"""
+
+from __future__ import annotations
+
+from websockets.exceptions import InvalidMessage
+
+WS_TO_TLS = (
+    "the worker closed the connection without an HTTP answer: if it serves TLS, use "
+    "wss:// in --worker-url / FRAMERELAY_INGEST_WORKER_URL (with --tls-ca)"
+)
+MTLS_REFUSED = (
+    "the worker closed the TLS connection without an HTTP answer: it may require a client "
+    "certificate (mTLS): set --tls-client-cert and --tls-client-key "
+    "(FRAMERELAY_INGEST_TLS_CLIENT_CERT / _KEY) to one its CA signed"
+)
+
+
+def _closed_early(exc: BaseException) -> bool:
+    cause: BaseException | None = exc
+    for _ in range(4):
+        if isinstance(cause, EOFError | ConnectionResetError):
+            return True
+        cause = None if cause is None else (cause.__cause__ or cause.__context__)
+    return False
+
+
+def describe(url: str, exc: BaseException) -> str:
+    """``Type: message`` of a failed tunnel, with what to change when that is known."""
+    said = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, InvalidMessage) or not _closed_early(exc):
+        return said
+    hint = WS_TO_TLS if url.startswith("ws://") else MTLS_REFUSED
+    return f"{said}; {hint}"
