@@ -345,7 +345,7 @@ class AVSource:
         on_frame: Callable[[Decoded], bool],
     ) -> bool:
         """Decode until the end (True) or until stopped (False)."""
-        pacer = _Pacer() if self.spec.pace else None
+        pacer = FramePacer() if self.spec.pace else None
         watch = _NoFrameWatch(self.spec)
         sizes = _SizeWatch(self)
         catchup = Catchup(tb) if self.spec.live else None
@@ -446,7 +446,7 @@ class _NoFrameWatch:
             )
 
 
-class _Pacer:
+class FramePacer:
     """Sleeps so frames come out at the rate of their PTS."""
 
     def __init__(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "render a clip from recorded segments with boxes, track ids and labels drawn"
@@ -17,19 +18,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--dir", type=Path, default=Path("recordings"), help="recordings folder (--out of record)"
     )
+    p.add_argument(
+        "--hold-s",
+        type=float,
+        help="keep a track's box this long without a new result for it (default: twice the "
+        "interval between results; 0: each box on its own frame only)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from framerelay.errors import ConfigError
-    from ingest.recording.clip import parse_time, render_clip
+    import math
 
+    from framerelay.errors import ConfigError
+    from ingest.recording.clip import ClipError, parse_time, render_clip
+
+    hold_s: float | None = args.hold_s
+    if hold_s is not None and not (math.isfinite(hold_s) and hold_s >= 0):
+        raise ConfigError(f"--hold-s must be a number of seconds >= 0, got {hold_s}")
+    start, end = parse_time(args.start), parse_time(args.end)
     directory = args.dir / args.stream
-    if not (directory / "index.json").exists():
-        raise ConfigError(f"no recording of stream {args.stream!r} in {args.dir}")
-    summary = render_clip(directory, parse_time(args.start), parse_time(args.end), args.out)
+    try:
+        if not (directory / "index.json").is_file():
+            raise ClipError(f"no recording of stream {args.stream!r} in {args.dir}")
+        summary = render_clip(directory, start, end, args.out, hold_s=hold_s)
+    except ClipError as exc:  # the arguments were fine; the recording or the disk was not
+        print(f"framerelay: error: {exc}", file=sys.stderr)
+        return 1
     print(
         f"wrote {args.out}: {summary.frames} frames ({summary.frames_with_results} with results, "
-        f"{summary.boxes} boxes) from {summary.segments} segment(s), {summary.codec}"
+        f"{summary.boxes} boxes, held {summary.hold_s:.2f} s) from {summary.segments} "
+        f"segment(s), {summary.codec}"
     )
     return 0

@@ -27,6 +27,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-bytes", type=int, help="keep at most this many bytes")
     p.add_argument("--group", help="Redis consumer group (default recorder)")
     p.add_argument("--consumer", help="consumer name (default record-<stream>)")
+    p.add_argument(
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        help="read a local file at its frame rate, as the ingest's --realtime (default on)",
+    )
+    p.add_argument(
+        "--loop",
+        action=argparse.BooleanOptionalAction,
+        help="start a local file over at its end, as the ingest's --loop (default: record it "
+        "once, then stop)",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from ingest.recording.settings import RecorderSettings
 
     keys = ("stream_id", "source", "out_dir", "segment_s", "retention_s", "max_bytes", "group",
-            "consumer")  # fmt: skip
+            "consumer", "realtime", "loop")  # fmt: skip
     over: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     try:
         settings = RecorderSettings(**over)
@@ -45,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         from framerelay.settings import describe_invalid
 
         raise ConfigError(describe_invalid(exc)) from None
+    if settings.is_file and not Path(settings.source.removeprefix("file://")).is_file():
+        raise ConfigError(f"--source {settings.source}: no such file")
     return asyncio.run(_record(settings))
 
 
@@ -57,4 +70,8 @@ async def _record(settings: Any) -> int:
     recorder = Recorder(settings)
     await recorder.run(stop)
     print(json.dumps(recorder.describe()), file=sys.stderr, flush=True)
+    if recorder.source_error is not None:
+        print(f"framerelay: error: cannot record {settings.source}: {recorder.source_error}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0

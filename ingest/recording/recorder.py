@@ -12,6 +12,10 @@ gave it (one id everywhere); stored results with fields this recorder does not
 know are recorded with those fields left out. On start it settles
 what a crash left: the segment being written becomes ``partial`` and results
 placed on frames that did not reach the disk move to a gap file.
+
+A local file (not looping) is recorded once: when it has ended, the recorder
+goes on placing results until none has come, and no frame either, for
+``match_window_s``, then stops by itself (:attr:`Recorder.source_ended`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ class Recorder:
         self._acks: list[ResultId] = []
         self._lock = threading.Lock()  # the index is touched by the segment thread too
         self._next_housekeeping = 0.0
+        self._last_activity = time.monotonic()
+        self.source_ended = False
+        self.source_error: str | None = None
 
     def _take_epoch(self) -> int:
         with self._lock:
@@ -97,7 +104,7 @@ class Recorder:
         thread.start()
         try:
             await self._ensure_group(consumer, stop)
-            while not stop.is_set():
+            while not stop.is_set() and not self._finished(segmenter, thread):
                 self._handle(await consumer.read())
                 await self._step(consumer)
         finally:
@@ -109,6 +116,15 @@ class Recorder:
             self.sidecars.close()
             await client.aclose()
             self.counts.update({f"redis_{k}": v for k, v in consumer.counts.items()})
+
+    def _finished(self, segmenter: Segmenter, thread: threading.Thread) -> bool:
+        """The file was recorded to its end and results stopped coming: time to stop."""
+        if thread.is_alive() or not segmenter.ended:
+            return False
+        self.source_ended, self.source_error = True, segmenter.last_error
+        if segmenter.connects == 0:
+            return True  # it never opened: nothing to wait for
+        return time.monotonic() - self._last_activity >= self.settings.match_window_s
 
     async def _ensure_group(self, consumer: ResultConsumer, stop: asyncio.Event) -> None:
         delay = 0.2
@@ -130,6 +146,7 @@ class Recorder:
             self.housekeeping()
 
     def _on_event(self, ev: Event) -> None:
+        self._last_activity = time.monotonic()
         if isinstance(ev, FrameEvent):
             self.frames.add(ev)
             return
@@ -142,6 +159,8 @@ class Recorder:
 
     def _handle(self, entries: list[Entry]) -> None:
         now = time.time()
+        if entries:
+            self._last_activity = time.monotonic()
         for entry in entries:
             if entry.record is None:
                 self.counts["unreadable"] += 1
@@ -210,4 +229,5 @@ class Recorder:
             "pending": len(self.pending),
             **dict(self.counts),
             "sidecar_lines": self.sidecars.written,
+            "source_ended": self.source_ended,
         }

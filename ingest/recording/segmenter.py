@@ -8,6 +8,11 @@ offset), so consecutive segments of one epoch join without a gap:
 ``next.start_pts == prev.end_pts``. Segments are fragmented MP4 (a fragment per
 keyframe, at most a second), so a crash loses at most the last fragment.
 Every written frame is reported with its arrival time on the wall clock.
+
+A local file is not a camera: it is read at its frame rate (``realtime``, so
+its wall clock is that of a camera sending it) and recorded once, then the
+segmenter ends (:attr:`Segmenter.ended`); with ``loop`` it starts over at once,
+a new epoch each pass. A file that cannot be read is not retried.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from av.video.stream import VideoStream
 from framerelay.timeline import MPEGTS_WRAP_BITS
 from ingest.recording.index import SegmentInfo
 from ingest.recording.settings import RecorderSettings
-from ingest.source import redact
+from ingest.source import FramePacer, redact
 
 log = logging.getLogger(__name__)
 MAX_JUMP_S = 10.0
@@ -77,14 +82,20 @@ class _Unwrap:
 
 
 class _Clock:
-    """Wall time of PTS 0 in an epoch: the least-delayed arrival seen (as NTP filters)."""
+    """Wall time of PTS 0 in an epoch: the least-delayed arrival seen (as NTP filters).
 
-    def __init__(self, tb: Fraction) -> None:
+    ``fixed``: the first arrival sets it for good (a file read faster than real time,
+    whose later frames would otherwise keep pulling the origin back).
+    """
+
+    def __init__(self, tb: Fraction, *, fixed: bool = False) -> None:
         self.tb = tb
+        self.fixed = fixed
         self.origin = float("inf")
 
     def see(self, pts: int, wall: float) -> None:
-        self.origin = min(self.origin, wall - float(pts * self.tb))
+        if not (self.fixed and self.origin != float("inf")):
+            self.origin = min(self.origin, wall - float(pts * self.tb))
 
     def wall(self, pts: int) -> float:
         return self.origin + float(pts * self.tb)
@@ -149,6 +160,8 @@ class Segmenter:
         self._sink = sink
         self._take_epoch = take_epoch
         self.connects = 0
+        self.ended = False
+        """A local file was recorded to its end (not looping): nothing more will come."""
         self.last_error: str | None = None
         self._file: _SegmentFile | None = None
         self._info: SegmentInfo | None = None
@@ -159,19 +172,33 @@ class Segmenter:
         delay = 0.5
         while not stop.is_set():
             started = time.monotonic()
+            failed = False
             try:
                 self._record(stop)
             except (av.error.FFmpegError, OSError) as exc:
+                failed = True
                 self.last_error = f"{type(exc).__name__}: {exc}".replace(
                     self.settings.source, redact(self.settings.source)
                 )
                 log.warning("camera %s: %s", redact(self.settings.source), self.last_error)
             finally:
                 self._close_segment()
+            if self.settings.is_file and not (self.settings.loop and not failed):
+                self._end(stop)
+                return
+            if self.settings.is_file:
+                continue  # looping: the next pass at once
             if time.monotonic() - started > HEALTHY_S:
                 delay = 0.5
             stop.wait(delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter
             delay = min(delay * 2, self.settings.reconnect_max_s)
+
+    def _end(self, stop: threading.Event) -> None:
+        self.ended = not stop.is_set()
+        if self.ended:
+            how = f"failed ({self.last_error})" if self.last_error else "ended"
+            log.info("file %s %s: recorded once, not reopened (loop is off)",
+                     redact(self.settings.source), how)  # fmt: skip
 
     def _record(self, stop: threading.Event) -> None:
         s = self.settings
@@ -182,8 +209,11 @@ class Segmenter:
             tb = Fraction(stream.time_base or Fraction(1, 90_000))
             wrap = MPEGTS_WRAP_BITS if "mpegts" in (container.format.name or "") else None
             self.connects += 1
-            epoch, unwrap, clock = self._take_epoch(), _Unwrap(wrap), _Clock(tb)
+            paced = s.is_file and s.realtime
+            epoch, unwrap = self._take_epoch(), _Unwrap(wrap)
+            clock = _Clock(tb, fixed=s.is_file)
             self._clock, self._wrap = clock, wrap
+            pacer = FramePacer() if paced else None
             last_dts: int | None = None
             for packet in container.demux(stream):
                 if stop.is_set():
@@ -194,9 +224,12 @@ class Segmenter:
                 raw_dts = packet.dts if packet.dts is not None else packet.pts
                 dts = unwrap(raw_dts)
                 pts = packet.pts + (dts - raw_dts)
+                if pacer is not None:
+                    pacer.wait(float(dts * tb), stop)
+                    wall = time.time()
                 if last_dts is not None and not 0 <= float((dts - last_dts) * tb) <= MAX_JUMP_S:
                     self._close_segment()
-                    epoch, clock = self._take_epoch(), _Clock(tb)
+                    epoch, clock = self._take_epoch(), _Clock(tb, fixed=s.is_file)
                     self._clock = clock
                 last_dts = dts
                 clock.see(pts, wall)

@@ -24,6 +24,16 @@ class RecorderSettings(BaseSettings):
     source: str = Field(
         min_length=1, description="The camera URL (or file) to record; credentials never logged."
     )
+    realtime: bool = Field(
+        True,
+        description="Read a local file at its frame rate (as a camera would send it), so its "
+        "recording's wall clock matches the capture times of the ingest's results.",
+    )
+    loop: bool = Field(
+        False,
+        description="Start a local file over at its end (a new epoch each pass), as the "
+        "ingest's loop; without it a file is recorded once and the recorder stops.",
+    )
     out_dir: Path = Field(Path("recordings"), description="Segments, sidecars and the index.")
     segment_s: float = Field(
         10.0, gt=0, le=3600, description="Segment length (cut at the next keyframe after it)."
@@ -63,6 +73,12 @@ class RecorderSettings(BaseSettings):
     pending_max: int = Field(
         20_000, ge=1, le=10_000_000, description="Results waiting for their frame, at most."
     )
+
+    @property
+    def is_file(self) -> bool:
+        """A local file (ends: recorded once, or looped), not a camera (reconnected)."""
+        scheme, sep, _ = self.source.partition("://")
+        return not sep or scheme.lower() == "file"
 
     @property
     def consumer_name(self) -> str:

@@ -170,7 +170,8 @@ def test_a_rendered_clip_has_the_boxes_on_the_right_frames(
     with_results = [s for s in index.segments if read_lines(recording.directory / s.sidecar)]
     seg = with_results[len(with_results) // 2]
     out = tmp_path / "clip.mp4"
-    summary = render_clip(recording.directory, seg.start_wall, seg.end_wall - 0.001, out)
+    # hold_s=0: each box on its own frame only (boxes held between results: test_clip_hold)
+    summary = render_clip(recording.directory, seg.start_wall, seg.end_wall - 0.001, out, hold_s=0)
     lines = {x.pts: x for x in read_lines(recording.directory / seg.sidecar)}
     original, drawn = _decoded(recording.directory / seg.name), _decoded(out)
     assert len(drawn) == len(original) == summary.frames
