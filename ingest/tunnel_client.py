@@ -46,6 +46,7 @@ from framerelay.protocol import (
     HelloReceived,
     IngestEvent,
     IngestProtocol,
+    NoCommonVersion,
     PeerError,
     ProtocolViolation,
     ResultReceived,
@@ -201,6 +202,9 @@ class TunnelClient:
         except (*TUNNEL_ERRORS, ProtocolError, TunnelStalled, InvalidHandshake, InvalidURI) as exc:
             self.last_error = tunnel_hints.describe(self.url, exc)  # what to change, if known
             log.warning("tunnel to %s lost: %s", self.url, self.last_error)
+            if isinstance(exc, NoCommonVersion):  # no use waiting: say so on every stream
+                for stream in self.streams.values():
+                    stream.last_error = self.last_error
         except Exception as exc:  # a bug or an unforeseen library error: reconnect anyway
             self._unexpected(exc)
         finally:
@@ -282,9 +286,12 @@ class TunnelClient:
             async with asyncio.timeout(HELLO_TIMEOUT_S):
                 data = await ws.recv(decode=False)
         except ConnectionClosed as exc:
-            if exc.rcvd is not None and exc.rcvd.code == wire.CloseCode.PROTOCOL:
-                raise ProtocolError(f"the worker refused the tunnel: {exc.rcvd.reason}") from None
-            raise
+            if exc.rcvd is None or exc.rcvd.code != wire.CloseCode.PROTOCOL:
+                raise
+            refused = f"the worker refused the tunnel: {exc.rcvd.reason}"
+            if exc.rcvd.reason.startswith("no common tunnel version"):
+                raise NoCommonVersion(refused) from None
+            raise ProtocolError(refused) from None
         for event in proto.receive_data(data, time.monotonic()):
             if isinstance(event, ProtocolViolation):
                 await ws.close(event.code, event.reason)

@@ -152,21 +152,18 @@ def test_a_worker_of_other_versions_refuses_and_the_ingest_says_why(
     future = functools.partial(versions.select, supported=(3,))  # a v3-only worker
     monkeypatch.setattr(versions, "select", future)
 
-    async def main() -> TunnelClient:
+    async def main() -> tuple[TunnelClient, IngestStream]:
         async with (
             running_worker(secret) as (_, url),
-            _streaming(url, token(secret), []) as (
-                client,
-                _,
-            ),
+            _streaming(url, token(secret), []) as (client, stream),
         ):
-            await wait_for(lambda: client.last_error is not None, WAIT_S, "a tunnel error")
-            return client
+            await wait_for(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
+            return client, stream
 
-    client = asyncio.run(main())
+    client, stream = asyncio.run(main())
     assert client.connects == 0
     assert client.last_error == (
-        "ProtocolError: the worker refused the tunnel: no common tunnel version: this worker "
+        "NoCommonVersion: the worker refused the tunnel: no common tunnel version: this worker "
         "speaks framerelay.v3; the peer offered framerelay.v2, framerelay.v1"
     )
-    assert client.describe()["last_error"] == client.last_error
+    assert client.describe()["last_error"] == client.last_error == stream.last_error
