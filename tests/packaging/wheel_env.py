@@ -210,4 +210,3 @@ def clean_env(installed: InstalledWheel, **extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
-
