@@ -7,8 +7,10 @@
 * ``GET /v1/streams``; ``POST /v1/streams`` (a StreamSpec);
   ``DELETE /v1/streams/{id}``; ``POST /v1/streams/{id}/move`` ``{"worker": ..}``
 * ``GET /v1/fleet``: tiers, pods, streams, cost, recent events
+* ``GET /openapi.json``, ``/docs`` (Swagger UI), ``/redoc``: open, served
+  offline (:mod:`framerelay.openapi_docs`)
 
-Every route but ``/healthz`` needs a bearer token for audience
+Every route but ``/healthz`` and the API's description needs a bearer token for audience
 ``framerelay-orchestrator``: scope ``fleet:read`` to read, ``fleet:write`` to
 change anything; ``/metrics`` is open unless ``metrics_auth`` (then
 ``metrics:read``). Refusals (401/403/429) happen before the route runs, are
@@ -28,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,9 +40,15 @@ from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
 from framerelay.auth.web import ApiAuth, AuthFirstRoute, install_validation_handler
+from framerelay.openapi_docs import errors, install_docs
 from framerelay.web_limits import BodyLimit
 
 READ, WRITE, METRICS = "fleet:read", "fleet:write", "metrics:read"
+SECURITY = (
+    "A JWT for audience `framerelay-orchestrator` (`framerelay token mint --aud orchestrator`). "
+    "Scopes: `fleet:read` (read the fleet, pods, streams), `fleet:write` (change them), "
+    "`metrics:read` (`/metrics`, only with `FRAMERELAY_ORCH_METRICS_AUTH=true`)."
+)
 
 
 class NewPod(BaseModel):
@@ -173,6 +182,7 @@ def create_app(orch: Orchestrator) -> FastAPI:
         openapi_url=None,
     )  # fmt: skip
     install_validation_handler(app)
+    install_docs(app, SECURITY)
     app.add_middleware(BodyLimit, max_bytes=orch.settings.max_body_bytes,
                        setting="FRAMERELAY_ORCH_MAX_BODY_BYTES")  # fmt: skip
     auth = api_auth(orch)
@@ -185,19 +195,25 @@ def create_app(orch: Orchestrator) -> FastAPI:
 def _fleet_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
     router = APIRouter(route_class=AuthFirstRoute)
 
-    @router.get("/healthz")
+    @router.get("/healthz", summary="Liveness", tags=["health"])
     async def healthz() -> dict[str, Any]:
+        """Answers while the process runs: whether it leads, and its reconcile passes."""
         return {"status": "ok", "leader": orch.leader, "ticks": orch.ticks}
 
     metrics_deps = [auth.requires(METRICS)] if orch.settings.metrics_auth else []
 
-    @router.get("/metrics", dependencies=metrics_deps)
+    @router.get("/metrics", dependencies=metrics_deps, summary="Prometheus metrics",
+                tags=["health"], response_class=PlainTextResponse)  # fmt: skip
     async def metrics() -> Response:
+        """Prometheus text: pods, workers, streams, cost, fleet events, refusals. Open unless
+        ``FRAMERELAY_ORCH_METRICS_AUTH`` (then ``metrics:read``)."""
         body = render_metrics(await fleet_status(orch), orch.auth_refused)
         return Response(body, media_type="text/plain; version=0.0.4")
 
-    @router.get("/v1/fleet", dependencies=[auth.requires(READ)])
+    @router.get("/v1/fleet", dependencies=[auth.requires(READ)], summary="Fleet status",
+                tags=["fleet"])  # fmt: skip
     async def fleet() -> dict[str, Any]:
+        """Tiers, pods, streams and their workers, cost so far, counters, recent events."""
         return await fleet_status(orch)
 
     return router
@@ -207,20 +223,28 @@ def _pods_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
     router = APIRouter(route_class=AuthFirstRoute)
     store = orch.store
 
-    @router.get("/v1/pods", dependencies=[auth.requires(READ)])
+    @router.get("/v1/pods", dependencies=[auth.requires(READ)], summary="List pods",
+                tags=["pods"])  # fmt: skip
     async def pods() -> list[dict[str, Any]]:
+        """Every pod: tier, state, readiness, cost per hour and the streams it serves."""
         return list((await fleet_status(orch))["pods"])
 
-    @router.post("/v1/pods", status_code=202, dependencies=[auth.requires(WRITE)])
+    @router.post("/v1/pods", status_code=202, dependencies=[auth.requires(WRITE)],
+                 summary="Add a warm pod", tags=["pods"],
+                 responses=errors(404, e404="No such tier"))  # fmt: skip
     async def create_pod(body: NewPod) -> dict[str, Any]:
+        """One more warm pod in a tier (raises the tier's floor); created on the next pass."""
         if orch.settings.tier(body.tier) is None:
             names = [t.name for t in orch.settings.tiers]
             raise HTTPException(404, f"no tier {body.tier!r}; tiers are {names}")
         floor = await store.raise_floor(body.tier, 1)
         return {"tier": body.tier, "floor": floor, "note": "created on the next reconcile pass"}
 
-    @router.delete("/v1/pods/{name}", dependencies=[auth.requires(WRITE)])
+    @router.delete("/v1/pods/{name}", dependencies=[auth.requires(WRITE)],
+                   summary="Terminate a pod", tags=["pods"],
+                   responses=errors(404, e404="No such pod"))  # fmt: skip
     async def terminate_pod(name: str) -> dict[str, Any]:
+        """Terminate now and lower the tier's floor; the fleet replaces it if still needed."""
         rec = (await store.pods()).get(name)
         if rec is None:
             raise HTTPException(404, f"no pod {name!r}")
@@ -234,29 +258,45 @@ def _pods_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
     return router
 
 
+MOVE_ERRORS = errors(
+    404, 409, e404="No such stream or worker", e409="A critical stream cannot run on a spot worker"
+)
+
+
 def _streams_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
     router = APIRouter(route_class=AuthFirstRoute)
     store = orch.store
 
-    @router.get("/v1/streams", dependencies=[auth.requires(READ)])
+    @router.get("/v1/streams", dependencies=[auth.requires(READ)], summary="List streams",
+                tags=["streams"])  # fmt: skip
     async def streams() -> list[dict[str, Any]]:
+        """Every stream (URL without its password) and the worker it is placed on."""
         return list((await fleet_status(orch))["streams"])
 
-    @router.post("/v1/streams", status_code=201, dependencies=[auth.requires(WRITE)])
+    @router.post("/v1/streams", status_code=201, dependencies=[auth.requires(WRITE)],
+                 summary="Add a stream", tags=["streams"],
+                 responses=errors(409, e409="A stream with this id exists"))  # fmt: skip
     async def add_stream(spec: StreamSpec) -> dict[str, Any]:
+        """Add a stream; the next reconcile pass places it on a worker."""
         if spec.id in await store.streams():
             raise HTTPException(409, f"stream {spec.id!r} exists; remove it first")
         await store.put_stream(spec)
         return _stream_view(spec)
 
-    @router.delete("/v1/streams/{stream_id}", dependencies=[auth.requires(WRITE)])
+    @router.delete("/v1/streams/{stream_id}", dependencies=[auth.requires(WRITE)],
+                   summary="Remove a stream", tags=["streams"],
+                   responses=errors(404, e404="No such stream"))  # fmt: skip
     async def rm_stream(stream_id: str) -> dict[str, str]:
+        """Remove a stream; the ingest stops it on the next pass."""
         if not await store.del_stream(stream_id):
             raise HTTPException(404, f"no stream {stream_id!r}")
         return {"removed": stream_id}
 
-    @router.post("/v1/streams/{stream_id}/move", dependencies=[auth.requires(WRITE)])
+    @router.post("/v1/streams/{stream_id}/move", dependencies=[auth.requires(WRITE)],
+                 summary="Move a stream to a worker", tags=["streams"],
+                 responses=MOVE_ERRORS)  # fmt: skip
     async def move_stream(stream_id: str, body: Move) -> dict[str, str]:
+        """Pin a stream to a worker; it moves, with its tracker state, on the next pass."""
         spec = (await store.streams()).get(stream_id)
         rec = (await store.pods()).get(body.worker)
         if spec is None or rec is None:

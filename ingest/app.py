@@ -1,6 +1,7 @@
 """The ingest service's HTTP/WebSocket API (FastAPI) and its process entry.
 
-* ``GET /openapi.json`` - the OpenAPI document (``streams:read``; no ``/docs``).
+* ``GET /openapi.json``, ``/docs`` (Swagger UI), ``/redoc`` - open, served offline
+  (:mod:`framerelay.openapi_docs`, :mod:`ingest.api_docs`).
 * ``GET /healthz`` - liveness; ``GET /readyz`` - 200 once the streams are
   loaded and started, else 503. Both open.
 * the stream API (:mod:`ingest.streams_api`): ``GET /v1/streams`` ...
@@ -33,13 +34,16 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from framerelay.auth import AuthGuard
 from framerelay.auth.web import ApiAuth, install_validation_handler
 from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
+from framerelay.openapi_docs import install_docs
 from framerelay.startup import bind_error
 from framerelay.web_limits import BodyLimit
+from ingest import api_docs
 from ingest.auth import api_guard
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
@@ -65,7 +69,6 @@ def create_app(
 ) -> FastAPI:
     """The ingest API. ``guard`` checks every token (default: the hub's, else one built
     from the settings); ConfigError when there are no keys to verify tokens with."""
-    # no open /docs or /redoc; the OpenAPI document needs streams:read
     app = FastAPI(title="framerelay ingest", version="1", docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
     registry = registry or CollectorRegistry()
@@ -78,16 +81,20 @@ def create_app(
                        setting="FRAMERELAY_INGEST_MAX_BODY_BYTES")  # fmt: skip
     app.include_router(_metrics_router(registry, api if service.settings.metrics_auth else None))
 
-    @app.get("/openapi.json", include_in_schema=False, dependencies=[api.requires("streams:read")])
-    async def openapi() -> dict[str, Any]:
-        return app.openapi()
+    # open /openapi.json, /docs and /redoc, offline (framerelay.openapi_docs)
+    install_docs(app, api_docs.SECURITY, {"/v1/results": api_docs.RESULTS_WEBSOCKET},
+                 api_docs.MODELS)  # fmt: skip
 
-    @app.get("/healthz")
+    @app.get("/healthz", summary="Liveness", tags=["health"])
     async def healthz() -> dict[str, str]:
+        """Answers while the process runs."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    starting: dict[int | str, dict[str, Any]] = {503: {"description": "Starting: not loaded yet"}}
+
+    @app.get("/readyz", summary="Readiness", tags=["health"], responses=starting)
     async def readyz() -> Response:
+        """200 once the stored streams are loaded and started, else 503."""
         ready = service.started.is_set()
         body = b'{"status":"ready"}' if ready else b'{"status":"starting"}'
         return Response(body, status_code=200 if ready else 503, media_type="application/json")
@@ -103,8 +110,10 @@ def _metrics_router(registry: CollectorRegistry, api: ApiAuth | None) -> APIRout
     router = APIRouter()
     scrape = [api.requires("metrics:read")] if api is not None else []
 
-    @router.get("/metrics", dependencies=scrape)
+    @router.get("/metrics", dependencies=scrape, summary="Prometheus metrics", tags=["health"],
+                response_class=PlainTextResponse)  # fmt: skip
     async def metrics() -> Response:
+        """Prometheus text: streams, tunnels, result hub, Redis publisher, refusals."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.errors import ConfigError, SourceError
+from framerelay.openapi_docs import errors
 from ingest.auth import HOSTNAME
 from ingest.registry import UnknownStream
 from ingest.service import IngestService
@@ -55,8 +56,12 @@ def routing_router(service: IngestService, api: ApiAuth) -> APIRouter:
     router = APIRouter(route_class=AuthFirstRoute)
     write = [api.requires("routing:write")]
 
-    @router.put("/v1/streams/{stream_id}/worker", dependencies=write)
+    @router.put("/v1/streams/{stream_id}/worker", dependencies=write, tags=["routing"],
+                summary="Place or move a stream on a worker",
+                responses=errors(404, e404="No such stream, and no definition given"))  # fmt: skip
     async def assign(stream_id: str, body: Assignment) -> dict[str, Any]:
+        """The orchestrator's: place the stream on the worker, live, with its tracker
+        snapshot (idempotent); ``stream`` creates it if new."""
         try:
             moved = await service.place_stream(stream_id, body.worker_id, body.url,
                                                body.tls_server_name, body.stream)  # fmt: skip
@@ -66,16 +71,21 @@ def routing_router(service: IngestService, api: ApiAuth) -> APIRouter:
             raise HTTPException(422, str(exc)) from None
         return {"stream": stream_id, "worker_id": body.worker_id, "changed": moved}
 
-    @router.delete("/v1/streams/{stream_id}/worker", dependencies=write)
+    @router.delete("/v1/streams/{stream_id}/worker", dependencies=write, tags=["routing"],
+                   summary="Stop a placed stream",
+                   responses=errors(404, e404="No placed stream with this id"))  # fmt: skip
     async def unassign(stream_id: str) -> dict[str, Any]:
+        """The orchestrator's: stop a stream it placed on a worker and forget it."""
         try:
             await service.unplace_stream(stream_id)
         except UnknownStream:
             raise HTTPException(404, f"unknown stream {stream_id!r}") from None
         return {"stream": stream_id, "removed": True}
 
-    @router.get("/v1/routing", dependencies=[api.requires("streams:read")])
+    @router.get("/v1/routing", dependencies=[api.requires("streams:read")], tags=["routing"],
+                summary="Placed streams and their workers")  # fmt: skip
     async def routing() -> dict[str, str]:
+        """Stream id -> worker id, for every stream placed by the orchestrator."""
         return service.registry.placed()
 
     return router

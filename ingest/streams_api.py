@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.errors import ConfigError, SourceError
+from framerelay.openapi_docs import errors
 from ingest.registry import StreamExists, UnknownStream
 from ingest.service import IngestService
 from ingest.settings import StreamConfig
@@ -40,6 +41,11 @@ from ingest.store import StoreError
 from ingest.stream import IngestStream
 
 T = TypeVar("T")
+CHANGE = {
+    "e404": "No stream with this id",
+    "e409": "A stream with this id exists",
+    "e503": "The stream store cannot be written: nothing changed",
+}
 
 
 class StreamStatus(BaseModel):
@@ -161,37 +167,47 @@ def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
     read = [api.requires("streams:read")]
     write = [api.requires("streams:write")]
 
-    @router.get("", dependencies=read)
+    @router.get("", dependencies=read, summary="List streams")
     async def list_streams() -> list[StreamStatus]:
+        """Every stream with its state and counters."""
         return [_status(s) for s in list(service.streams.values())]
 
-    @router.post("", status_code=status.HTTP_201_CREATED, dependencies=write)
+    @router.post("", status_code=status.HTTP_201_CREATED, dependencies=write,
+                 summary="Add a stream", responses=errors(409, 503, **CHANGE))  # fmt: skip
     async def add_stream(config: StreamConfig) -> StreamDetail:
+        """Validate, store, then start a stream."""
         return _detail(await _guarded(service.create_stream(config)))
 
-    @router.get("/{stream_id}", dependencies=read)
+    @router.get("/{stream_id}", dependencies=read, summary="Show a stream",
+                responses=errors(404, **CHANGE))  # fmt: skip
     async def get_stream(stream_id: str) -> StreamDetail:
+        """One stream: state, counters, definition (credentials masked), recent changes."""
         stream = service.streams.get(stream_id)
         if stream is None:
             raise _http_error(UnknownStream(f"no stream {stream_id!r}"))
         return _detail(stream)
 
-    @router.put("/{stream_id}", dependencies=write)
+    @router.put("/{stream_id}", dependencies=write, summary="Replace a stream's definition",
+                responses=errors(404, 503, **CHANGE))  # fmt: skip
     async def replace_stream(stream_id: str, config: StreamConfig) -> StreamDetail:
+        """Store the new definition; the stream restarts with it in its next epoch."""
         if config.id != stream_id:
             raise _http_error(ConfigError(f"body id {config.id!r} differs from {stream_id!r}"))
         return _detail(await _guarded(service.update_stream(config)))
 
-    @router.delete("/{stream_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=write)
+    @router.delete("/{stream_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=write,
+                   summary="Remove a stream", responses=errors(404, 503, **CHANGE))  # fmt: skip
     async def remove_stream(stream_id: str) -> Response:
+        """Stop the stream, free its state on the ingest and the worker, forget it."""
         await _guarded(service.remove_stream(stream_id))
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     outer = APIRouter(route_class=AuthFirstRoute)
     outer.include_router(router)
 
-    @outer.get("/v1/workers", tags=["workers"], dependencies=read)
+    @outer.get("/v1/workers", tags=["workers"], dependencies=read, summary="List worker tunnels")
     async def list_workers() -> list[TunnelStatus]:
+        """Every worker tunnel, the default one first: state, health, its streams."""
         tunnels = list(service.registry.clients.items())
         return [TunnelStatus.model_validate({"name": n, **t.describe()}) for n, t in tunnels]
 

@@ -35,7 +35,10 @@ from tests.support.auth import ed_keys, mint
 pytestmark = pytest.mark.integration
 READ, WRITE = "fleet:read", "fleet:write"
 PASSWORD = "S3cretCamPassw0rd"
+DOCS = [("GET", p) for p in ("/openapi.json", "/docs", "/redoc", "/docs/assets/{name}")]
+"""Open: the API's description (framerelay.openapi_docs), no data."""
 EXPECTED_SCOPES = {
+    **dict.fromkeys(DOCS),
     ("GET", "/healthz"): None,
     ("GET", "/metrics"): None,
     ("GET", "/v1/fleet"): READ,
@@ -143,8 +146,9 @@ def test_every_route_but_healthz_has_a_scope(tmp_path: Path) -> None:
             want = dict(EXPECTED_SCOPES)
             if metrics_auth:
                 want[("GET", "/metrics")] = "metrics:read"
-            assert scopes == want  # no route unaudited, no /docs or /openapi.json
-            open_routes = [("GET", "/healthz")] + ([] if metrics_auth else [("GET", "/metrics")])
+            assert scopes == want  # no route unaudited; /docs and /openapi.json open
+            open_routes = [*DOCS, ("GET", "/healthz")]
+            open_routes += [] if metrics_auth else [("GET", "/metrics")]
             assert [k for k, v in scopes.items() if v is None] == open_routes
 
     asyncio.run(main())
