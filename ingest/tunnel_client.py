@@ -95,10 +95,7 @@ class TunnelClient:
         stall_after_s: float = 3.0,
         on_state: Callable[[TunnelClient], None] | None = None,
     ) -> None:
-        if not url.startswith(("ws://", "wss://")):
-            raise ConfigError(f"worker URL must start with ws:// or wss://, got {url!r}")
-        if server_hostname is not None and (ssl_context is None or not url.startswith("wss://")):
-            raise ConfigError("a TLS server name needs a wss:// worker URL and a TLS context")
+        _check_url(url, ssl_context, server_hostname)
         self.url = url
         self._token = token
         self._on_result = on_result
@@ -484,6 +481,13 @@ class TunnelClient:
             header.code,
             header.message,
         )
+
+
+def _check_url(url: str, ssl_context: ssl.SSLContext | None, server_hostname: str | None) -> None:
+    if not url.startswith(("ws://", "wss://")):
+        raise ConfigError(f"worker URL must start with ws:// or wss://, got {url!r}")
+    if server_hostname is not None and (ssl_context is None or not url.startswith("wss://")):
+        raise ConfigError("a TLS server name needs a wss:// worker URL and a TLS context")
 
 
 def _short(exc: BaseException) -> str:
