@@ -10,7 +10,9 @@ subclass with an actionable message; the reconnect loop
 
 Never hang: PyAV is opened with ``timeout=(open_s, read_s)``, so a stalled
 server raises (:class:`SourceStalled`) after the read timeout instead of
-blocking forever. A live source (RTSP, RTMP...) reaching end-of-file has
+blocking forever; a stopped source's blocking open or read returns at once
+(:mod:`ingest.interrupt`), so its socket is free again (a deleted UDP stream
+can be re-added on the same port right away). A live source (RTSP, RTMP...) reaching end-of-file has
 been disconnected (a killed RTSP server looks exactly like a normal end):
 :class:`SourceLost`. Corrupt packets are counted and skipped.
 
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
 from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
-from ingest import memory
+from ingest import interrupt, memory
 from ingest.catchup import Catchup
 from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 
@@ -267,15 +269,16 @@ class AVSource:
         Returns normally at the end of a non-live source and when stopped;
         raises :class:`SourceError` (a subclass says which) otherwise.
         """
-        container = self._open()
-        try:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            opened = self._opened(container, stream)
-            on_open(opened)
-            ended = self._decode(container, stream, opened.time_base, stop, on_frame)
-        finally:
-            container.close()
+        with interrupt.watching(stop):  # a stop aborts a blocking open or read at once
+            container = self._open(stop)
+            try:
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                opened = self._opened(container, stream)
+                on_open(opened)
+                ended = self._decode(container, stream, opened.time_base, stop, on_frame)
+            finally:
+                container.close()
         if ended and self.spec.live and not stop.is_set():
             raise SourceLost(f"{self.spec.display} ended the stream (live source: reconnecting)")
 
@@ -314,7 +317,7 @@ class AVSource:
             "(check username and password)"
         )
 
-    def _open(self) -> av.container.InputContainer:
+    def _open(self, stop: threading.Event) -> av.container.InputContainer:
         spec = self.spec
         try:
             container = av.open(
@@ -323,6 +326,8 @@ class AVSource:
                 timeout=(spec.open_timeout_s, spec.read_timeout_s),
             )
         except av.error.ExitError:
+            if stop.is_set():
+                raise SourceUnavailable(f"{spec.display}: stopped while opening") from None
             raise SourceUnavailable(
                 f"cannot open {spec.display}: no answer in {spec.open_timeout_s:g} s "
                 "(open_timeout_s)"

@@ -31,6 +31,7 @@ from av.packet import Packet
 from av.video.stream import VideoStream
 
 from framerelay.timeline import MPEGTS_WRAP_BITS
+from ingest import interrupt
 from ingest.recording.index import SegmentInfo
 from ingest.recording.settings import RecorderSettings
 from ingest.source import FramePacer, redact
@@ -174,7 +175,8 @@ class Segmenter:
             started = time.monotonic()
             failed = False
             try:
-                self._record(stop)
+                with interrupt.watching(stop):  # stopping aborts a blocking read at once
+                    self._record(stop)
             except (av.error.FFmpegError, OSError) as exc:
                 failed = True
                 self.last_error = f"{type(exc).__name__}: {exc}".replace(
