@@ -2,8 +2,8 @@
 #   docker build -f deploy/docker/worker-cpu.Dockerfile -t framerelay/worker:0.1.0-cpu .
 # Runs as uid 65534 on a read-only root: it writes nothing but /tmp (tmpfs).
 # Tunnel keys come as a secret file (FRAMERELAY_WORKER_TUNNEL_KEYS_FILE), TLS as files
-# or PEM env (FRAMERELAY_WORKER_TLS_CERT / _TLS_KEY); another model: mount it and set
-# FRAMERELAY_WORKER_DETECTOR__MODEL.
+# or PEM env (FRAMERELAY_WORKER_TLS_CERT / _TLS_KEY); another model: mount it and pass
+# `worker --model FILE` (the default providers, auto, find only the CPU here).
 FROM python:3.11-slim-bookworm AS wheel
 WORKDIR /src
 COPY . .
@@ -15,8 +15,7 @@ RUN pip install --no-cache-dir "$(echo /wheels/framerelay-*.whl)[cpu]" && rm -rf
 
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     FRAMERELAY_WORKER_HOST=0.0.0.0 \
-    FRAMERELAY_WORKER_PORT=8443 \
-    FRAMERELAY_WORKER_DETECTOR__PROVIDERS=cpu
+    FRAMERELAY_WORKER_PORT=8443
 WORKDIR /opt/framerelay
 EXPOSE 8443
 USER 65534:65534

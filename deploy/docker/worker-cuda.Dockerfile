@@ -5,6 +5,7 @@
 #   docker build -f deploy/docker/worker-cuda.Dockerfile -t framerelay/worker:0.1.0 .
 #   docker run --gpus all -v framerelay-trt:/var/cache/framerelay/trt framerelay/worker:0.1.0
 # Runs as uid 65534 on a read-only root: writable only the engine cache and /tmp.
+# Providers: auto (TensorRT, then CUDA, then CPU; `worker --providers cuda` to pin one).
 FROM python:3.11-slim-bookworm AS wheel
 WORKDIR /src
 COPY . .
@@ -38,8 +39,7 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     ORT_TENSORRT_TIMING_CACHE_ENABLE=1 \
     ORT_TENSORRT_CACHE_PATH=/var/cache/framerelay/trt \
     FRAMERELAY_WORKER_HOST=0.0.0.0 \
-    FRAMERELAY_WORKER_PORT=8443 \
-    FRAMERELAY_WORKER_DETECTOR__PROVIDERS=auto
+    FRAMERELAY_WORKER_PORT=8443
 VOLUME ["/var/cache/framerelay/trt"]
 WORKDIR /opt/framerelay
 EXPOSE 8443

@@ -35,10 +35,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.packaging.dockerfile import DockerIgnore
+
 ROOT = Path(__file__).resolve().parents[2]
-SKIP_COPY = {".venv", ".git", "build", "dist", "secrets", "framerelay-ca", "bench", "tests", "out",
-             ".cache", "node_modules", "site"}  # fmt: skip
-SKIP_NAMES = ("__pycache__", "*.pyc", "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 
 
 @dataclass(frozen=True)
@@ -57,9 +56,12 @@ class InstalledWheel:
 
 
 def build_wheel(workdir: Path) -> Path:
-    """``pip wheel`` of a clean copy of the tree (no stale build/ from earlier builds)."""
+    """``pip wheel`` of exactly the Docker build context (the files .dockerignore lets in),
+    copied to a clean folder: what the images build from, and no stale build/ output."""
     src = workdir / "src"
-    shutil.copytree(ROOT, src, symlinks=False, ignore=_ignore)
+    for rel in DockerIgnore((ROOT / ".dockerignore").read_text()).context(ROOT):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, src / rel)  # follows framerelay/_data's links
     out = workdir / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -68,13 +70,6 @@ def build_wheel(workdir: Path) -> Path:
     )  # fmt: skip
     (wheel,) = out.glob("framerelay-*.whl")
     return wheel
-
-
-def _ignore(folder: str, names: list[str]) -> set[str]:
-    skipped = set(shutil.ignore_patterns(*SKIP_NAMES)(folder, names))
-    if Path(folder) == ROOT:
-        skipped |= {n for n in names if n in SKIP_COPY or n.startswith(".venv")}
-    return skipped
 
 
 def install(wheel: Path, root: Path, extra: str = "cpu") -> InstalledWheel:

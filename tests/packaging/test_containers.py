@@ -1,0 +1,169 @@
+"""Container images by their contract (see containers.py for how, without Docker).
+
+Each Dockerfile's final stage is read (dockerfile.py); its promises are checked
+(non-root numeric USER, the wheel installed, exposed ports = default ports,
+a TLS-aware HEALTHCHECK, writable paths declared as VOLUMEs) and its commands
+run against the wheel install under the same uid on a read-only root until
+its own HEALTHCHECK passes. The ingest of the services image accepts
+``POST /v1/streams`` (it answered 503 "cannot write the stream store" when its
+working directory was root-owned); the CUDA worker runs with TLS on (on CPU
+here: ONNX Runtime falls back) and its health check still passes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.conftest import TIMEOUT_FACTOR
+from tests.packaging import containers
+from tests.packaging.dockerfile import DockerIgnore, Stage, parse
+from tests.packaging.wheel_env import ROOT, InstalledWheel
+
+DOCKER = ROOT / "deploy" / "docker"
+IMAGES = ("worker-cpu", "worker-cuda", "service")
+SECRET = "container-contract-secret-0123456789abcdef"
+STORE = "FRAMERELAY_INGEST_STORE_PATH"
+
+
+def stage(name: str) -> Stage:
+    return parse(DOCKER / f"{name}.Dockerfile")
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_dockerfile_promises(name: str) -> None:
+    s = stage(name)
+    uid, gid = s.uid_gid
+    assert uid != 0 and gid != 0, "runs as root"
+    assert s.entrypoint == ["framerelay"] and s.cmd
+    assert any("/wheels/framerelay-*.whl" in r for r in s.run), "installs the wheel"
+    assert not [c for c in s.copy if not c.startswith("--from=")], "only build outputs copied"
+    assert "framerelay.healthcheck" in " ".join(s.healthcheck)
+    assert s.healthcheck_options.get("start-period")
+    ports = {int(v) for k, v in s.env.items() if k.endswith("_PORT")} or {8080, 8090}
+    assert set(s.expose) == ports
+    for key, value in s.env.items():  # every writable path the image names lies in a VOLUME
+        if key in (STORE, "ORT_TENSORRT_CACHE_PATH") or key.endswith(("_DIR", "_OUT_DIR")):
+            assert any(value.startswith(v) for v in s.volumes), f"{key}={value} is not writable"
+
+
+def test_cuda_worker_has_the_tensorrt_runtime_and_an_engine_cache_volume() -> None:
+    s = stage("worker-cuda")
+    install = " ".join(s.run)
+    assert '"onnxruntime-gpu==${ORT_VERSION}" "${TENSORRT_SPEC}"' in install
+    assert s.args["ORT_VERSION"] and s.args["TENSORRT_SPEC"].startswith("tensorrt-cu12-libs")
+    assert s.env["ORT_TENSORRT_ENGINE_CACHE_ENABLE"] == "1"
+    assert s.env["ORT_TENSORRT_CACHE_PATH"] in s.volumes
+    assert s.env["LD_LIBRARY_PATH"] == "/opt/tensorrt_libs"
+
+
+def test_services_image_has_kubectl() -> None:
+    install = " ".join(stage("service").run)
+    assert "dl.k8s.io/release/${KUBECTL_VERSION}" in install and "sha256sum -c" in install
+
+
+def test_dockerignore_sends_only_the_sources() -> None:
+    ignore = DockerIgnore((ROOT / ".dockerignore").read_text())
+    for path in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "framerelay/__pycache__/cli.cpython-311.pyc",
+        ".mypy_cache/x.json",
+        ".pytest_cache/v",
+        "tests/conftest.py",
+        "secrets/a.jwks",
+        "samples/mot15/TUD-Campus/TUD-Campus.mp4",
+        "framerelay.egg-info/PKG-INFO",
+    ):
+        assert ignore.excluded(path), path
+    context = ignore.context(ROOT)
+    assert "framerelay/cli.py" in context and "pyproject.toml" in context
+    assert not [p for p in context if p.startswith((".venv", ".git/")) or "__pycache__" in p]
+    size = sum((ROOT / p).stat().st_size for p in context)
+    assert size < 20 << 20, f"context of {size / 1e6:.0f} MB"
+
+
+def _readonly(container: containers.Container, installed: InstalledWheel) -> None:
+    for path in (installed.site / "probe", "/var/tmp/probe", "/etc/probe"):
+        assert container.exec(["touch", str(path)]).returncode != 0, f"{path} is writable"
+    for volume in (*container.stage.volumes, "/tmp"):
+        assert container.exec(["touch", f"{volume}/probe"]).returncode == 0, volume
+
+
+@pytest.mark.parametrize(("name", "tls"), [("worker-cpu", False), ("worker-cuda", True)])
+def test_worker_image_runs_and_its_healthcheck_passes(
+    installed_wheel: InstalledWheel, name: str, tls: bool
+) -> None:
+    s = stage(name)
+    extra = {"FRAMERELAY_TOKEN_SECRETS": SECRET,
+             "FRAMERELAY_WORKER_PORT": str(containers.free_port())}  # fmt: skip
+    if tls:
+        cert = trustme.CA().issue_cert("worker")
+        extra["FRAMERELAY_WORKER_TLS_CERT_PEM"] = cert.cert_chain_pems[0].bytes().decode()
+        extra["FRAMERELAY_WORKER_TLS_KEY_PEM"] = cert.private_key_pem.bytes().decode()
+    env = containers.container_env(s, installed_wheel, **extra)
+    with containers.run(s, installed_wheel, env) as box:
+        health = box.wait_healthy(90 * TIMEOUT_FACTOR)
+        assert health.returncode == 0, health.stderr + box.output()
+        scheme = "https" if tls else "http"
+        assert f"{scheme}://127.0.0.1:{extra['FRAMERELAY_WORKER_PORT']}/readyz" in health.stdout
+        _readonly(box, installed_wheel)
+
+
+def _token() -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "framerelay", "token", "mint", "--scope", "streams:write",
+         "--aud", "ingest"],
+        env={"FRAMERELAY_TOKEN_SECRETS": SECRET, "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout.strip()
+
+
+def test_services_image_ingest_stores_streams_added_over_the_api(
+    installed_wheel: InstalledWheel,
+) -> None:
+    s = stage("service")
+    port = containers.free_port()
+    env = containers.container_env(
+        s, installed_wheel, FRAMERELAY_TOKEN_SECRETS=SECRET, FRAMERELAY_INGEST_API_PORT=str(port)
+    )
+    argv = [*s.entrypoint, "ingest", "--worker-url", "ws://127.0.0.1:9/v1/tunnel"]
+    with containers.run(s, installed_wheel, env, argv) as box:
+        health = box.wait_healthy(60 * TIMEOUT_FACTOR)
+        assert health.returncode == 0, health.stderr + box.output()
+        body = json.dumps({"id": "cam-1", "url": "rtsp://127.0.0.1:9/none"}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/streams", data=body, method="POST",
+            headers={"Authorization": f"Bearer {_token()}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (loopback)
+            assert resp.status == 201
+        stored = box.exec(["cat", s.env[STORE]])
+        assert stored.returncode == 0 and "cam-1" in stored.stdout, stored.stderr
+        _readonly(box, installed_wheel)
+
+
+def test_services_image_orchestrator_runs_with_the_local_provider(
+    installed_wheel: InstalledWheel,
+) -> None:
+    s = stage("service")
+    tiers = [{"name": "ondemand", "spot": False, "min_warm": 0, "max_workers": 1}]
+    env = containers.container_env(
+        s, installed_wheel,
+        FRAMERELAY_TOKEN_SECRETS=SECRET,
+        FRAMERELAY_ORCH_PORT=str(containers.free_port()),
+        FRAMERELAY_ORCH_REDIS_URL="redis://127.0.0.1:6379/0",
+        FRAMERELAY_ORCH_KEY_PREFIX=f"test-containers-{containers.free_port()}:",
+        FRAMERELAY_ORCH_TIERS=json.dumps(tiers),
+    )  # fmt: skip
+    with containers.run(s, installed_wheel, env) as box:
+        health = box.wait_healthy(60 * TIMEOUT_FACTOR)
+        assert health.returncode == 0, health.stderr + box.output()
+        assert Path(s.env["FRAMERELAY_ORCH_CA_DIR"]).parent.as_posix() in s.volumes
