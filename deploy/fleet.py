@@ -31,8 +31,16 @@ from zoneinfo import ZoneInfo
 from deploy.clock import Clock
 from deploy.cost import PaidPod, accrue
 from deploy.health import Probe, Prober
-from deploy.ingest_link import IngestLink
-from deploy.models import PodInfo, PodRecord, PodSpec, PodStatus, parse_pod_name, pod_name
+from deploy.ingest_link import IngestLink, definition_key
+from deploy.models import (
+    PodInfo,
+    PodRecord,
+    PodSpec,
+    PodStatus,
+    StreamSpec,
+    parse_pod_name,
+    pod_name,
+)
 from deploy.placement import Slot, place
 from deploy.pod_trust import PodCredentials, PodTrust
 from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderError
@@ -65,7 +73,8 @@ class Fleet:
     unplaced: list[str] = field(default_factory=list)
     blocked: dict[str, tuple[float, int]] = field(default_factory=dict)
     """tier -> (no create before this time, "no capacity" answers in a row)."""
-    _acked: dict[str, str | None] = field(default_factory=dict)
+    _acked: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    """stream -> (worker, definition key) the ingest acknowledged."""
 
     def held_until(self, tier: str) -> float:
         """No create for ``tier`` before this time ("no capacity" backoff); 0 = not held."""
@@ -412,16 +421,33 @@ class Fleet:
             if await self.ingest.unassign(sid):
                 self._acked.pop(sid, None)
         for sid, spec in streams.items():
-            want = result.assign.get(sid)
-            if self._acked.get(sid, "?") == want:
-                continue
-            if want is None:
-                ok = await self.ingest.unassign(sid)
-            else:
-                url, name = pods[want].tunnel_url, pods[want].tls_server_name
-                ok = url is not None and await self.ingest.assign(spec, want, url, name)
-            if ok:
-                self._acked[sid] = want
+            await self._tell_ingest(spec, result.assign.get(sid), pods)
+
+    async def _tell_ingest(
+        self, spec: StreamSpec, want: str | None, pods: dict[str, PodRecord]
+    ) -> None:
+        """Tell the ingest where ``spec`` runs, unless it acknowledged that already.
+
+        The ingest keeps a placed stream's definition (a PUT only moves it), so a stream
+        whose definition changed, even removed and re-added between two passes, is taken
+        off the ingest first, then placed again with the new definition.
+        """
+        sid, rev = spec.id, definition_key(spec)
+        acked = self._acked.get(sid)
+        if acked == (want, rev):
+            return
+        if acked is not None and acked[0] is not None and acked[1] != rev:
+            if not await self.ingest.unassign(sid):
+                return
+            self.event("redefined", acked[0], stream=sid)
+            self._acked[sid] = (None, acked[1])
+        if want is None:
+            ok = await self.ingest.unassign(sid)
+        else:
+            url, name = pods[want].tunnel_url, pods[want].tls_server_name
+            ok = url is not None and await self.ingest.assign(spec, want, url, name)
+        if ok:
+            self._acked[sid] = (want, rev)
 
     async def _account(self, pods: dict[str, PodRecord], now: float) -> None:
         last = await self.store.mark_accrual(now)

@@ -14,6 +14,8 @@ verified with ``ingest_ca`` (or the system's CAs).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import ssl
 import time
@@ -79,6 +81,13 @@ def stream_config(stream: StreamSpec) -> dict[str, object]:
         "loop": stream.loop,
         "tracker": stream.tracker,
     }
+
+
+def definition_key(stream: StreamSpec) -> str:
+    """A digest of what the ingest runs for ``stream``: it changes whenever the stream must
+    be restarted there (a new URL, rate, tracker...), not for orchestrator-only fields."""
+    text = json.dumps(stream_config(stream), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class IngestToken:
