@@ -11,8 +11,9 @@ sample clip, looped) for ``--minutes``; every ``--fault-every`` minutes the
 next fault of the matrix (:mod:`tests.faults.matrix_faults`, in rotation) is
 injected beside them, with its own figures. The RSS of every process is
 sampled every ``--sample-s`` seconds; the figure is each process's RSS slope
-after the warm-up (least squares, MB/h), target < 1 MB/h. Writes
-``bench/results/soak.json``.
+after the warm-up: the least-squares slope of its per-minute median RSS
+(:func:`levels`), in MB/h with its standard error, target < 1 MB/h; the slope
+of the raw samples is printed beside it. Writes ``bench/results/<name>.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import statistics
 import sys
 import tempfile
 import threading
@@ -86,14 +88,41 @@ class RssSampler:
 
 def slope_mb_per_h(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, MB) in MB per hour (NaN under 3 points)."""
-    if len(points) < 3:
-        return math.nan
+    return fit(points)[0]
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares slope of (seconds, MB) and its standard error, in MB per hour
+    (NaN under 3 points)."""
     n = len(points)
+    if n < 3:
+        return math.nan, math.nan
     mt = sum(t for t, _ in points) / n
     mr = sum(r for _, r in points) / n
     var = sum((t - mt) ** 2 for t, _ in points)
-    cov = sum((t - mt) * (r - mr) for t, r in points)
-    return cov / var * 3600 if var > 0 else math.nan
+    if var <= 0:
+        return math.nan, math.nan
+    slope = sum((t - mt) * (r - mr) for t, r in points) / var
+    resid = sum((r - mr - slope * (t - mt)) ** 2 for t, r in points)
+    return slope * 3600, math.sqrt(resid / (n - 2) / var) * 3600
+
+
+def levels(points: list[tuple[float, float]], span_s: float = 60.0) -> list[tuple[float, float]]:
+    """The RSS *level* of each ``span_s`` window: (middle, median of its samples).
+
+    A 5 s sample can land inside a fault's transient (an 8K frame decoding is
+    +100 MB for a second) or on a batch of frames in flight; the median of a
+    minute is the level the process sits at. Its slope is the growth; successive
+    medians are also far less correlated than 5 s samples, so the slope's
+    standard error means something."""
+    buckets: dict[int, list[float]] = {}
+    for t, r in points:
+        buckets.setdefault(int((t - points[0][0]) // span_s), []).append(r)
+    return [
+        (points[0][0] + (k + 0.5) * span_s, statistics.median(rs))
+        for k, rs in sorted(buckets.items())
+        if len(rs) >= 3
+    ]
 
 
 def _soak(rig: Rig, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -128,14 +157,18 @@ def _slopes(sampler: RssSampler, warmup_s: float) -> dict[str, dict[str, float]]
     for name, points in sampler.samples.items():
         t0 = points[0][0] if points else 0.0
         after = [(t, r) for t, r in points if t - t0 >= warmup_s]
-        late = after[len(after) // 2 :]
+        minutes = levels(after)
+        slope, err = fit(minutes)
         out[name] = {
-            "slope_mb_per_h": slope_mb_per_h(after),
-            "late_half_slope_mb_per_h": slope_mb_per_h(late),
+            "slope_mb_per_h": slope,
+            "slope_stderr_mb_per_h": err,
+            "raw_slope_mb_per_h": slope_mb_per_h(after),
+            "late_half_slope_mb_per_h": fit(minutes[len(minutes) // 2 :])[0],
             "first_mb": points[0][1] if points else math.nan,
-            "after_warmup_mb": after[0][1] if after else math.nan,
-            "last_mb": points[-1][1] if points else math.nan,
+            "after_warmup_mb": minutes[0][1] if minutes else math.nan,
+            "last_mb": minutes[-1][1] if minutes else math.nan,
             "samples": len(after),
+            "minutes": len(minutes),
         }
     return out
 
@@ -155,7 +188,8 @@ def _rig(args: argparse.Namespace) -> Iterator[Rig]:
     with tempfile.TemporaryDirectory(prefix="framerelay-soak-") as tmp:
         root = Path(tmp)
         faults.make_media(root)
-        with running_rig(root, healthy=args.streams, fps=args.fps) as rig:
+        env = dict(kv.split("=", 1) for kv in args.ingest_env)
+        with running_rig(root, healthy=args.streams, fps=args.fps, ingest_env=env) as rig:
             yield rig
 
 
@@ -170,10 +204,15 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=2.0,
                         help="minutes between faults (0: no faults, steady state)")  # fmt: skip
     parser.add_argument("--name", default="soak", help="results file name (bench/results/)")
+    parser.add_argument("--ingest-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an extra environment variable for the ingest process (repeatable), "
+                             "e.g. FRAMERELAY_INGEST_RESULTS__HISTORY=16 or MALLOC_ARENA_MAX=2")  # fmt: skip
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--fps", type=float, default=3.0)
     parser.add_argument("--sample-s", type=float, default=5.0)
     args = parser.parse_args()
+    if bad := [kv for kv in args.ingest_env if "=" not in kv]:
+        parser.error(f"--ingest-env takes NAME=VALUE, got {bad[0]!r}")
     warmup_s = min(args.warmup_minutes, args.minutes / 2) * 60
     with _rig(args) as rig, RssSampler(rig, args.sample_s) as sampler:
         figures = _soak(rig, args)
@@ -197,13 +236,16 @@ def _print(
     alive: dict[str, bool],
     warmup_s: float,
 ) -> None:
-    print(f"\nRSS after {warmup_s / 60:.1f} min of warm-up (target < {TARGET_MB_PER_H} MB/h):")
+    print(f"\nRSS after {warmup_s / 60:.1f} min of warm-up (target < {TARGET_MB_PER_H} MB/h; "
+          "slope of the per-minute median RSS, +- 2 standard errors):")  # fmt: skip
     for name, s in slopes.items():
         verdict = "ok" if s["slope_mb_per_h"] < TARGET_MB_PER_H else "OVER"
         print(f"  {name:8s} {s['first_mb']:6.0f} -> {s['after_warmup_mb']:6.0f} -> "
-              f"{s['last_mb']:6.0f} MB, slope {s['slope_mb_per_h']:+7.2f} MB/h "
-              f"(last half {s['late_half_slope_mb_per_h']:+7.2f}; {s['samples']} samples) "
-              f"{verdict}")  # fmt: skip
+              f"{s['last_mb']:6.0f} MB, slope {s['slope_mb_per_h']:+7.2f} "
+              f"+- {2 * s['slope_stderr_mb_per_h']:5.2f} MB/h (last half "
+              f"{s['late_half_slope_mb_per_h']:+7.2f}; "
+              f"5 s samples {s['raw_slope_mb_per_h']:+7.2f}; "
+              f"{s['minutes']} minutes) {verdict}")  # fmt: skip
     for sid, h in healthy.items():
         print(f"  {sid}: {h['results_per_s']:.2f} results/s, p99 {h['p99_ms']:.0f} ms "
               "(last 5 min)")  # fmt: skip
