@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--name", default="soak", help="results file name (bench/results/)")
     parser.add_argument("--ingest-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an extra environment variable for the ingest process (repeatable), "
-                             "e.g. FRAMERELAY_INGEST_RESULTS__HISTORY=16 or MALLOC_ARENA_MAX=2")  # fmt: skip
+                             "e.g. MALLOC_ARENA_MAX=2")  # fmt: skip
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--fps", type=float, default=3.0)
     parser.add_argument("--sample-s", type=float, default=5.0)
