@@ -8,7 +8,7 @@ tracker update) are answered with an ERROR for that frame, which returns the
 sender's credit. A correct ingest never sends a bad header or image: a tunnel
 sending more than ``max_bad_frames_per_s`` of them in a second is closed (1008).
 Frames are decoded in parallel across the decode pool, up to
-``2 x decode_threads`` per tunnel (:mod:`gpu_worker.decoding`), and reach the
+``decode_threads`` per tunnel (:mod:`gpu_worker.decoding`), and reach the
 batcher in their stream's order. Results leave through a bounded outbound
 queue with a send timeout, so a peer that stops reading is cut off instead of
 stalling the worker.
@@ -47,8 +47,10 @@ from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 10.0
-DECODES_PER_THREAD = 2
-"""A tunnel's frames decoding at once, per decode thread (the rest wait in TCP)."""
+DECODES_PER_THREAD = 1
+"""A tunnel's frames decoding at once, per decode thread: one tunnel can use every
+thread, and a flooding tunnel puts no more than that ahead of the others in the shared
+pool (the rest of its frames wait in TCP)."""
 DROP_TIMEOUT_S = 0.5
 """How long a misbehaving peer has to take its ERROR and close frame (it is not read)."""
 BAD_FRAME_CODES = frozenset({"bad_frame", "bad_image"})
