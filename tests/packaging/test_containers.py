@@ -103,8 +103,9 @@ def test_worker_image_runs_and_its_healthcheck_passes(
     s = stage(name)
     extra = {"FRAMERELAY_TOKEN_SECRETS": SECRET,
              "FRAMERELAY_WORKER_PORT": str(containers.free_port())}  # fmt: skip
+    ca = trustme.CA()
     if tls:
-        cert = trustme.CA().issue_cert("worker")
+        cert = ca.issue_cert("worker")
         extra["FRAMERELAY_WORKER_TLS_CERT_PEM"] = cert.cert_chain_pems[0].bytes().decode()
         extra["FRAMERELAY_WORKER_TLS_KEY_PEM"] = cert.private_key_pem.bytes().decode()
     env = containers.container_env(s, installed_wheel, **extra)
@@ -114,6 +115,23 @@ def test_worker_image_runs_and_its_healthcheck_passes(
         scheme = "https" if tls else "http"
         assert f"{scheme}://127.0.0.1:{extra['FRAMERELAY_WORKER_PORT']}/readyz" in health.stdout
         _readonly(box, installed_wheel)
+        if tls:
+            _pod_ca_check(box, installed_wheel, ca, extra["FRAMERELAY_WORKER_PORT"])
+
+
+def _pod_ca_check(
+    box: containers.Container, installed: InstalledWheel, ca: trustme.CA, port: str
+) -> None:
+    """compose's worker check: the certificate must chain to the pod CA given."""
+    good, bad = installed.venv.parent / f"ca-{port}.pem", installed.venv.parent / f"x-{port}.pem"
+    ca.cert_pem.write_to_path(str(good))
+    trustme.CA().cert_pem.write_to_path(str(bad))
+    check = ["python", "-m", "framerelay.healthcheck", port, "/readyz", "--ca"]
+    assert box.exec([*check, str(good)]).returncode == 0
+    refused = box.exec([*check, str(bad)])
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in refused.stderr
 
 
 def _token() -> str:

@@ -1,7 +1,15 @@
 """The built wheel works on first contact: installed in a fresh venv outside the
-repository (see wheel_env.py for how its dependencies are provided), ``framerelay
-demo`` and a default ``framerelay worker`` run from an unrelated read-only
-directory as uid 65534 (``setpriv``), with no access to the source tree's samples.
+repository, ``framerelay demo`` and a default ``framerelay worker`` run from an
+unrelated read-only directory as uid 65534 (``setpriv``), with no access to the
+source tree's samples.
+
+The venv (``python -m venv --without-pip``, no system site packages) gets
+framerelay only from the wheel; its third-party packages are symbolic links to
+the repository .venv's installed distributions, exactly the closure of the
+wheel's own Requires-Dist (``[cpu]``), so a dependency that pyproject.toml
+forgets is missing there and the run fails, while nothing is downloaded (fast,
+offline) -- ``--system-site-packages`` would hide such a gap. Details in
+wheel_env.py.
 """
 
 from __future__ import annotations
