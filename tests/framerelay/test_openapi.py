@@ -155,7 +155,9 @@ def test_docs_and_assets_are_served_open(tmp_path: Path) -> None:
                 for path in ("/openapi.json", "/docs", "/redoc"):
                     r = await http.get(path)
                     assert r.status_code == 200, path
-                    assert "cdn" not in r.text.lower() and "https://" not in r.text, path
+                    if path != "/openapi.json":  # the pages name no other host
+                        assert "https://" not in r.text and "http://" not in r.text, path
+                        assert "default-src 'self'" in r.headers["content-security-policy"]
                 for name in ASSETS:
                     r = await http.get(f"/docs/assets/{name}")
                     assert r.status_code == 200 and len(r.content) > 100_000, name
