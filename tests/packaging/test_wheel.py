@@ -7,8 +7,9 @@ The venv (``python -m venv --without-pip``, no system site packages) gets
 framerelay only from the wheel; its third-party packages are symbolic links to
 the repository .venv's installed distributions, exactly the closure of the
 wheel's own Requires-Dist (``[cpu]``), so a dependency that pyproject.toml
-forgets is missing there and the run fails, while nothing is downloaded (fast,
-offline) -- ``--system-site-packages`` would hide such a gap. Details in
+forgets is missing there and the run fails, while almost nothing is downloaded
+(only a package that the venv's Python alone needs, e.g. async-timeout below
+3.11.3) -- ``--system-site-packages`` would hide such a gap. Details in
 wheel_env.py.
 """
 
