@@ -12,13 +12,13 @@ runs in the same namespace (``nsenter``) under the same user and env.
 
 PATH is the one deviation: it names the test venv's bin instead of the image's
 (/opt/venv/bin or /usr/local/bin). The mount points (VOLUMEs, WORKDIR) are
-created on this machine as empty folders if missing: a mount needs one.
+created on this machine as empty folders where missing (a mount needs one) and
+removed afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import socket
 import subprocess
@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from tests.packaging.dockerfile import Stage
@@ -102,8 +103,7 @@ def run(
 ) -> Iterator[Container]:
     """The image's process (ENTRYPOINT + CMD, or ``argv``) until the block ends."""
     uid, gid = stage.uid_gid
-    for path in (*stage.volumes, stage.workdir):
-        os.makedirs(path, exist_ok=True)  # a mount point; stays empty on this machine
+    created = _mount_points([*stage.volumes, stage.workdir])
     setup_env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "VOLUMES": " ".join(stage.volumes), "UID_": str(uid), "GID_": str(gid),
@@ -128,3 +128,17 @@ def run(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            for folder in reversed(created):
+                with contextlib.suppress(OSError):  # still in use by a parallel run
+                    folder.rmdir()
+
+
+def _mount_points(paths: list[str]) -> list[Path]:
+    """Create the missing folders of ``paths`` (a mount needs one); the ones created."""
+    created: list[Path] = []
+    for path in paths:
+        for folder in reversed([Path(path), *Path(path).parents]):
+            if not folder.exists():
+                folder.mkdir()
+                created.append(folder)
+    return created
