@@ -13,12 +13,15 @@ here: ONNX Runtime falls back) and its health check still passes.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 import trustme
 
 from tests.conftest import TIMEOUT_FACTOR
@@ -30,6 +33,21 @@ DOCKER = ROOT / "deploy" / "docker"
 IMAGES = ("worker-cpu", "worker-cuda", "service")
 SECRET = "container-contract-secret-0123456789abcdef"
 STORE = "FRAMERELAY_INGEST_STORE_PATH"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A key prefix of its own on the shared Redis, its keys deleted afterwards."""
+    prefix = f"test-containers-{secrets.token_hex(4)}"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 def stage(name: str) -> Stage:
@@ -169,7 +187,7 @@ def test_services_image_ingest_stores_streams_added_over_the_api(
 
 
 def test_services_image_orchestrator_runs_with_the_local_provider(
-    installed_wheel: InstalledWheel,
+    installed_wheel: InstalledWheel, redis_prefix: str
 ) -> None:
     s = stage("service")
     tiers = [{"name": "ondemand", "spot": False, "min_warm": 0, "max_workers": 1}]
@@ -177,11 +195,30 @@ def test_services_image_orchestrator_runs_with_the_local_provider(
         s, installed_wheel,
         FRAMERELAY_TOKEN_SECRETS=SECRET,
         FRAMERELAY_ORCH_PORT=str(containers.free_port()),
-        FRAMERELAY_ORCH_REDIS_URL="redis://127.0.0.1:6379/0",
-        FRAMERELAY_ORCH_KEY_PREFIX=f"test-containers-{containers.free_port()}:",
+        FRAMERELAY_ORCH_REDIS_URL=REDIS_URL,
+        FRAMERELAY_ORCH_KEY_PREFIX=f"{redis_prefix}:",
         FRAMERELAY_ORCH_TIERS=json.dumps(tiers),
     )  # fmt: skip
     with containers.run(s, installed_wheel, env) as box:
         health = box.wait_healthy(60 * TIMEOUT_FACTOR)
         assert health.returncode == 0, health.stderr + box.output()
         assert Path(s.env["FRAMERELAY_ORCH_CA_DIR"]).parent.as_posix() in s.volumes
+
+
+def test_services_image_recorder_writes_its_volume(
+    installed_wheel: InstalledWheel, redis_prefix: str
+) -> None:
+    s = stage("service")
+    clip = installed_wheel.site / "framerelay" / "_data" / "TUD-Stadtmitte.mp4"
+    env = containers.container_env(
+        s, installed_wheel,
+        FRAMERELAY_REDIS_URL=REDIS_URL,
+        FRAMERELAY_RECORD_REDIS_PREFIX=redis_prefix,
+        FRAMERELAY_RECORD_REALTIME="false",
+    )  # fmt: skip
+    record = [*s.entrypoint, "record", "--stream", "cam-1", "--source", str(clip)]
+    listing = f"ls -R {s.env['FRAMERELAY_RECORD_OUT_DIR']}"  # before the tmpfs goes
+    argv = ["/bin/sh", "-c", f'"$@" && {listing}', "sh", *record]
+    with containers.run(s, installed_wheel, env, argv) as box:
+        assert box.proc.wait(timeout=90 * TIMEOUT_FACTOR) == 0, box.output()
+        assert ".mp4" in box.output(), box.output()
