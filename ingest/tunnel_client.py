@@ -199,7 +199,8 @@ class TunnelClient:
         except (*TUNNEL_ERRORS, ProtocolError, TunnelStalled, InvalidHandshake, InvalidURI) as exc:
             self.last_error = tunnel_hints.describe(self.url, exc)  # what to change, if known
             log.warning("tunnel to %s lost: %s", self.url, self.last_error)
-            if isinstance(exc, NoCommonVersion):  # no use waiting: say so on every stream
+            if isinstance(exc, NoCommonVersion) or tunnel_hints.misconfigured(exc):
+                # no use waiting: say so on every stream
                 for stream in self.streams.values():
                     stream.last_error = self.last_error
         except Exception as exc:  # a bug or an unforeseen library error: reconnect anyway

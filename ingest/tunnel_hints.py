@@ -31,10 +31,16 @@ def _closed_early(exc: BaseException) -> bool:
     return False
 
 
+def misconfigured(exc: BaseException) -> bool:
+    """The worker closed the connection before any HTTP answer: a setting to change
+    (the streams show it too), not a network hiccup to wait out."""
+    return isinstance(exc, InvalidMessage) and _closed_early(exc)
+
+
 def describe(url: str, exc: BaseException) -> str:
     """``Type: message`` of a failed tunnel, with what to change when that is known."""
     said = f"{type(exc).__name__}: {exc}"
-    if not isinstance(exc, InvalidMessage) or not _closed_early(exc):
+    if not misconfigured(exc):
         return said
     hint = WS_TO_TLS if url.startswith("ws://") else MTLS_REFUSED
     return f"{said}; {hint}"
