@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a stream to read (repeatable); ids are stream-1, stream-2, ...",
     )
     p.add_argument("--streams-file", type=Path, help="JSON list of stream definitions")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="cameras file (.yaml/.yml, .toml or .json): a 'streams' list of the definitions "
+        "POST /v1/streams takes, optional 'defaults'; with --source/--streams-file it replaces "
+        "FRAMERELAY_INGEST_STREAMS, and a definition stored over the API wins over it",
+    )
     p.add_argument("--fps", type=float, default=5.0, help="sampling target for --source streams")
     p.add_argument("--realtime", action="store_true", help="pace files like live cameras")
     p.add_argument("--loop", action="store_true", help="loop file sources")
@@ -81,42 +89,40 @@ def _build_settings(args: argparse.Namespace) -> Any:
         )
         for i, url in enumerate(args.source)
     ]
+    groups = {"--source": streams}
     if args.streams_file is not None:
-        streams += read_streams_file(args.streams_file)
+        groups[f"--streams-file {args.streams_file}"] = read_streams_file(args.streams_file)
+    if args.config is not None:
+        from ingest.config_file import load_streams
+
+        groups[f"--config {args.config}"] = load_streams(args.config, os.environ)
+    streams = _unique_ids(groups)
     if streams:
         over["streams"] = streams
     return IngestSettings(**over)
 
 
+def _unique_ids(groups: dict[str, list[Any]]) -> list[Any]:
+    """The streams of every option, in order; ConfigError when two options give one id."""
+    from framerelay.errors import ConfigError
+
+    first: dict[str, str] = {}
+    for option, configs in groups.items():
+        for cfg in configs:
+            if cfg.id in first:
+                raise ConfigError(
+                    f"stream id {cfg.id} is given twice ({first[cfg.id]} and {option}; "
+                    "--source streams are stream-1, stream-2, ...): ids must be unique"
+                )
+            first[cfg.id] = option
+    return [cfg for configs in groups.values() for cfg in configs]
+
+
 def read_streams_file(path: Path) -> list[Any]:
     """The stream definitions in a JSON file; ConfigError naming the file and the stream."""
-    from pydantic import ValidationError
+    from ingest.config_file import load_streams
 
-    from framerelay.errors import ConfigError
-    from framerelay.settings import describe_invalid
-    from ingest.settings import StreamConfig
-
-    label = f"--streams-file {path}"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{label}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{label}: not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{label}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
-        ) from None
-    if not isinstance(raw, list):
-        raise ConfigError(f"{label}: expected a JSON list of stream definitions")
-    out = []
-    for i, item in enumerate(raw):
-        try:
-            out.append(StreamConfig.model_validate(item))
-        except ValidationError as exc:
-            what = describe_invalid(exc).removeprefix("invalid StreamConfig: ")
-            raise ConfigError(f"{label}: stream {i + 1}: {what}") from None
-    return out
+    return load_streams(path, os.environ, option="--streams-file", format_="JSON", list_only=True)
 
 
 def run(args: argparse.Namespace) -> int:
