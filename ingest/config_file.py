@@ -191,6 +191,8 @@ def _password_from_env(merged: dict[str, Any], environ: Mapping[str, str], where
     if PASSWORD_ENV not in merged:
         return
     name = merged.pop(PASSWORD_ENV)
+    if name is None:  # password_env: null - none (e.g. over a YAML merge key)
+        return
     if merged.get("password") is not None:
         raise ConfigError(f"{where}{PASSWORD_ENV}: set password or password_env, not both")
     if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
