@@ -47,6 +47,7 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.rig.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 from deploy.clock import FakeClock  # noqa: E402
 from deploy.cost import CostTotals  # noqa: E402
 from deploy.fleet import Fleet  # noqa: E402
@@ -59,7 +60,6 @@ from deploy.scaling import plan_workers  # noqa: E402
 from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig, Window  # noqa: E402
 from deploy.store import Store  # noqa: E402
 from framerelay.auth.keys import KeySet, generate  # noqa: E402
-from tests.deploy.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 
 TZ = "Europe/Paris"
 CAPACITY = 20.0

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import write_results  # noqa: E402
+from bench.rig.overload import Overload, Window, measure  # noqa: E402
 from framerelay.launcher import LocalWorker  # noqa: E402
 from framerelay.settings import DEFAULT_MODEL  # noqa: E402
-from tests.support.overload import Overload, Window, measure  # noqa: E402
 
 
 def _window(w: Window) -> dict[str, float]:

@@ -4,11 +4,11 @@
                          [--streams 4] [--fps 3] [--sample-s 5]
 
 Issue 11's soak, measured as it reads: the fault matrix's rig
-(:mod:`tests.faults.matrix_harness`: two ``framerelay worker`` processes on CPU
+(:mod:`bench.rig.matrix_harness`: two ``framerelay worker`` processes on CPU
 with the real model, one ``framerelay ingest`` process with its API, a
 subscriber of its results WebSocket) with ``--streams`` real-time streams (the
 sample clip, looped) for ``--minutes``; every ``--fault-every`` minutes the
-next fault of the matrix (:mod:`tests.faults.matrix_faults`, in rotation) is
+next fault of the matrix (:mod:`bench.rig.matrix_faults`, in rotation) is
 injected beside them, with its own figures. The RSS of every process is
 sampled every ``--sample-s`` seconds; the figure is each process's RSS slope
 after the warm-up: the least-squares slope of its per-minute median RSS
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import write_results  # noqa: E402
-from tests.faults import matrix_faults as faults  # noqa: E402
-from tests.faults.matrix_harness import Rig, Scenario, run_scenario, running_rig, window  # noqa: E402
+from bench.rig import matrix_faults as faults  # noqa: E402
+from bench.rig.matrix_harness import Rig, Scenario, run_scenario, running_rig, window  # noqa: E402
 
 TARGET_MB_PER_H = 1.0
 KEEP_RESULTS_S = 300.0

@@ -18,6 +18,7 @@ import pytest
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
+from bench.rig.runpod_contract import ContractState, running_contract_server
 from deploy.api import fleet_status
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet
@@ -28,7 +29,6 @@ from deploy.providers.runpod import RunPodProvider
 from deploy.service import Orchestrator
 from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig, Window
 from framerelay.commands.fleet import render
-from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.support.auth import ed_keys
 
 pytestmark = pytest.mark.integration

@@ -19,6 +19,7 @@ import pytest
 from cryptography import x509
 from pydantic import SecretStr
 
+from bench.rig.runpod_contract import ContractState, running_contract_server
 from deploy.ca import PodCA
 from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
@@ -32,7 +33,6 @@ from framerelay.auth import KeySet
 from framerelay.errors import ConfigError
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.deploy.orch_support import orch_settings
-from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.deploy.test_ca import handshake, sans, tls_server
 from tests.support.auth import ed_keys
 

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 from pydantic import SecretStr
 
+from bench.rig.runpod_contract import ContractState, running_contract_server
 from deploy.models import PodSpec, PodStatus
 from deploy.providers.base import NoCapacityError, ProviderError
 from deploy.providers.runpod import RunPodProvider
 from deploy.settings import RunPodSettings
-from tests.deploy.runpod_contract import ContractState, running_contract_server
 
 KEY = "rpa_" + "K3yN0tF0rL0gs" * 3
 TLS_KEY = "-----BEGIN PRIVATE KEY-----not-in-logs"

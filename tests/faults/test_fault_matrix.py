@@ -1,10 +1,10 @@
 """Acceptance of issue 11: the fault matrix, against real services as processes.
 
-One rig for the module (:mod:`tests.faults.matrix_harness`): two workers on CPU
+One rig for the module (:mod:`bench.rig.matrix_harness`): two workers on CPU
 with the real model, one ingest process with its API, two healthy streams (the
 sample clip in real time, looped, 4 fps) on the first worker and a subscriber
 of the results WebSocket. Each test injects one fault
-(:mod:`tests.faults.matrix_faults`) and prints its figures. For each:
+(:mod:`bench.rig.matrix_faults`) and prints its figures. For each:
 
 * every healthy stream keeps >= 95 % of its result rate of the 6 s before the
   fault (results counted by their frame's ``captured_at``), and its p99 latency
@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from bench.rig import matrix_faults as faults
+from bench.rig.matrix_harness import Figures, Rig, run_scenario
 from tests.conftest import TIMEOUT_FACTOR
-from tests.faults import matrix_faults as faults
-from tests.faults.matrix_harness import Figures, Rig, run_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CLIP_S = 7.0

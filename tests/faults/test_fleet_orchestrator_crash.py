@@ -19,8 +19,8 @@ import httpx
 import pytest
 from redis import Redis
 
+from bench.rig.runpod_contract import ContractState, running_contract_server
 from tests.conftest import ROOT, TIMEOUT_FACTOR
-from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.support.auth import ed_keys, mint
 
 pytestmark = [pytest.mark.integration]

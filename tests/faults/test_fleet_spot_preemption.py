@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from bench.rig.runpod_contract import ContractState, running_contract_server
 from deploy.models import StreamSpec
 from deploy.providers.runpod import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
 from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
-from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
 from tests.support.auth import ed_keys
 

@@ -3,7 +3,7 @@
 The worker's capacity is measured first (one file read as fast as possible,
 every frame). One stream alone (real-time paced, every frame) gives the
 unloaded p99. Then enough such streams (each at the clip's 25 fps) to offer
-about 4x the capacity share the worker for 60 s (tests/support/overload.py).
+about 4x the capacity share the worker for 60 s (bench/rig/overload.py).
 
 What a queue would do, and what is asserted here: the frames in the system
 (results/s x mean latency, Little's law) and the median latency counted in the
@@ -47,9 +47,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.rig.overload import Overload, measure
 from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
-from tests.support.overload import Overload, measure
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 OVERLOAD = 4.0

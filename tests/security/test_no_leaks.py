@@ -35,11 +35,11 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from bench.rig.runpod_contract import ContractState, running_contract_server
 from deploy.ca import PodCA
 from framerelay.auth import KeySet
 from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
-from tests.deploy.runpod_contract import ContractState, running_contract_server
 from tests.security.evidence import Evidence, Secrets, redis_with_password
 from tests.security.forge import JWT, hs256
 from tests.security.procs import Service, bearer, ready_line, spawn, wait_healthy, wait_until

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.rig.common import CLIP
 from framerelay.lifecycle import startup_heap_frozen
 from framerelay.results import ResultRecord
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
-from tests.conftest import CLIP
 
 CLIP_FPS = 25.0
 WINDOW_S = 20.0

@@ -1,12 +1,12 @@
 """The faults of the matrix (and of the soak), each a scenario for
-:func:`tests.faults.matrix_harness.run_scenario`: it injects one fault beside the
+:func:`bench.rig.matrix_harness.run_scenario`: it injects one fault beside the
 rig's healthy streams, waits for the bad side's outcome, cleans up and returns
 that outcome's figures.
 
 Test media are made with ffmpeg at test time (1x1, 8K 7680x4320 x 5 frames, a
 byte-flipped copy of the sample clip with a fixed seed); the cameras answering
 401 are a tiny HTTP server and a tiny RTSP responder on port 0; the raw tunnel
-clients live in :mod:`tests.faults.matrix_wire`.
+clients live in :mod:`bench.rig.matrix_wire`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from bench.rig import matrix_wire
+from bench.rig.common import CLIP, ffmpeg
+from bench.rig.matrix_harness import Rig, Scenario, healthy_config, wait_until
 from ingest.settings import StreamConfig
-from tests.conftest import CLIP
-from tests.faults import matrix_wire
-from tests.faults.matrix_harness import Rig, Scenario, healthy_config, wait_until
-from tests.support.media import ffmpeg
 
 ENDED = ("STOPPED", "FAILED", "AUTH_FAILED")
 RAISE_AFTER = 12

@@ -34,10 +34,8 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
+from bench.rig.common import CLIP, MODEL, ROOT, TIMEOUT_FACTOR, free_port, mint
 from framerelay.launcher import LocalWorker
-from tests.conftest import CLIP, MODEL, ROOT, TIMEOUT_FACTOR
-from tests.support.auth import mint
-from tests.support.servers import free_port
 
 SCOPES = ("streams:read", "streams:write", "routing:write", "results:*", "metrics:read")
 LATENCY_FLOOR_MS = 50.0 * TIMEOUT_FACTOR
