@@ -126,6 +126,7 @@ def read_streams_file(path: Path) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = build_settings(args)  # a bad setting or camera file fails before the heavy imports
     from ingest.app import serve_ingest
 
-    return asyncio.run(serve_ingest(build_settings(args)))
+    return asyncio.run(serve_ingest(settings))
