@@ -233,9 +233,12 @@ def _unknown(key: object, valid: tuple[str, ...]) -> str:
     """``'fsp': unknown field; did you mean 'fps'?`` (the key cut short, never a value)."""
     name = str(key)[:64]
     near = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    hint = f"did you mean {near[0]!r}?" if near else "valid: " + ", ".join(valid)
-    if len(hint) > 200:
-        hint = hint[:197] + "..."
+    if near:
+        hint = f"did you mean {near[0]!r}?"
+    elif len(valid) <= len(TOP_KEYS):
+        hint = "valid: " + ", ".join(valid)
+    else:
+        hint = "see the fields of POST /v1/streams in the API's /docs"
     return f"{name}: Extra inputs are not permitted (unknown field; {hint})"
 
 
