@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from framerelay.errors import ConfigError
-from ingest.settings import StreamConfig
+from ingest.settings import IngestSettings, StreamConfig
 
 MAX_FILE_BYTES = 16 << 20
 """A camera file larger than this is refused (about 80,000 cameras of 200 bytes)."""
@@ -153,9 +153,7 @@ def _sections(
         raise ConfigError(f"{label}: expected a {fmt} list of stream definitions")
     if not isinstance(raw, dict):
         raise ConfigError(f"{label}: expected a mapping with a 'streams' list, got {_kind(raw)}")
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise ConfigError(f"{label}: {_unknown(key, TOP_KEYS)}")
+    _check_top_keys(raw, label)
     entries = raw.get("streams")
     if not isinstance(entries, list):
         got = "nothing" if entries is None else _kind(entries)
@@ -167,6 +165,17 @@ def _sections(
         if key not in DEFAULT_FIELDS:
             raise ConfigError(f"{label}: defaults: {_unknown(key, DEFAULT_FIELDS)}")
     return dict(defaults), entries
+
+
+def _check_top_keys(raw: dict[Any, Any], label: str) -> None:
+    for key in raw:
+        if key in IngestSettings.model_fields and key != "streams":
+            raise ConfigError(
+                f"{label}: {key}: an ingest setting, not part of a camera file; set "
+                f"{IngestSettings.env_name(key)} or its command-line option"
+            )
+        if key not in TOP_KEYS:
+            raise ConfigError(f"{label}: {_unknown(key, TOP_KEYS)}")
 
 
 def _stream(entry: object, defaults: dict[str, Any], environ: Mapping[str, str]) -> StreamConfig:

@@ -112,6 +112,9 @@ BAD: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("defaults: relatime", "did you mean 'realtime'?")),
     "unknown top-level key": (
         "c.yaml", "stream:\n  - {id: a, url: a.mp4}\n", ("stream:", "did you mean 'streams'?")),
+    "a service setting": (
+        "c.toml", 'worker_url = "wss://gpu:8443/v1/tunnel"\n',
+        ("worker_url: an ingest setting", "FRAMERELAY_INGEST_WORKER_URL")),
     "missing id": ("c.yaml", "streams:\n  - {url: a.mp4}\n", ("stream 1:", "id: Field required")),
     "bad id": ("c.yaml", "streams:\n  - {id: 'a b', url: a.mp4}\n", ("stream 1:", "id: String")),
     "duplicate id": (
