@@ -3,8 +3,10 @@
 Manifests are rendered here (``render_worker``) and applied with ``kubectl``
 (``apply -f -``, ``get -o json``, ``delete``); the GPU comes from
 ``nvidia.com/gpu`` resources, readiness from ``/readyz``, liveness from
-``/healthz``. A pod's certificate and key go in a ``kubernetes.io/tls``
-Secret of its own (same name as the pod), mounted at ``/etc/framerelay/tls``;
+``/healthz``; each pod runs as uid 65534 on a read-only root, as the restricted
+Pod Security Standard of deploy/k8s's namespace asks. A pod's certificate and
+key go in a ``kubernetes.io/tls`` Secret of its own (same name as the pod),
+mounted at ``/etc/framerelay/tls``;
 other secret env comes from the Secret ``secret_name``. Manifests go to
 kubectl on stdin, never on its command line. The rendering is validated in
 tests; applying needs a cluster and kubectl.
@@ -29,6 +31,16 @@ PORT = 8443
 TLS_MOUNT = "/etc/framerelay/tls"
 TLS_PEMS = {"FRAMERELAY_WORKER_TLS_CERT_PEM": "tls.crt", "FRAMERELAY_WORKER_TLS_KEY_PEM": "tls.key"}
 NOBODY = 65534
+PART_OF = {"app.kubernetes.io/part-of": "framerelay"}
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": NOBODY, "runAsGroup": NOBODY,
+                "fsGroup": NOBODY, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+WORKER_REQUESTS = {"cpu": "2", "memory": "4Gi"}
+WORKER_LIMITS = {"cpu": "4", "memory": "8Gi"}
+"""As the static GPU pool of deploy/k8s/overlays/prod (tests/deploy/test_kustomize.py)."""
+SCRATCH = (("trt-cache", "/var/cache/framerelay/trt", "8Gi"), ("tmp", "/tmp", "256Mi"))  # noqa: S108
+"""The worker's writable paths on its read-only root: (volume, mount path, size limit)."""
 _LONG_B64 = re.compile(r"[A-Za-z0-9+/=_-]{40,}")
 
 
@@ -61,38 +73,59 @@ def _env(spec: PodSpec, settings: KubernetesSettings) -> list[dict[str, Any]]:
     return env
 
 
-def render_worker(spec: PodSpec, settings: KubernetesSettings) -> list[dict[str, Any]]:
-    """A Deployment and a Service for one worker pod (no secret values in either)."""
-    labels = {**MANAGED, "app.kubernetes.io/name": "framerelay-worker", "framerelay/pod": spec.name}
-    env = _env(spec, settings)
-    tls = all(k in spec.secret_env for k in TLS_PEMS)
+def _container(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[str, Any]:
+    """The worker container: non-root, read-only root, writable /tmp and engine cache."""
     get = {"port": PORT, "scheme": "HTTPS" if tls else "HTTP"}
     probe = {"httpGet": {"path": "/readyz", **get}, "periodSeconds": 5}
-    container = {
+    mounts: list[dict[str, Any]] = [{"name": n, "mountPath": path} for n, path, _ in SCRATCH]
+    if tls:
+        mounts.insert(0, {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
+    return {
         "name": "worker",
         "image": spec.image or settings.image,
         "args": ["worker", "--host", "0.0.0.0", "--port", str(PORT)],  # noqa: S104 - in a pod
         "ports": [{"name": "tunnel", "containerPort": PORT, "protocol": "TCP"}],
-        "env": env,
-        "resources": {"limits": {"nvidia.com/gpu": spec.gpu_count}},
+        "env": _env(spec, settings),
+        "securityContext": CONTAINER_SECURITY,
+        "resources": {
+            "requests": dict(WORKER_REQUESTS),
+            "limits": {**WORKER_LIMITS, "nvidia.com/gpu": spec.gpu_count},
+        },
         "readinessProbe": probe,
         "startupProbe": {**probe, "failureThreshold": 120},
         "livenessProbe": {"httpGet": {"path": "/healthz", **get}, "periodSeconds": 10},
+        "volumeMounts": mounts,
     }
-    meta = {"name": spec.name, "namespace": settings.namespace, "labels": labels}
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "automountServiceAccountToken": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": NOBODY, "fsGroup": NOBODY},
-    }
+
+
+def _pod_spec(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[str, Any]:
+    """The pod: the restricted Pod Security Standard (deploy/k8s labels its namespace so)."""
+    volumes: list[dict[str, Any]] = [
+        {"name": n, "emptyDir": {"sizeLimit": size}} for n, _, size in SCRATCH
+    ]
     if tls:
-        container["volumeMounts"] = [{"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True}]
-        pod_spec["volumes"] = [{"name": "tls", "secret": {"secretName": spec.name,
-                                                          "defaultMode": 0o440}}]  # fmt: skip
+        volumes.insert(0, {"name": "tls", "secret": {"secretName": spec.name,
+                                                     "defaultMode": 0o440}})  # fmt: skip
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(spec, settings, tls)],
+        "automountServiceAccountToken": False,
+        "securityContext": POD_SECURITY,
+        "volumes": volumes,
+    }
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
     if spec.spot:
         pod_spec["tolerations"] = [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+    return pod_spec
+
+
+def render_worker(spec: PodSpec, settings: KubernetesSettings) -> list[dict[str, Any]]:
+    """A Deployment and a Service for one worker pod (no secret values in either)."""
+    labels = {**MANAGED, **PART_OF, "app.kubernetes.io/name": "framerelay-worker",
+              "framerelay/pod": spec.name}  # fmt: skip
+    tls = all(k in spec.secret_env for k in TLS_PEMS)
+    meta = {"name": spec.name, "namespace": settings.namespace, "labels": labels}
+    pod_spec = _pod_spec(spec, settings, tls)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -108,6 +141,7 @@ def render_worker(spec: PodSpec, settings: KubernetesSettings) -> list[dict[str,
         "kind": "Service",
         "metadata": meta,
         "spec": {
+            "type": "ClusterIP",
             "selector": {"framerelay/pod": spec.name},
             "ports": [{"name": "tunnel", "port": PORT, "targetPort": PORT, "protocol": "TCP"}],
         },

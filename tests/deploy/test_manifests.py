@@ -1,6 +1,6 @@
 """Deploy artifacts, validated without Docker or a cluster: compose file, the
-Kubernetes manifests, the manifests the kubernetes provider renders, and the
-Dockerfiles (base images, model baked in, ports, probes, GPU resources).
+manifests the kubernetes provider renders (deploy/k8s itself: test_kustomize.py),
+and the Dockerfiles (base images, model baked in, ports, probes, GPU resources).
 
 Who holds what: the signing keys reach only the ingest and the orchestrator,
 as secret files; workers get the public key set; no API is published beyond
@@ -21,6 +21,7 @@ from deploy.models import PodSpec
 from deploy.providers.kubernetes import render_tls_secret, render_worker
 from deploy.settings import KubernetesSettings
 from tests.conftest import ROOT
+from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems
 
 DEPLOY = ROOT / "deploy"
 
@@ -88,51 +89,6 @@ def test_compose_file() -> None:
     assert set(doc["secrets"]) == {"signing_keys", "tunnel_keys"}
 
 
-def _deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-
-
-def _secret_volumes(dep: dict[str, Any]) -> set[str]:
-    volumes = dep["spec"]["template"]["spec"].get("volumes", [])
-    return {v["secret"]["secretName"] for v in volumes if "secret" in v}
-
-
-def test_kubernetes_manifests() -> None:
-    docs = _docs(DEPLOY / "k8s" / "framerelay.yaml")
-    by = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    for name in ("redis", "framerelay-worker", "framerelay-ingest", "framerelay-orchestrator"):
-        assert ("Deployment", name) in by and ("Service", name) in by
-    for d in docs:
-        assert d["apiVersion"] and d["metadata"].get("namespace") == "framerelay"
-        if d["kind"] == "Deployment":
-            labels = d["spec"]["template"]["metadata"]["labels"]
-            assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
-            for c in _containers(d):
-                assert not any("hostPort" in p for p in c.get("ports", []))
-        if d["kind"] == "Service":
-            assert d["spec"]["type"] == "ClusterIP"
-    deps = _deployments(docs)
-    worker = deps["framerelay-worker"]
-    _check_worker_container(_containers(worker)[0])
-    worker_env = _env_names(_containers(worker)[0])
-    assert worker_env[f"{TUNNEL_KEYS}_FILE"]["value"] == "/etc/framerelay/keys/public.jwks"
-    assert _secret_volumes(worker) == {"framerelay-worker-tls"}  # no signing keys, no CA key
-    for name in ("framerelay-ingest", "framerelay-orchestrator"):
-        env = _env_names(_containers(deps[name])[0])
-        assert env[f"{SIGNING}_FILE"]["value"] == "/etc/framerelay/keys/signing.jwks"
-        assert "framerelay-signing-keys" in _secret_volumes(deps[name])
-        assert not any("TOKEN_SECRETS" in n for n in env)
-        assert deps[name]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"][
-            "httpGet"]["scheme"] == "HTTPS"  # fmt: skip
-    assert "framerelay-signing-keys" not in _secret_volumes(deps["redis"])
-    orch_env = _env_names(_containers(deps["framerelay-orchestrator"])[0])
-    assert orch_env["FRAMERELAY_ORCH_INGEST_URL"]["value"].startswith("https://")
-    (role,) = [d for d in docs if d["kind"] == "Role"]
-    assert any("secrets" in r["resources"] for r in role["rules"])  # per-pod TLS Secrets
-    images = {c["image"] for d in docs if d["kind"] == "Deployment" for c in _containers(d)}
-    assert {"framerelay/worker:latest", "framerelay/service:latest"} <= images
-
-
 def _pod_spec(spot: bool, folder: Path) -> PodSpec:
     ca = PodCA.load_or_create(folder / "ca")
     cert, key = ca.issue("fr-spot-0-g3", ["fr-spot-0-g3.pods.framerelay"])
@@ -165,8 +121,14 @@ def test_kubernetes_provider_renders_a_gpu_worker(spot: bool, tmp_path: Path) ->
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     pod = deployment["spec"]["template"]["spec"]
     assert bool(pod.get("tolerations")) is spot
-    assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": "fr-spot-0-g3",
-                                                         "defaultMode": 0o440}}]  # fmt: skip
+    assert pod["volumes"][0] == {"name": "tls", "secret": {"secretName": "fr-spot-0-g3",
+                                                           "defaultMode": 0o440}}  # fmt: skip
+    # as deploy/k8s's own Deployments: the namespace enforces the restricted standard
+    assert [p for d in (deployment, service) for p in schema_problems(d)] == []
+    assert deployment_problems(deployment) == []
+    assert service_problems(service, [deployment]) == []
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/tmp", "/var/cache/framerelay/trt"}
     secret = render_tls_secret(spec, settings)
     assert secret is not None and secret["type"] == "kubernetes.io/tls"
     assert secret["metadata"]["name"] == "fr-spot-0-g3"
