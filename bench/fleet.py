@@ -25,28 +25,37 @@ The contract server's prices are illustrative (community spot 0.31x secure
 on-demand); ``price_sensitivity`` re-prices the run's pod-hours at other spot /
 on-demand ratios (published RunPod discounts span about 0.3-0.65x).
 
-    python bench/fleet.py            # prints JSON, writes bench/results/fleet.json
+    python bench/fleet.py [--redis-url URL] [--step-minutes 10]
+
+Prints the costs and savings; writes ``bench/results/fleet.json`` and
+``fleet.png`` (pods per tier through the day, and the three bills).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import datetime as dt
-import json
 import secrets
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
+from bench._redis import add_redis_url, redis_for_bench  # noqa: E402
+from bench._results import write_results  # noqa: E402
 from bench.rig.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 from deploy.clock import FakeClock  # noqa: E402
 from deploy.cost import CostTotals  # noqa: E402
@@ -84,8 +93,10 @@ def tiers(spot: bool) -> list[TierConfig]:
 
 
 def streams(kind: str, n: int, priority: str) -> list[StreamSpec]:
-    return [StreamSpec(id=f"{kind}-{i}", url=f"rtsp://cam/{kind}/{i}", priority=priority, fps=5)  # type: ignore[arg-type]
-            for i in range(n)]  # fmt: skip
+    return [
+        StreamSpec(id=f"{kind}-{i}", url=f"rtsp://cam/{kind}/{i}", priority=priority, fps=5)
+        for i in range(n)
+    ]
 
 
 CRITICAL, STANDARD, BATCH = (
@@ -140,7 +151,7 @@ def _check_slo(
 
 
 async def simulate(
-    spot: bool, *, step_s: float = STEP_S, redis_url: str = "redis://127.0.0.1:6379/0"
+    spot: bool, redis_url: str, *, step_s: float = STEP_S, bar: Progress | None = None
 ) -> dict[str, Any]:
     tz = ZoneInfo(TZ)
     start = dt.datetime(2026, 3, 2, 0, 0, tzinfo=tz)  # a Monday
@@ -181,6 +192,8 @@ async def simulate(
                 if local.minute == 0 and len(hourly) < 24:
                     hourly.append(dict(collections.Counter(p.tier for p in pods.values())))
                 clock.advance(step_s)
+                if bar is not None:
+                    bar.advance()
             cost = CostTotals.from_flat(await store.cost())
             events = dict(fleet.counters)
         finally:
@@ -210,9 +223,11 @@ def price_sensitivity(cost: dict[str, Any], always_on_pod_h: float) -> list[dict
     return out
 
 
-async def run_day(step_s: float = STEP_S) -> dict[str, Any]:
-    with_spot = await simulate(True, step_s=step_s)
-    on_demand = await simulate(False, step_s=step_s)
+async def run_day(
+    redis_url: str, step_s: float = STEP_S, bar: Progress | None = None
+) -> dict[str, Any]:
+    with_spot = await simulate(True, redis_url, step_s=step_s, bar=bar)
+    on_demand = await simulate(False, redis_url, step_s=step_s, bar=bar)
     static = static_ondemand_workers(step_s)
     always_on = static * PRICES[GPU][0] * 24
     return {
@@ -229,13 +244,60 @@ async def run_day(step_s: float = STEP_S) -> dict[str, Any]:
 
 
 def main() -> int:
-    out = asyncio.run(run_day())
-    text = json.dumps(out, indent=2)
-    print(text)
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "fleet.json").write_text(text + "\n", encoding="utf-8")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_redis_url(ap)
+    ap.add_argument("--step-minutes", type=int, default=int(STEP_S / 60),
+                    choices=(5, 10, 15, 30, 60), help="the simulated clock's step")  # fmt: skip
+    args = ap.parse_args()
+    step_s = args.step_minutes * 60
+    steps = 2 * (int(24 * 3600 / step_s) + 1)  # the spot run, then the on-demand one
+    with redis_for_bench(args.redis_url, "fleet") as url, Progress(steps, "fleet", "steps") as bar:
+        out = asyncio.run(run_day(url, step_s, bar))
+    report(out)
+    write_results("fleet", out, plot)
     return 0
+
+
+def report(out: dict[str, Any]) -> None:
+    spot, same = out["spot"], out["ondemand_same_schedule"]
+    print(f"a simulated day, {out['step_s'] / 60:.0f}-minute steps, "
+          f"{spot['preemptions']} spot preemptions, peak {spot['peak_pods']} pods, "
+          f"{spot['unplaced_stream_steps']} stream-steps unplaced")  # fmt: skip
+    print(
+        f"  framerelay (spot where allowed)     ${spot['fleet_usd']:8.2f}  "
+        f"({spot['cost']['pod_hours']:.1f} pod-h, {spot['cost']['spot_pod_hours']:.1f} on spot)"
+    )
+    print(f"  same schedule, all on-demand        ${same['fleet_usd']:8.2f}")
+    print(f"  static all-on-demand, {out['ondemand_always_on_workers']} workers x 24 h "
+          f"${out['ondemand_always_on_usd']:8.2f}")  # fmt: skip
+    print("  spot/on-demand  saving vs static  saving vs same schedule")
+    for row in out["price_sensitivity"]:
+        print(f"  {row['spot_ratio']:14.2f}  {100 * row['saving_vs_ondemand_always_on']:15.1f} %"
+              f"  {100 * row['saving_vs_ondemand_same_schedule']:22.1f} %")  # fmt: skip
+
+
+def plot(fig: Figure, out: dict[str, Any]) -> None:
+    """Pods per tier at each hour of the spot run; the day's three bills."""
+    pods, bills = fig.subplots(1, 2, width_ratios=(2, 1))
+    hours = out["spot"]["pods_by_hour"]
+    bottom = [0] * len(hours)
+    for tier in sorted({t for h in hours for t in h}):
+        counts = [h.get(tier, 0) for h in hours]
+        pods.bar(range(len(hours)), counts, bottom=bottom, label=tier)
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+    pods.set(xlabel="hour of the day (Europe/Paris)", ylabel="pods",
+             title="framerelay's fleet through the day")  # fmt: skip
+    pods.set_ylim(0, max(bottom, default=1) * 1.3)
+    pods.legend(title="tier", ncols=4, loc="upper center")
+    names = ("static\non-demand", "on-demand,\nsame schedule", "framerelay")
+    usd = (out["ondemand_always_on_usd"], out["ondemand_same_schedule"]["fleet_usd"],
+           out["spot"]["fleet_usd"])  # fmt: skip
+    bars = bills.barh(names, usd, color=("tab:red", "tab:orange", "tab:green"))
+    bills.bar_label(bars, fmt="$%.2f", padding=2)
+    bills.set_xlim(0, max(usd) * 1.3)
+    bills.set(xlabel="USD for the day", title="the day's bill")
 
 
 if __name__ == "__main__":

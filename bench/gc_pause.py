@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._results import write_results  # noqa: E402
-from ingest.bus import Published, ResultBus  # noqa: E402
 from bench.rig.records import result_record  # noqa: E402
+from ingest.bus import Published, ResultBus  # noqa: E402
 
 
 def pause_ms(repeat: int) -> float:
