@@ -159,8 +159,14 @@ def service_problems(obj: Obj, deployments: list[Obj]) -> list[str]:
 
 
 def selects(policy: Obj, labels: dict[str, str]) -> bool:
-    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
-    return bool(wanted.items() <= labels.items())
+    """Whether the policy's podSelector picks pods with these labels (In or matchLabels)."""
+    selector = policy["spec"]["podSelector"]
+    expressions = selector.get("matchExpressions", [])
+    if any(e["operator"] != "In" for e in expressions):
+        raise ValueError(f"{where(policy)}: only In expressions are understood here")
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(
+        labels.get(e["key"]) in e["values"] for e in expressions
+    )
 
 
 def network_policy_problems(obj: Obj, deployments: list[Obj]) -> list[str]:

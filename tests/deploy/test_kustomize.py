@@ -143,8 +143,13 @@ def test_network_policies(overlay: str, rendered: dict[str, list[Obj]]) -> None:
     deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
     assert deny and deny[0]["spec"]["policyTypes"] == ["Ingress"]
     by_app = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]: p
-              for p in policies if p["spec"]["podSelector"]}  # fmt: skip
+              for p in policies if "matchLabels" in p["spec"]["podSelector"]}  # fmt: skip
     assert set(by_app) == set(APPS)
+    metrics = _of(docs, "NetworkPolicy")["framerelay-metrics"]
+    (rule,) = metrics["spec"]["ingress"]
+    assert all(p["podSelector"]["matchLabels"] == {"framerelay.io/metrics-scraper": "true"}
+               for p in rule["from"])  # fmt: skip
+    assert not selects(metrics, {"app.kubernetes.io/name": "redis"})
     for app in ("redis", "framerelay-worker"):  # from the ingest and the orchestrator only
         (rule,) = by_app[app]["spec"]["ingress"]
         peers = {p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in rule["from"]}
