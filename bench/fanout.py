@@ -1,6 +1,6 @@
 """Results fan-out: the WebSocket hub to 1/10/100 subscribers, and Redis, vs raw redis-py.
 
-    python bench/fanout.py [--seconds 5] [--results results.jsonl]
+    python bench/fanout.py [--seconds 5] [--results results.jsonl] [--redis-url URL]
 
 Real results of the sample clip (from ``framerelay demo --out``, made here when
 ``--results`` is not given) are published as fast as they are taken and at a
@@ -12,13 +12,14 @@ camera-like 25/s:
   oldest for subscribers that fall behind: drops are reported); added delay =
   subscriber receive time - publish time at 25 results/s.
 * **redis**: the real ``RedisPublisher`` (PUBLISH + XADD per result,
-  pipelined) against a private redis-server; added delay = a pub/sub
+  pipelined) against a private redis-server (or ``--redis-url``, under a
+  prefix of its own, deleted afterwards); added delay = a pub/sub
   subscriber's receive time - offer time.
 * **ceiling**: raw redis-py pipelined PUBLISH (and PUBLISH+XADD) of the same
   JSON on the same server, batches of the publisher's size.
 
-Prints ratios to the ceiling and writes ``bench/results/fanout.json``. Not
-run by the tests. The subscribers share this process, so at 100 they measure
+Prints ratios to the ceiling and writes ``bench/results/fanout.json`` and
+``fanout.png``. Not run by the tests. The subscribers share this process, so at 100 they measure
 this machine's client side as much as the hub.
 """
 
@@ -29,21 +30,27 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from websockets.asyncio.client import connect
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
+from bench._redis import add_redis_url, delete_prefix, redis_for_bench  # noqa: E402
+from bench._results import write_results  # noqa: E402
 from framerelay.auth import KeySet, TokenIssuer  # noqa: E402
 from framerelay.results import ResultRecord  # noqa: E402
 from ingest.bus import ResultBus  # noqa: E402
@@ -151,7 +158,9 @@ async def hub_run(hub: subprocess.Popen[str], port: int, token: str, n: int, rat
             "published_per_s": published, "hub_dropped_total": done["dropped"]}  # fmt: skip
 
 
-def bench_hub(records: Path, seconds: float, counts: list[int]) -> list[dict[str, Any]]:
+def bench_hub(
+    records: Path, seconds: float, counts: list[int], bar: Progress
+) -> list[dict[str, Any]]:
     secret = secrets.token_urlsafe(32)
     env = {**os.environ, "FRAMERELAY_TOKEN_SECRETS": secret}
     hub = subprocess.Popen([sys.executable, __file__, "--serve-hub", str(records)], env=env,
@@ -170,6 +179,7 @@ def bench_hub(records: Path, seconds: float, counts: list[int]) -> list[dict[str
                       f"{row['results_per_s_per_subscriber']:8.0f} results/s/sub  "
                       f"{row['messages_per_s']:8.0f} msg/s  p50 {row['p50_ms']:6.2f} ms  "
                       f"p99 {row['p99_ms']:6.2f} ms", flush=True)  # fmt: skip
+                bar.advance()
     finally:
         if hub.stdin:
             hub.stdin.close()  # the hub process ends at the end of its input
@@ -186,9 +196,11 @@ def bench_hub(records: Path, seconds: float, counts: list[int]) -> list[dict[str
 # --- Redis --------------------------------------------------------------------------
 
 
-async def redis_publisher(url: str, records: list[ResultRecord], n: int) -> dict[str, Any]:
+async def redis_publisher(
+    url: str, prefix: str, records: list[ResultRecord], n: int
+) -> dict[str, Any]:
     bus, client = ResultBus(), redis_connect(url)
-    pub = RedisPublisher(client, RedisKeys("bench"), bus.ids, buffer=n + 1)
+    pub = RedisPublisher(client, RedisKeys(f"{prefix}:pub"), bus.ids, buffer=n + 1)
     bus.observe(pub.offer)
     stop = asyncio.Event()
     task = asyncio.create_task(pub.run(stop))
@@ -207,13 +219,14 @@ async def redis_publisher(url: str, records: list[ResultRecord], n: int) -> dict
 
 
 async def redis_delay(
-    url: str, records: list[ResultRecord], rate: float, seconds: float
+    url: str, prefix: str, records: list[ResultRecord], rate: float, seconds: float
 ) -> dict[str, Any]:
     bus, client, reader = ResultBus(), redis_connect(url), redis_connect(url)
-    pub = RedisPublisher(client, RedisKeys("delay"), bus.ids)
+    keys = RedisKeys(f"{prefix}:delay")
+    pub = RedisPublisher(client, keys, bus.ids)
     bus.observe(pub.offer)
     ps = reader.pubsub()
-    await ps.subscribe(RedisKeys("delay").channel(STREAM))
+    await ps.subscribe(keys.channel(STREAM))
     await ps.get_message(timeout=1)
     stop = asyncio.Event()
     task = asyncio.create_task(pub.run(stop))
@@ -232,68 +245,61 @@ async def redis_delay(
     listener.cancel()
     stop.set()
     await asyncio.gather(task, listener, return_exceptions=True)
-    await ps.aclose()
+    await ps.aclose()  # type: ignore[no-untyped-call]
     await client.aclose()
     await reader.aclose()
     return {"rate": rate, "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99), "n": len(delays)}
 
 
-async def raw_ceiling(url: str, payload: str, n: int, batch: int, xadd: bool) -> float:
+async def raw_ceiling(url: str, prefix: str, payload: str, n: int, batch: int, xadd: bool) -> float:
     client = redis_connect(url)
     t0 = time.perf_counter()
     for start in range(0, n, batch):
         pipe = client.pipeline(transaction=False)
         for _ in range(min(batch, n - start)):
-            pipe.publish("raw:live", payload)
+            pipe.publish(f"{prefix}:raw:live", payload)
             if xadd:
-                pipe.xadd("raw:results", {"r": payload}, maxlen=100_000, approximate=True)
+                pipe.xadd(f"{prefix}:raw:results", {"r": payload}, maxlen=100_000, approximate=True)
         await pipe.execute()
     took = time.perf_counter() - t0
     await client.aclose()
     return n / took
 
 
-def bench_redis(records: list[ResultRecord], n: int, seconds: float) -> dict[str, Any]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        return {"skipped": "redis-server not installed"}
-    work = Path(tempfile.mkdtemp(prefix="fanout-redis-"))
-    with socket_port() as port:
-        pass
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(work)],
-                            stdout=subprocess.DEVNULL)  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
+def bench_redis(
+    url: str, records: list[ResultRecord], n: int, seconds: float, bar: Progress
+) -> dict[str, Any]:
+    """The Redis rows on ``url``, every key under a prefix of this run's, deleted after."""
+    prefix = f"bench-fanout-{secrets.token_hex(4)}"
+    payload = records[0].model_dump_json()
+    runs: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
+        "raw_pub": lambda: raw_ceiling(url, prefix, payload, n, 256, xadd=False),
+        "raw_both": lambda: raw_ceiling(url, prefix, payload, n, 256, xadd=True),
+        "ours": lambda: redis_publisher(url, prefix, records, n),
+        "live": lambda: redis_delay(url, prefix, records, 25.0, seconds),
+        "flat": lambda: redis_delay(url, prefix, records, 0.0, seconds),
+    }
+    got: dict[str, Any] = {}
     try:
-        time.sleep(0.5)
-        payload = records[0].model_dump_json()
-        raw_pub = asyncio.run(raw_ceiling(url, payload, n, 256, xadd=False))
-        raw_both = asyncio.run(raw_ceiling(url, payload, n, 256, xadd=True))
-        ours = asyncio.run(redis_publisher(url, records, n))
-        live = asyncio.run(redis_delay(url, records, 25.0, seconds))
-        flat = asyncio.run(redis_delay(url, records, 0.0, seconds))
+        for name, run in runs.items():
+            got[name] = asyncio.run(run())
+            bar.advance()
     finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
-    return {"raw_publish_per_s": raw_pub, "raw_publish_xadd_per_s": raw_both,
-            "publisher_results_per_s": ours["results_per_s"],
-            "ratio_to_raw_publish": ours["results_per_s"] / raw_pub,
-            "ratio_to_raw_publish_xadd": ours["results_per_s"] / raw_both,
-            "delay_at_25_per_s": live, "delay_flat_out": flat,
+        asyncio.run(_cleanup(url, prefix))
+    ours = got["ours"]["results_per_s"]
+    return {"raw_publish_per_s": got["raw_pub"], "raw_publish_xadd_per_s": got["raw_both"],
+            "publisher_results_per_s": ours, "ratio_to_raw_publish": ours / got["raw_pub"],
+            "ratio_to_raw_publish_xadd": ours / got["raw_both"],
+            "delay_at_25_per_s": got["live"], "delay_flat_out": got["flat"],
             "payload_bytes": len(payload)}  # fmt: skip
 
 
-class socket_port:
-    def __enter__(self) -> int:
-        import socket
-
-        self.s = socket.socket()
-        self.s.bind(("127.0.0.1", 0))
-        return int(self.s.getsockname()[1])
-
-    def __exit__(self, *exc: object) -> None:
-        self.s.close()
+async def _cleanup(url: str, prefix: str) -> None:
+    client = redis_connect(url)
+    try:
+        await delete_prefix(client, prefix)
+    finally:
+        await client.aclose()
 
 
 def make_results() -> Path:
@@ -303,48 +309,99 @@ def make_results() -> Path:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0)
+def subscriber_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated subscriber counts, 1-1000 each."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not counts or not all(1 <= n <= 1000 for n in counts):
+        raise argparse.ArgumentTypeError(f"each count must be 1-1000: {text!r}")
+    return counts
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measured run")
     parser.add_argument("--results", type=Path, help="JSONL results (default: run the demo)")
-    parser.add_argument("--subscribers", default="1,10,100")
-    parser.add_argument("--redis-results", type=int, default=50_000)
+    parser.add_argument("--subscribers", type=subscriber_counts, default=[1, 10, 100],
+                        metavar="N,N", help="hub subscriber counts (default 1,10,100)")  # fmt: skip
+    parser.add_argument("--redis-results", type=int, default=50_000,
+                        help="results per Redis throughput run")  # fmt: skip
+    add_redis_url(parser)
     parser.add_argument("--serve-hub", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--queue-size", type=int, default=256)
+    parser.add_argument(
+        "--queue-size", type=int, default=256, help="the hub's per-subscriber queue"
+    )
     args = parser.parse_args()
+    if args.results is not None and not args.results.is_file():
+        parser.error(f"--results: no such file: {args.results}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     if args.serve_hub:
         asyncio.run(serve_hub(args.serve_hub, args.queue_size))
-        return
-    path = args.results or make_results()
-    records = [ResultRecord.model_validate_json(x) for x in path.read_text().splitlines()]
-    records = [r.model_copy(update={"stream_id": STREAM}) for r in records]
-    counts = [int(x) for x in args.subscribers.split(",")]
-    hub = bench_hub(path, args.seconds, counts)
-    red = bench_redis(records, args.redis_results, args.seconds)
-    report = {
-        "machine": {"cpus": os.cpu_count()},
-        "seconds": args.seconds,
-        "hub": hub,
-        "redis": red,
-    }
-    if "raw_publish_per_s" in red:
-        print(f"redis raw pipelined PUBLISH        {red['raw_publish_per_s']:9.0f} msg/s (ceiling)")
-        print(f"redis raw pipelined PUBLISH+XADD   {red['raw_publish_xadd_per_s']:9.0f} msg/s")
-        print(f"RedisPublisher (PUBLISH+XADD)      {red['publisher_results_per_s']:9.0f} results/s"
-              f"  = {red['ratio_to_raw_publish']:.2f}x raw PUBLISH, "
-              f"{red['ratio_to_raw_publish_xadd']:.2f}x raw PUBLISH+XADD")  # fmt: skip
-        for k in ("delay_at_25_per_s", "delay_flat_out"):
-            d = red[k]
-            print(f"redis live delay ({k[6:]}): p50 {d['p50_ms']:.2f} ms  p99 {d['p99_ms']:.2f} ms")
-        for row in hub:
-            if row["rate"] == 0:
-                print(f"hub {row['subscribers']:3d} subs flat out: "
-                      f"{row['messages_per_s'] / red['raw_publish_per_s']:.2f}x raw PUBLISH "
-                      f"(messages delivered/s)")  # fmt: skip
-    out = ROOT / "bench" / "results" / "fanout.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+        return 0
+    counts: list[int] = args.subscribers
+    with redis_for_bench(args.redis_url, "fanout") as url:
+        if args.results is None:
+            print("making results: framerelay demo on the sample clip ...", flush=True)
+        path = args.results or make_results()
+        records = [ResultRecord.model_validate_json(x) for x in path.read_text().splitlines()]
+        records = [r.model_copy(update={"stream_id": STREAM}) for r in records]
+        with Progress(2 * len(counts) + 5, "fanout", "runs") as bar:
+            hub = bench_hub(path, args.seconds, counts, bar)
+            red = bench_redis(url, records, args.redis_results, args.seconds, bar)
+    report = {"machine": {"cpus": os.cpu_count()}, "seconds": args.seconds, "hub": hub,
+              "redis": red}  # fmt: skip
+    _print(hub, red)
+    write_results("fanout", report, plot)
+    return 0
+
+
+def _print(hub: list[dict[str, Any]], red: dict[str, Any]) -> None:
+    print(f"redis raw pipelined PUBLISH        {red['raw_publish_per_s']:9.0f} msg/s (ceiling)")
+    print(f"redis raw pipelined PUBLISH+XADD   {red['raw_publish_xadd_per_s']:9.0f} msg/s")
+    print(f"RedisPublisher (PUBLISH+XADD)      {red['publisher_results_per_s']:9.0f} results/s"
+          f"  = {red['ratio_to_raw_publish']:.2f}x raw PUBLISH, "
+          f"{red['ratio_to_raw_publish_xadd']:.2f}x raw PUBLISH+XADD")  # fmt: skip
+    for k in ("delay_at_25_per_s", "delay_flat_out"):
+        d = red[k]
+        print(f"redis live delay ({k[6:]}): p50 {d['p50_ms']:.2f} ms  p99 {d['p99_ms']:.2f} ms")
+    for row in hub:
+        if row["rate"] == 0:
+            print(f"hub {row['subscribers']:3d} subs flat out: "
+                  f"{row['messages_per_s'] / red['raw_publish_per_s']:.2f}x raw PUBLISH "
+                  f"(messages delivered/s)")  # fmt: skip
+
+
+def plot(fig: Figure, report: dict[str, Any]) -> None:
+    """Messages delivered per second flat out against the Redis ceiling; delay at 25/s."""
+    rate, delay = fig.subplots(1, 2)
+    red, hub = report["redis"], report["hub"]
+    flat = [r for r in hub if r["rate"] == 0]
+    live = [r for r in hub if r["rate"] != 0]
+    labels = [f"hub, {r['subscribers']} subs" for r in flat] + ["RedisPublisher"]
+    values = [r["messages_per_s"] for r in flat] + [red["publisher_results_per_s"]]
+    rate.bar(labels, values, color="tab:blue")
+    rate.axhline(red["raw_publish_per_s"], color="tab:red", ls="--", label="raw PUBLISH (ceiling)")
+    rate.set_ylim(0, 1.2 * max([*values, red["raw_publish_per_s"]]))
+    rate.set(ylabel="messages delivered / s", title="flat out")
+    rate.tick_params(axis="x", labelrotation=20)
+    rate.legend()
+    names = [f"hub, {r['subscribers']} subs" for r in live] + ["Redis pub/sub"]
+    rows = [*live, red["delay_at_25_per_s"]]
+    x = range(len(rows))
+    delay.bar([i - 0.2 for i in x], [r["p50_ms"] for r in rows], 0.4, label="p50")
+    delay.bar([i + 0.2 for i in x], [r["p99_ms"] for r in rows], 0.4, label="p99")
+    delay.set_xticks(list(x), names, rotation=20)
+    delay.set(ylabel="added delay (ms)", title="at 25 results/s")
+    delay.legend()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
