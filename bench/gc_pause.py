@@ -9,7 +9,7 @@ history as id + JSON text) and, in the same run, the same results held as
 record objects (what the history held before), then times ``gc.collect()``
 over each, on top of this process's own heap (the modules, a few 10k objects).
 Prints the median pause and the ratio to the baseline. Writes
-``bench/results/gc_pause.json``.
+``bench/results/gc_pause.json`` and ``gc_pause.png``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,10 +63,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--history", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--streams", type=int, default=8, help="streams (1-1000)")
+    ap.add_argument("--history", type=int, default=1024, help="results kept per stream (1-100000)")
+    ap.add_argument("--repeat", type=int, default=7, help="collections timed per case (1-100)")
     args = ap.parse_args()
+    for name, top in (("streams", 1000), ("history", 100_000), ("repeat", 100)):
+        if not 1 <= getattr(args, name) <= top:
+            ap.error(f"--{name} must be 1-{top}")
     empty = pause_ms(args.repeat)
     bus = ResultBus(history=args.history)
     fill(bus, args.streams, args.history, first_seq=0)
@@ -83,8 +90,20 @@ def main() -> int:
         f"{args.streams} x {args.history} results as text {ours:.1f} ms; the same as records "
         f"{before:.1f} ms ({tracked} more tracked objects); ratio {ours / before:.2f}"
     )
-    write_results("gc_pause", results)
+    write_results("gc_pause", results, plot)
     return 0
+
+
+def plot(fig: Figure, results: dict[str, Any]) -> None:
+    """The median full-collection pause of each case."""
+    ax = fig.subplots()
+    names = ("no history", "history as text\n(the ingest)", "history as records\n(before)")
+    ms = (results["empty_ms"], results["history_as_text_ms"], results["history_as_records_ms"])
+    bars = ax.bar(names, ms, color=("tab:gray", "tab:green", "tab:red"))
+    ax.bar_label(bars, fmt="%.1f ms")
+    a = results["args"]
+    title = f"full collection, {a['streams']} streams x {a['history']} results"
+    ax.set(ylabel="gc.collect() pause, median (ms)", title=title)
 
 
 if __name__ == "__main__":
