@@ -15,7 +15,8 @@ ingest; EdDSA tunnel tokens against the public key set) and its pipeline runs
 alternate with the plain one's: both ratios are printed. Prints frames/s of
 both, the ratio pipeline/bare,
 and per-stage p50/p99 from the results' timings. Writes
-``bench/results/pipeline.json``.
+``bench/results/pipeline.json`` and ``pipeline.png`` (frames/s of each run and
+the ratios; the stages' p50/p99).
 """
 
 from __future__ import annotations
@@ -29,14 +30,18 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
 from bench._results import write_results  # noqa: E402
 from bench._trust import make_trust  # noqa: E402
 from framerelay.geometry import PAD_VALUE, Letterbox  # noqa: E402
@@ -105,6 +110,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="inference threads on both sides")
     ap.add_argument("--tls", action="store_true", help="also run over verified wss:// + EdDSA")
     args = ap.parse_args()
+    if not args.clip.is_file():
+        ap.error(f"--clip: no such file: {args.clip}")
+    if args.frames < 1 or args.repeat < 1 or args.threads < 1:
+        ap.error("--frames, --repeat and --threads must be at least 1")
     secret = secrets.token_urlsafe(32)
     bare_fps: list[float] = []
     pipe_fps: dict[str, list[float]] = {"ws": []}
@@ -124,6 +133,7 @@ def main() -> int:
             pipe_fps["wss"] = []
         for url, auth in modes.values():
             asyncio.run(pipeline(url, auth, args.clip, 60))  # warm the worker's allocator
+        bar = stack.enter_context(Progress(args.repeat, "pipeline", "runs"))
         for i in range(args.repeat):
             bare_fps.append(bare(args.clip, args.frames, args.threads))
             line = f"run {i + 1}: bare {bare_fps[-1]:6.1f} fps"
@@ -132,6 +142,7 @@ def main() -> int:
                 pipe_fps[name].append(fps)
                 line += f"   pipeline/{name} {fps:6.1f} fps"
             print(line, flush=True)
+            bar.advance()
     return report(args, bare_fps, pipe_fps, last)
 
 
@@ -158,8 +169,35 @@ def report(
         "bare_fps": bare_fps, "pipeline_fps": pipe_fps["ws"], "ratio": ratios["ws"],
         "pipeline_fps_by_mode": pipe_fps, "ratios": ratios, "frames": args.frames,
         "threads": args.threads, "stages": per_stage,
-    })  # fmt: skip
+    }, plot)  # fmt: skip
     return 0
+
+
+def plot(fig: Figure, results: dict[str, Any]) -> None:
+    """Frames/s of each run (bare vs each pipeline) with the median ratios; stage p50/p99."""
+    runs, stage = fig.subplots(1, 2, width_ratios=(1, 1.3))
+    series = {"bare onnxruntime": results["bare_fps"]} | {
+        f"pipeline ({mode})": fps for mode, fps in results["pipeline_fps_by_mode"].items()
+    }
+    width = 0.8 / len(series)
+    for k, (name, fps) in enumerate(series.items()):
+        runs.bar([i + k * width for i in range(len(fps))], fps, width, label=name)
+    runs.set_xticks([i + 0.4 - width / 2 for i in range(len(results["bare_fps"]))],
+                    [f"run {i + 1}" for i in range(len(results["bare_fps"]))])  # fmt: skip
+    ratios = ", ".join(f"{m} {r:.2f}" for m, r in results["ratios"].items())
+    runs.set(ylabel="frames / s", title=f"pipeline / bare (median): {ratios}")
+    runs.set_ylim(0, 1.25 * max(max(v) for v in series.values()))
+    runs.legend(loc="upper center", ncols=len(series))
+    names = list(results["stages"])
+    ys = range(len(names))
+    stage.barh([y - 0.2 for y in ys], [results["stages"][n]["p50"] for n in names], 0.4,
+               label="p50")  # fmt: skip
+    stage.barh([y + 0.2 for y in ys], [results["stages"][n]["p99"] for n in names], 0.4,
+               label="p99")  # fmt: skip
+    stage.set_yticks(list(ys), names)
+    stage.invert_yaxis()  # in the pipeline's order, top down
+    stage.set(xlabel="ms (last pipeline run)", title="per stage")
+    stage.legend()
 
 
 if __name__ == "__main__":
