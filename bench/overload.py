@@ -14,7 +14,8 @@ told from one moved by a queue.
 
 By default the worker is pinned to the last core and the ingest (this
 process) to the others, as across clouds they never share cores. Writes
-``bench/results/overload.json``.
+``bench/results/overload.json`` and ``overload.png`` (p99 and frames in flight
+of the first and last 20 s of each run, against the bound).
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ import statistics
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
 from bench._results import write_results  # noqa: E402
 from bench.rig.overload import Overload, Window, measure  # noqa: E402
 from framerelay.launcher import LocalWorker  # noqa: E402
@@ -63,15 +69,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--overload", type=float, default=4.0, help="offered / capacity")
-    ap.add_argument("--max-streams", type=int, default=18)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of about 100 s (1-20)")
+    ap.add_argument("--overload", type=float, default=4.0, help="offered / capacity (1-20)")
+    ap.add_argument("--max-streams", type=int, default=18, help="at most this many streams (1-64)")
     ap.add_argument("--no-pin", action="store_true", help="let worker and ingest share cores")
     args = ap.parse_args()
+    if not (1 <= args.repeat <= 20 and 1 <= args.overload <= 20 and 1 <= args.max_streams <= 64):
+        ap.error("--repeat must be 1-20, --overload 1-20 and --max-streams 1-64")
     secret = secrets.token_urlsafe(32)
     runs: list[dict[str, object]] = []
     worker_args = ["--model", str(DEFAULT_MODEL), "--threads", "1"]
-    with LocalWorker(secret, worker_id="test-worker", args=worker_args) as worker:
+    with (
+        LocalWorker(secret, worker_id="test-worker", args=worker_args) as worker,
+        Progress(args.repeat, "overload", "runs") as bar,
+    ):
         assert worker.proc is not None
         for i in range(args.repeat):
             print(f"run {i + 1}/{args.repeat} (about 100 s) ...", flush=True)
@@ -81,6 +92,7 @@ def main() -> int:
             )  # fmt: skip
             print(o.report() + "\n", flush=True)
             runs.append(_summary(o))
+            bar.advance()
     ratios = [float(str(r["p99_ratio"])) for r in runs]
     flights = [float(str(r["in_flight_ratio"])) for r in runs]
     under = sum(1 for r in runs if r["under_bound"])
@@ -89,8 +101,29 @@ def main() -> int:
         f"(runs {min(ratios):.2f}-{max(ratios):.2f}, target <= 1.2); frames in flight "
         f"last/first {statistics.median(flights):.2f}; p99 under the bound in {under}/{len(runs)}"
     )
-    write_results("overload", {"args": vars(args), "runs": runs})
+    write_results("overload", {"args": vars(args), "runs": runs}, plot)
     return 0
+
+
+def plot(fig: Figure, results: dict[str, Any]) -> None:
+    """Per run: p99 of the first and last 20 s against the bound; frames in flight."""
+    p99, flight = fig.subplots(1, 2)
+    runs = results["runs"]
+    x = range(len(runs))
+    for ax, key, unit in ((p99, "p99_ms", "p99 latency (ms)"), (flight, "in_flight", "frames")):
+        ax.bar([i - 0.2 for i in x], [r["first"][key] for r in runs], 0.4, label="first 20 s")
+        ax.bar([i + 0.2 for i in x], [r["last"][key] for r in runs], 0.4, label="last 20 s")
+        ax.set_xticks(list(x), [f"run {i + 1}\n{r['streams']} streams" for i, r in enumerate(runs)])
+        top = max(
+            max(r["first"][key], r["last"][key], r["bound_ms"] if ax is p99 else 0) for r in runs
+        )
+        ax.set(ylabel=unit, ylim=(0, 1.35 * top))
+    p99.scatter(list(x), [r["bound_ms"] for r in runs], marker="_", s=900, color="tab:red",
+                label="bound: 1.5 x streams x unloaded p99", zorder=3)  # fmt: skip
+    p99.set_title(f"p99 at {results['args']['overload']:g}x capacity (last/first target <= 1.2)")
+    flight.set_title("frames in the system (Little's law)")
+    p99.legend(loc="upper center", ncols=2, fontsize="small")
+    flight.legend(loc="upper center", ncols=2, fontsize="small")
 
 
 if __name__ == "__main__":
