@@ -17,7 +17,8 @@ CPU seconds (user + system, all threads) per decoded frame of:
 From full@5fps it derives how many 720p30 streams one core sustains, then
 checks that figure by running that many real-time streams in a process pinned
 to one core (``--validate-seconds``, 0 to skip). Runs alternate; medians are
-reported. Writes ``bench/results/ingest.json``.
+reported. Writes ``bench/results/ingest.json`` and ``ingest.png`` (CPU per frame
+of each path against ffmpeg; the real-time checks).
 """
 
 from __future__ import annotations
@@ -33,11 +34,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
+from bench._results import write_results  # noqa: E402
 from framerelay.settings import DEFAULT_CLIP  # noqa: E402
 from ingest.handoff import SlotClosed  # noqa: E402
 from ingest.settings import StreamConfig  # noqa: E402
@@ -45,7 +51,6 @@ from ingest.source import AVSource, Decoded, SourceSpec  # noqa: E402
 from ingest.stream import IngestStream  # noqa: E402
 
 CACHE = ROOT / ".cache" / "bench-ingest"
-RESULTS = ROOT / "bench" / "results" / "ingest.json"
 MODEL_INPUT = (416, 416)
 _BENCH = re.compile(r"bench: utime=([\d.]+)s stime=([\d.]+)s rtime=([\d.]+)s")
 
@@ -194,20 +199,29 @@ def search_sustained(clip: Path, start: int, seconds: float) -> list[dict[str, A
 
 def measure(clip: Path, repeat: int) -> dict[str, list[float]]:
     runs: dict[str, list[float]] = {"ffmpeg": [], "decode": [], "full@all": [], "full@5fps": []}
-    for _ in range(repeat):  # alternate, so load from other jobs hits all alike
-        runs["ffmpeg"].append(ffmpeg_cpu(clip))
-        runs["decode"].append(decode_cpu(clip))
-        runs["full@all"].append(full_cpu(clip, 0)[0])
-        runs["full@5fps"].append(full_cpu(clip, 5)[0])
+    with Progress(4 * repeat, "ingest", "measurements") as bar:
+        for _ in range(repeat):  # alternate, so load from other jobs hits all alike
+            for path, cpu in (("ffmpeg", ffmpeg_cpu), ("decode", decode_cpu),
+                              ("full@all", lambda c: full_cpu(c, 0)[0]),
+                              ("full@5fps", lambda c: full_cpu(c, 5)[0])):  # fmt: skip
+                runs[path].append(cpu(clip))
+                bar.advance()
     return runs
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=36.0, help="length of the 720p30 clip")
-    parser.add_argument("--validate-seconds", type=float, default=15.0)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each path (1-20)")
+    parser.add_argument("--seconds", type=float, default=36.0,
+                        help="length of the 720p30 clip (2-600)")  # fmt: skip
+    parser.add_argument("--validate-seconds", type=float, default=15.0,
+                        help="each real-time check on one core (0: none; at most 600)")  # fmt: skip
     args = parser.parse_args()
+    if not (1 <= args.repeat <= 20 and 2 <= args.seconds <= 600
+            and 0 <= args.validate_seconds <= 600):  # fmt: skip
+        parser.error("--repeat must be 1-20, --seconds 2-600, --validate-seconds 0-600")
     clip = make_clip(args.seconds)
     frames = count_frames(clip)
     runs = measure(clip, args.repeat)
@@ -226,12 +240,29 @@ def main() -> int:
     print(f"one 720p30 stream sampled at 5 fps uses {per_stream_core:.3f} core: "
           f"one core sustains {1 / per_stream_core:.1f} -> {sustained} streams")  # fmt: skip
     checks = search_sustained(clip, sustained, args.validate_seconds)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    write_results("ingest", {
         "clip": clip.name, "frames": frames, "cpu_s": runs, "cpu_ms_per_frame": ms,
         "ratio_vs_ffmpeg": ratio, "streams_per_core": 1 / per_stream_core, "checks": checks,
-    }, indent=1))  # fmt: skip
+    }, plot)  # fmt: skip
     return 0
+
+
+def plot(fig: Figure, results: dict[str, Any]) -> None:
+    """CPU ms per frame of each path (x ffmpeg); the real-time checks on one core."""
+    checks = results["checks"]
+    cpu, *rest = fig.subplots(1, 2 if checks else 1, squeeze=False)[0]
+    paths = list(results["cpu_ms_per_frame"])
+    colors = ["tab:gray", "tab:blue", "tab:orange", "tab:green"][: len(paths)]
+    bars = cpu.bar(paths, [results["cpu_ms_per_frame"][p] for p in paths], color=colors)
+    cpu.bar_label(bars, [f"{results['ratio_vs_ffmpeg'][p]:.2f}x" for p in paths])
+    cpu.set(ylabel="CPU ms per decoded 720p frame", title=f"{results['clip']}, vs ffmpeg")
+    if rest:
+        ax = rest[0]
+        labels = [f"{c['streams']} streams" for c in checks]
+        ax.bar(labels, [c["fps_min"] for c in checks], color="tab:green", label="slowest stream")
+        ax.axhline(30 * KEEP_UP, color="tab:red", ls="--", label=f"keeps up ({KEEP_UP:.0%} of 30)")
+        ax.set(ylabel="decoded fps", ylim=(0, 36), title="real-time streams on one core")
+        ax.legend(loc="lower right")
 
 
 if __name__ == "__main__":
