@@ -19,7 +19,8 @@
    descheduled on a shared machine does not count for either side. Only
    ``update`` calls are timed, never input conversion.
 
-Prints a table and writes ``bench/results/tracker.json``. Needs the bench-only
+Prints a table and writes ``bench/results/tracker.json`` and ``tracker.png``
+(ours against the best roboflow tracker per sequence; speed). Needs the bench-only
 packages ``trackers`` and ``supervision`` (and their imports: opencv-python-
 headless, pillow, pyyaml, tqdm, defusedxml, rich, requests, pydeprecate).
 """
@@ -27,20 +28,25 @@ headless, pillow, pyyaml, tqdm, defusedxml, rich, requests, pydeprecate).
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
+from bench._results import write_results  # noqa: E402
 from framerelay.commands.eval_tracker import load_detections  # noqa: E402
 from framerelay.detections import Detections  # noqa: E402
 from tracker import create_tracker  # noqa: E402
@@ -101,7 +107,7 @@ def _run_theirs(
 # ------------------------------------------------------------------ accuracy
 
 
-def accuracy(model: Path, data: Path) -> list[Row]:
+def accuracy(model: Path, data: Path, bar: Progress) -> list[Row]:
     rows: list[Row] = []
     for seq in SEQUENCES:
         video, gt_path = data / seq / f"{seq}.mp4", data / seq / "gt" / "gt.txt"
@@ -117,6 +123,7 @@ def accuracy(model: Path, data: Path) -> list[Row]:
                     outs, secs = _run_theirs(name, kept, use_time)
                     label = f"rf.{name.removesuffix('Tracker')}[{'pts' if use_time else 'frames'}]"
                     rows.append(_row(seq, every, label, ev.score(outs, gt), secs))
+            bar.advance()
     return rows
 
 
@@ -192,7 +199,9 @@ def _time_theirs(dets: Sequence[Detections], fps: float) -> float:
     return (time.process_time() - start) / len(inputs)
 
 
-def speed(repeats: int, frames: int = 1000, fps: float = 25.0) -> list[dict[str, Any]]:
+def speed(
+    repeats: int, bar: Progress, frames: int = 1000, fps: float = 25.0
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for n in (20, 100):
         dets = synthetic(n, frames, fps=fps)
@@ -215,6 +224,7 @@ def speed(repeats: int, frames: int = 1000, fps: float = 25.0) -> list[dict[str,
                 "pass": ratio <= 1 / 3,
             }
         )
+        bar.advance()
     return results
 
 
@@ -250,21 +260,44 @@ def _print(
         )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+NEEDS = ("trackers", "supervision")
+INSTALL = ".venv/bin/pip install --no-deps trackers==2.6.1 supervision (see bench/README.md)"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", type=Path, default=ROOT / "samples/models/yolox_nano_416.onnx")
-    p.add_argument("--data", type=Path, default=ROOT / "samples/mot15")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", type=Path, default=ROOT / "bench/results/tracker.json")
+    p.add_argument("--data", type=Path, default=ROOT / "samples/mot15", help="MOT15 sequences")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats of the speed half (1-50)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench/results/tracker.json",
+                   help="the JSON (the PNG goes beside it)")  # fmt: skip
     p.add_argument("--only", choices=("accuracy", "speed"), help="run one half (for quick checks)")
     args = p.parse_args(argv)
-    rows = accuracy(args.model, args.data) if args.only != "speed" else []
-    verdict = verdicts(rows) if rows else []
-    sp = speed(args.repeats) if args.only != "accuracy" else []
+    if missing := [m for m in NEEDS if importlib.util.find_spec(m) is None]:
+        p.error(f"needs {' and '.join(missing)}: {INSTALL}")
+    if not 1 <= args.repeats <= 50:
+        p.error("--repeats must be 1-50")
+    if args.only != "speed" and not (args.model.is_file() and args.data.is_dir()):
+        p.error(f"no model {args.model} or no sequences in {args.data}")
+    if args.out.suffix != ".json":
+        p.error(f"--out must end in .json: {args.out}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    steps = (len(SEQUENCES) * len(EVERY) if args.only != "speed" else 0) + (
+        2 if args.only != "accuracy" else 0
+    )
+    with Progress(steps, "tracker", "steps") as bar:
+        rows = accuracy(args.model, args.data, bar) if args.only != "speed" else []
+        verdict = verdicts(rows) if rows else []
+        sp = speed(args.repeats, bar) if args.only != "accuracy" else []
     _print(rows, verdict, sp)
     import trackers
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
@@ -274,10 +307,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verdict": verdict,
         "speed": sp,
     }
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {args.out}")
+    print()
+    write_results(args.out.stem, result, plot, folder=args.out.parent)
     ok = all(v["pass"] for v in verdict) and all(s["pass"] for s in sp)
     return 0 if ok else 1
+
+
+SCORES = (("ours_mota", "MOTA ours"), ("best_theirs_mota", "MOTA best roboflow"),
+          ("ours_idf1", "IDF1 ours"), ("best_theirs_idf1", "IDF1 best roboflow"))  # fmt: skip
+
+
+def plot(fig: Figure, result: dict[str, Any]) -> None:
+    """MOTA and IDF1 of ours vs the best roboflow tracker per sequence and sampling; speed."""
+    verdict, sp = result["verdict"], result["speed"]
+    ratios = [1.6] * bool(verdict) + [1.0] * bool(sp)
+    panels = fig.subplots(1, len(ratios), squeeze=False, width_ratios=ratios)[0]
+    if verdict:
+        ax, cells = (
+            panels[0],
+            [f"{v['sequence'].removeprefix('TUD-')}\nevery {v['every']}" for v in verdict],
+        )
+        x = range(len(verdict))
+        for k, (key, label) in enumerate(SCORES):
+            ax.bar([i + (k - 1.5) * 0.2 for i in x], [v[key] for v in verdict], 0.2, label=label)
+        ax.set_xticks(list(x), cells)
+        ax.set(ylabel="score", ylim=(0, 1.15), title="accuracy on the same detections")
+        ax.legend(loc="upper center", ncols=2, fontsize="small")
+    if sp:
+        ax = panels[-1]
+        x = range(len(sp))
+        ax.bar([i - 0.2 for i in x], [s["ours_us"] for s in sp], 0.4, label="ours (default)")
+        ax.bar([i + 0.2 for i in x], [s["theirs_bytetrack_us"] for s in sp], 0.4,
+               label="roboflow ByteTrack")  # fmt: skip
+        ax.set_xticks(list(x), [f"{s['detections']} detections" for s in sp])
+        ax.set(ylabel="CPU us per update (best repeat)", title="speed")
+        ax.legend()
 
 
 if __name__ == "__main__":
