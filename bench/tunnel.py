@@ -14,7 +14,8 @@ detections back) and the same request/response pattern (``--streams`` x
 answer comes back).
 
 Prints frames/s of both and tunnel/raw (target >= 0.8); writes
-``bench/results/tunnel.json``. On a 2-core machine both ends share the cores.
+``bench/results/tunnel.json`` and ``tunnel.png`` (frames/s of each round). On a
+2-core machine both ends share the cores.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import simplejpeg  # noqa: E402
 
+from bench._progress import Progress  # noqa: E402
 from bench._results import write_results  # noqa: E402
 from framerelay import wire  # noqa: E402
 from framerelay.auth import KeySet, TokenIssuer  # noqa: E402
@@ -273,13 +278,17 @@ def measure(
     raw, rport = start(_raw_main, sizes["reply"])
     fps: dict[str, list[float]] = {"raw": [], "tunnel": []}
     errors = 0
+    rounds = max(1, args.rounds)
     try:
-        for _ in range(max(1, args.rounds)):
-            m = asyncio.run(run_raw(f"ws://127.0.0.1:{rport}/", sizes["frame"], load))
-            fps["raw"].append(m.fps)
-            m = asyncio.run(run_tunnel(f"ws://127.0.0.1:{wport}/v1/tunnel", token, jpeg, load))
-            fps["tunnel"].append(m.fps)
-            errors += m.errors
+        with Progress(2 * rounds, "tunnel", "runs") as bar:
+            for _ in range(rounds):
+                m = asyncio.run(run_raw(f"ws://127.0.0.1:{rport}/", sizes["frame"], load))
+                fps["raw"].append(m.fps)
+                bar.advance()
+                m = asyncio.run(run_tunnel(f"ws://127.0.0.1:{wport}/v1/tunnel", token, jpeg, load))
+                fps["tunnel"].append(m.fps)
+                errors += m.errors
+                bar.advance()
     finally:
         for proc in (worker, raw):
             proc.kill()
@@ -316,7 +325,25 @@ def report(
         "frame_bytes": sizes["frame"], "reply_bytes": sizes["reply"], "tracker": load.tracker,
         "raw_fps": fps["raw"], "tunnel_fps": fps["tunnel"], "ratio": ratio, "errors": errors,
         "decode_fps_one_thread": decode,
-    })  # fmt: skip
+    }, plot)  # fmt: skip
+
+
+def plot(fig: Figure, results: dict[str, Any]) -> None:
+    """Frames/s of each round, raw websockets beside the tunnel, and the median ratio."""
+    ax = fig.subplots()
+    x = range(len(results["raw_fps"]))
+    ax.bar([i - 0.2 for i in x], results["raw_fps"], 0.4, label="raw websockets")
+    ax.bar([i + 0.2 for i in x], results["tunnel_fps"], 0.4, label="tunnel (no-op detector)")
+    ax.axhline(results["decode_fps_one_thread"], color="tab:gray", ls=":",
+               label="JPEG decode alone, one thread")  # fmt: skip
+    ax.set_xticks(list(x), [f"round {i + 1}" for i in x])
+    load = f"{results['streams']} streams x {results['inflight']} in flight, one connection"
+    ax.set(
+        ylabel="frames / s", title=f"{load}: tunnel / raw {results['ratio']:.2f} (target >= 0.8)"
+    )
+    top = max([*results["raw_fps"], *results["tunnel_fps"], results["decode_fps_one_thread"]])
+    ax.set_ylim(0, 1.2 * top)
+    ax.legend(loc="upper center", ncols=3, fontsize="small")
 
 
 if __name__ == "__main__":
