@@ -13,7 +13,9 @@ injected beside them, with its own figures. The RSS of every process is
 sampled every ``--sample-s`` seconds; the figure is each process's RSS slope
 after the warm-up: the least-squares slope of its per-minute median RSS
 (:func:`levels`), in MB/h with its standard error, target < 1 MB/h; the slope
-of the raw samples is printed beside it. Writes ``bench/results/<name>.json``.
+of the raw samples is printed beside it. Writes ``bench/results/<name>.json``
+and ``<name>.png`` (each process's RSS over time, the warm-up shaded, the
+faults marked).
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._progress import Progress  # noqa: E402
 from bench._results import write_results  # noqa: E402
 from bench.rig import matrix_faults as faults  # noqa: E402
 from bench.rig.matrix_harness import Rig, Scenario, run_scenario, running_rig, window  # noqa: E402
@@ -194,7 +200,9 @@ def _rig(args: argparse.Namespace) -> Iterator[Rig]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--warmup-minutes", type=float, default=4.0,
                         help="RSS before this is left out of the slope (at most half of "
@@ -214,7 +222,11 @@ def main() -> int:
     if bad := [kv for kv in args.ingest_env if "=" not in kv]:
         parser.error(f"--ingest-env takes NAME=VALUE, got {bad[0]!r}")
     warmup_s = min(args.warmup_minutes, args.minutes / 2) * 60
-    with _rig(args) as rig, RssSampler(rig, args.sample_s) as sampler:
+    with (
+        _rig(args) as rig,
+        RssSampler(rig, args.sample_s) as sampler,
+        Progress.timed(args.minutes * 60, "soak"),
+    ):
         figures = _soak(rig, args)
         healthy = _healthy_rates(rig, args.minutes * 60)
         alive = rig.alive()
@@ -225,7 +237,7 @@ def main() -> int:
         "fault_every_min": args.fault_every,
         "target_mb_per_h": TARGET_MB_PER_H, "rss": slopes, "healthy": healthy, "alive": alive,
         "faults": figures, "rss_samples": sampler.samples,
-    })  # fmt: skip
+    }, plot)  # fmt: skip
     return 0 if all(s["slope_mb_per_h"] < TARGET_MB_PER_H for s in slopes.values()) else 1
 
 
@@ -252,6 +264,30 @@ def _print(
     failed = [f["name"] for f in figures if f["problems"]]
     print(f"  faults: {len(figures)} injected, with problems: {failed or 'none'}")
     print(f"  alive at the end: {', '.join(n for n, ok in alive.items() if ok)}")
+
+
+def plot(fig: Figure, results: dict[str, Any]) -> None:
+    """RSS of each process over the run, one panel each: warm-up shaded, faults marked."""
+    samples: dict[str, list[list[float]]] = {k: v for k, v in results["rss_samples"].items() if v}
+    t0 = min((pts[0][0] for pts in samples.values()), default=0.0)
+    fig.set_size_inches(10, 3 + 2 * max(1, len(samples)))  # room for the faults' names
+    axes = fig.subplots(max(1, len(samples)), 1, sharex=True, squeeze=False)[:, 0]
+    fig.suptitle(f"soak: {results['streams']} streams at {results['fps']:g} fps, a fault every "
+                 f"{results['fault_every_min']:g} min (dotted: a fault ends)\nRSS slope after "
+                 f"the warm-up (shaded), target < {results['target_mb_per_h']:g} MB/h")  # fmt: skip
+    for ax, (name, pts) in zip(axes, samples.items(), strict=False):
+        slope = results["rss"].get(name, {}).get("slope_mb_per_h", math.nan)
+        ax.axvspan(0, results["warmup_s"] / 60, color="0.9")
+        ax.plot([(t - t0) / 60 for t, _ in pts], [mb for _, mb in pts], lw=1)
+        ax.set_ylabel("MB")
+        ax.set_title(f"{name}: {slope:+.2f} MB/h", fontsize="medium", loc="left")
+        for f in results["faults"]:
+            ax.axvline(f["at_min"], color="tab:red", lw=0.6, ls=":")
+    if results["faults"]:
+        top = axes[0].secondary_xaxis("top")
+        top.set_xticks([f["at_min"] for f in results["faults"]],
+                       [f["name"] for f in results["faults"]], rotation=90, fontsize=6)  # fmt: skip
+    axes[-1].set_xlabel("minutes")
 
 
 if __name__ == "__main__":
