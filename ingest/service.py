@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from framerelay.errors import FramerelayError
+from ingest import memory
 from ingest.auth import tunnel_tokens
 from ingest.bus import ResultBus
 from ingest.registry import (
@@ -44,6 +45,7 @@ DRAIN_TIMEOUT_S = 3.0
 
 class IngestService:
     def __init__(self, settings: IngestSettings, store: StreamStore | None = None) -> None:
+        memory.tune()  # before the threads: caps glibc's arenas, starts the heap trimmer
         self.settings = settings
         self.store = store
         self.bus = ResultBus()

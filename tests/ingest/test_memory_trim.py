@@ -7,6 +7,7 @@ buffers allocated in a thread's arena, every other one freed (holes that
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -55,3 +56,49 @@ def test_the_trimmer_returns_the_free_pages_of_a_fragmented_arena() -> None:
     held, after = map(float, out.stdout.split())
     print(f"RSS with 20 MB of holes {held:.1f} MB, after the trimmer's pass {after:.1f} MB")
     assert held - after > 10, (held, after)
+
+
+ARENAS = textwrap.dedent("""
+    import threading
+    from ingest import memory
+
+    def heaps():
+        # glibc arenas other than the main one are 64 MiB-aligned anonymous mappings
+        n = 0
+        for line in open("/proc/self/maps"):
+            parts = line.split()
+            start = int(parts[0].split("-")[0], 16)
+            if len(parts) == 5 and start % (64 << 20) == 0 and parts[1].startswith("rw"):
+                n += 1
+        return n
+
+    memory.tune()
+    barrier = threading.Barrier(8)
+
+    def churn():
+        barrier.wait()
+        for _ in range(2000):
+            blocks = [b"x" * 5000 for _ in range(20)]
+            del blocks
+
+    threads = [threading.Thread(target=churn) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    print(heaps())
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's arenas: Linux")
+@pytest.mark.parametrize(("env", "most"), [({}, 2), ({"MALLOC_ARENA_MAX": "6"}, 6)])
+def test_threads_share_at_most_arena_max_heaps(env: dict[str, str], most: int) -> None:
+    """Eight threads allocating at once get at most ARENA_MAX extra heaps (glibc's
+    default allows 8 per core); glibc's own MALLOC_ARENA_MAX, when set, wins."""
+    run_env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+    out = subprocess.run(
+        [sys.executable, "-c", ARENAS], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env=run_env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    heaps = int(out.stdout)
+    print(f"{env or 'default'}: {heaps} thread heaps")
+    assert heaps <= most
