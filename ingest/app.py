@@ -48,7 +48,7 @@ from ingest.auth import api_guard
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
 from ingest.metrics import register_stream_metrics
-from ingest.ready import announce
+from ingest.ready import ready_once
 from ingest.redis_bus import publisher_from_settings
 from ingest.routing import routing_router
 from ingest.server import api_server, tls_options
@@ -141,7 +141,6 @@ async def serve_ingest(settings: IngestSettings) -> int:
     except OSError as exc:
         where = "--api-port / FRAMERELAY_INGEST_API_PORT"
         raise bind_error(exc, settings.api_host, settings.api_port, where) from None
-    announce(settings, sock, store)
     install_signal_handlers(stop)
     # uvicorn captures SIGINT/SIGTERM while it serves and re-raises them when it
     # returns; whichever side ends first stops the other.
@@ -149,7 +148,8 @@ async def serve_ingest(settings: IngestSettings) -> int:
     # result ids continue above what Redis holds: primed once the stream store is read
     # (a store that cannot be read is the one line the ingest exits with)
     prime = publisher.prime if publisher is not None else None
-    run = asyncio.create_task(service.run(stop, before_streams=prime), name="ingest-service")
+    started = ready_once(settings, sock, store, prime)  # the ready line: once all loaded
+    run = asyncio.create_task(service.run(stop, before_streams=started), name="ingest-service")
     flushed = asyncio.Event()  # the publisher stops after the last results came in
     redis = asyncio.create_task(publisher.run(flushed)) if publisher is not None else None
     try:

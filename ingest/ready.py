@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 
 from framerelay.startup import announce_ready
 from ingest.settings import IngestSettings, redact_url
@@ -30,3 +31,20 @@ def announce(settings: IngestSettings, sock: socket.socket, store: StreamStore) 
         f"worker {redact_url(settings.worker_url)}, {results}"
     )
     announce_ready("ingest API", f"{scheme}://{host}:{port}", loaded)
+
+
+def ready_once(
+    settings: IngestSettings,
+    sock: socket.socket,
+    store: StreamStore,
+    then: Callable[[], Awaitable[object]] | None,
+) -> Callable[[], Awaitable[None]]:
+    """A ``before_streams`` hook: ``then`` (if any), then the ready line, so a store or a
+    Redis that cannot be read is the one line the ingest exits with, not after a ready line."""
+
+    async def hook() -> None:
+        if then is not None:
+            await then()
+        announce(settings, sock, store)
+
+    return hook
