@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import ssl
 from collections.abc import Sequence
@@ -109,8 +108,6 @@ def _refusal(status: int, detail: object, sent: bool) -> ConfigError:
 def call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
     import httpx
 
-    if logging.getLogger().getEffectiveLevel() >= logging.INFO:
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per error, no chatter
     bearer = token(args)
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
     url = args.url.rstrip("/") + path

@@ -70,5 +70,5 @@ def test_non_secret_fields_have_no_file_variant(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("FRDEMO_PLAIN_FILE", _secret(tmp_path, "y"))
-    with pytest.raises(ConfigError, match="FRDEMO_PLAIN_FILE .did you mean FRDEMO_PLAIN"):
+    with pytest.raises(ConfigError, match=r"FRDEMO_PLAIN_FILE \(did you mean FRDEMO_PLAIN"):
         Demo()  # an unknown name of the service's own prefix is refused, never ignored
