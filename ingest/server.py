@@ -45,6 +45,7 @@ def api_server(app: Any, settings: IngestSettings) -> tuple[uvicorn.Server, sock
     config = uvicorn.Config(
         app,
         log_level="warning",
+        log_config=None,  # through the root handler: --log-format json covers uvicorn too
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=5,

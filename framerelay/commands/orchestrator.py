@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(settings: object) -> int:
     import json
-    import sys
+    import logging
 
     import uvicorn
 
@@ -58,6 +58,7 @@ async def _serve(settings: object) -> int:
     stop = asyncio.Event()
     config = uvicorn.Config(
         create_app(orch), host=settings.host, port=settings.port, log_level="warning",
+        log_config=None,  # through the root handler: --log-format json covers uvicorn too
         access_log=False, lifespan="off", timeout_graceful_shutdown=5, **tls,  # type: ignore[arg-type]
     )  # fmt: skip
     server = uvicorn.Server(config)
@@ -82,7 +83,7 @@ async def _serve(settings: object) -> int:
         server.should_exit = True
         await asyncio.gather(api, loop, return_exceptions=True)
         await orch.aclose()
-    print("orchestrator stopped", file=sys.stderr)
+    logging.getLogger("framerelay.startup").info("orchestrator stopped")
     return 0
 
 

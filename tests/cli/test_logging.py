@@ -139,3 +139,5 @@ def test_every_service_says_where_it_listens_and_what_it_loaded(
     for name, proc in services.items():
         said = _stop(proc)
         assert "HTTP Request" not in said and "Traceback" not in said, (name, said[-2000:])
+        for line in said.splitlines():  # to the last line, uvicorn's too: JSON
+            assert isinstance(json.loads(line), dict), (name, line)
