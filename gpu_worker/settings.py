@@ -151,10 +151,12 @@ class WorkerSettings(ServiceSettings):
 
 
 def unknown_env(environ: Mapping[str, str]) -> list[str]:
-    """``FRAMERELAY_WORKER_*`` names that are no setting (pydantic-settings ignores them).
+    """``FRAMERELAY_WORKER_*`` names that are no setting.
 
-    Names only, never values: a typo or a stale variable (the old
-    ``FRAMERELAY_WORKER_FAULT``) is worth a warning, not silence.
+    Names only, never values. A typo is refused when the settings are built
+    (:meth:`ServiceSettings.env_problem`, naming the nearest setting); the
+    renamed and retired names (the old ``FRAMERELAY_WORKER_FAULT``) are only
+    warned about (:func:`env_warnings`), never silently ignored.
     """
     names = {f"{PREFIX}{n.upper()}": "SecretStr" in str(f.annotation)
              for n, f in WorkerSettings.model_fields.items()}  # fmt: skip
