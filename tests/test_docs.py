@@ -161,10 +161,21 @@ def test_no_link_leaves_the_repository(path: Path) -> None:
         assert resolved.exists(), f"{path.name} links {target}, which does not exist"
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's sub-commands by name, aliases left out."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            names = [choice.dest for choice in action._choices_actions]
+            return {name: action.choices[name] for name in names}
+    return {}
+
+
 def test_cli_reference_lists_every_command() -> None:
     cli = (DOCS / "cli.md").read_text(encoding="utf-8")
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sub.choices
-    for name in sub.choices:
+    commands = _commands(build_parser())
+    assert "demo" in commands
+    for name, parser in commands.items():
         assert f"`framerelay {name}`" in cli, f"framerelay {name} missing from docs/cli.md"
+        row = cli.split(f"`framerelay {name}`", 1)[1].split("\n", 1)[0]
+        for verb in _commands(parser):
+            assert f"`{verb}`" in row, f"framerelay {name} {verb} missing from docs/cli.md"
