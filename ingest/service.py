@@ -21,8 +21,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
+from framerelay import memory
 from framerelay.errors import FramerelayError
-from ingest import memory
 from ingest.auth import tunnel_tokens
 from ingest.bus import ResultBus
 from ingest.registry import (

@@ -20,7 +20,7 @@ A source's size is checked at open (from the headers, before decoding) and at
 every change; outside ``min_width``...``max_height`` it is refused
 (:class:`SizeRefused`: FAILED, never retried). A 401/403 raises
 :class:`SourceAuthFailed` (retried slowly). Large frames' memory goes back to
-the system after their session (:meth:`AVSource.release`, :mod:`ingest.memory`).
+the system after their session (:meth:`AVSource.release`, :mod:`framerelay.memory`).
 
 Never leak secrets: the URL given to FFmpeg carries the credentials, but
 :attr:`SourceSpec.display` (what logs and errors show) does not, and every
@@ -45,9 +45,10 @@ from av.video.stream import VideoStream
 if TYPE_CHECKING:
     from av.packet import Packet
 
+from framerelay import memory
 from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
-from ingest import interrupt, memory
+from ingest import interrupt
 from ingest.catchup import Catchup
 from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 

@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 
 CHILD = textwrap.dedent("""
     import threading, time
-    from ingest import memory
+    from framerelay import memory
 
     def rss_mb():
         for line in open("/proc/self/status"):
@@ -60,7 +60,7 @@ def test_the_trimmer_returns_the_free_pages_of_a_fragmented_arena() -> None:
 
 ARENAS = textwrap.dedent("""
     import threading
-    from ingest import memory
+    from framerelay import memory
 
     def heaps():
         # glibc arenas other than the main one are 64 MiB-aligned anonymous mappings
