@@ -179,3 +179,15 @@ def test_cli_reference_lists_every_command() -> None:
         row = cli.split(f"`framerelay {name}`", 1)[1].split("\n", 1)[0]
         for verb in _commands(parser):
             assert f"`{verb}`" in row, f"framerelay {name} {verb} missing from docs/cli.md"
+
+
+REPO_PATH = re.compile(
+    r"`([A-Za-z_.][\w.-]*/[\w./-]*\.(?:py|md|yaml|yml|toml|json|Dockerfile|onnx|mp4))`"
+)
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *PAGES], ids=lambda p: p.name)
+def test_named_repository_files_exist(path: Path) -> None:
+    """A file the docs name (`ingest/settings.py`) is still there: moved code moves its docs."""
+    for name in REPO_PATH.findall(path.read_text(encoding="utf-8")):
+        assert (ROOT / name).exists() or (DOCS / name).exists(), f"{path.name} names {name}"
