@@ -136,6 +136,7 @@ class ResultRecord(BaseModel):
         received_at: float,
         extra_timings: dict[str, float] | None = None,
     ) -> ResultRecord:
+        """The record of ``header``'s frame: its timing copied unchanged, ``det`` named."""
         names = [
             class_names[c] if 0 <= c < len(class_names) else str(c) for c in det.class_id.tolist()
         ]
@@ -158,13 +159,8 @@ class ResultRecord(BaseModel):
         ]
         timings = {k: round(v, 3) for k, v in {**header.timings, **(extra_timings or {})}.items()}
         return cls(
-            stream_id=header.stream_id,
-            epoch=header.epoch,
-            seq=header.seq,
-            pts=header.pts,
-            time_base=header.time_base,
+            **header.timing_fields(),
             pts_time=header.pts_time,
-            captured_at=header.captured_at,
             received_at=received_at,
             latency_ms=round((received_at - header.captured_at) * 1000, 3),
             worker_id=worker_id,

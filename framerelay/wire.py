@@ -35,7 +35,7 @@ import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -185,7 +185,12 @@ class Close(_Header):
 
 
 class Timing(_Header):
-    """PTS timing carried unchanged from frame to result."""
+    """A frame's timing, the one type of it from decode to result.
+
+    The ingest stamps it once (``ingest.stream.Outgoing``); FRAME and RESULT carry
+    it unchanged (:meth:`Frame.of`, :meth:`Result.of`) and the result record
+    copies it (:meth:`framerelay.results.ResultRecord.build`).
+    """
 
     stream_id: str = Field(pattern=STREAM_ID)
     epoch: int = Field(ge=0, lt=2**63)
@@ -199,6 +204,14 @@ class Timing(_Header):
         num, den = self.time_base
         return self.pts * num / den
 
+    def timing_fields(self) -> dict[str, Any]:
+        """The timing fields by name (those of :class:`Timing`, not a subclass's)."""
+        return {name: getattr(self, name) for name in TIMING_FIELDS}
+
+
+TIMING_FIELDS = tuple(Timing.model_fields)
+"""The names of a frame's timing fields, in wire order."""
+
 
 class Frame(Timing):
     """Ingest -> worker: one encoded, letterboxed frame (payload: the image)."""
@@ -208,6 +221,12 @@ class Frame(Timing):
     src_w: int = Field(gt=0, le=MAX_SIDE)
     src_h: int = Field(gt=0, le=MAX_SIDE)
     scale: float = Field(gt=0.0, le=MAX_SCALE)
+
+    @classmethod
+    def of(cls, timing: Timing, *, src_w: int, src_h: int, scale: float) -> Frame:
+        """The FRAME of the frame ``timing`` stamps (ValidationError for a value the wire
+        refuses, e.g. the scale of a 1x1 source)."""
+        return cls(**timing.timing_fields(), src_w=src_w, src_h=src_h, scale=scale)
 
 
 TimingMs = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
@@ -219,6 +238,11 @@ class Result(Timing):
     TYPE: ClassVar[MsgType] = MsgType.RESULT
     n: int = Field(ge=0, lt=2**31)
     timings: dict[str, TimingMs] = Field(default_factory=dict, max_length=32)
+
+    @classmethod
+    def of(cls, frame: Timing, *, n: int, timings: dict[str, float] | None = None) -> Result:
+        """The RESULT answering ``frame``: its timing echoed unchanged."""
+        return cls(**frame.timing_fields(), n=n, timings=timings or {})
 
 
 class Error(_Header):

@@ -272,14 +272,4 @@ def _snapshot(item: WorkItem) -> Reply:
 
 
 def _result(f: wire.Frame, det: Detections, timings: dict[str, float]) -> Reply:
-    header = wire.Result(
-        stream_id=f.stream_id,
-        epoch=f.epoch,
-        seq=f.seq,
-        pts=f.pts,
-        time_base=f.time_base,
-        captured_at=f.captured_at,
-        n=len(det),
-        timings=timings,
-    )
-    return header, wire.pack_detections(det)
+    return wire.Result.of(f, n=len(det), timings=timings), wire.pack_detections(det)

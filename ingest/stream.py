@@ -46,7 +46,8 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
+
+from pydantic import ValidationError
 
 from framerelay.backoff import Backoff
 from framerelay.credits import CreditWindow
@@ -59,7 +60,7 @@ from framerelay.timeline import (
     Timeline,
     frame_ticks,
 )
-from framerelay.wire import PTS_LIMIT
+from framerelay.wire import Timing
 from ingest.handoff import LatestSlot, SlotClosed
 from ingest.prepare import Prepared, Preparer, Unsendable
 from ingest.reconnect import SourceRunner
@@ -95,13 +96,9 @@ class StreamState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """A prepared frame waiting for a credit."""
+    """A prepared frame waiting for a credit, with its timing (what FRAME carries)."""
 
-    seq: int
-    epoch: int
-    pts: int
-    time_base: Fraction
-    captured_at: float
+    timing: Timing
     prepared: Prepared
 
 
@@ -394,8 +391,8 @@ class IngestStream:
         epoch, pts = self._stamp(timeline, item.raw_pts)
         t = timeline.seconds(pts)
         self._frames.tick(epoch, t)
-        if not -PTS_LIMIT <= pts < PTS_LIMIT:
-            self._count("out_of_range")
+        timing = self._timing(epoch, pts, item)
+        if timing is None:
             return
         if not self._sampler.keep(epoch, t, self._clock()):
             self._count("sampled_out")
@@ -408,10 +405,23 @@ class IngestStream:
         if prepared is None:
             return
         self._count("prepared")
-        out = Outgoing(self._seq, epoch, pts, item.time_base, item.captured_at, prepared)
+        out = Outgoing(timing, prepared)
         self._seq += 1
         if self.slot.put(out) is not None:
             self._count("replaced")
+
+    def _timing(self, epoch: int, pts: int, item: Decoded) -> Timing | None:
+        """The timing of the next frame sent; None (counted) when the wire refuses it."""
+        tb = item.time_base
+        try:
+            return Timing(
+                stream_id=self.id, epoch=epoch, seq=self._seq, pts=pts,
+                time_base=(tb.numerator, tb.denominator), captured_at=item.captured_at,
+            )  # fmt: skip
+        except ValidationError as exc:
+            self._count("out_of_range")
+            log.debug("frame of %s dropped: %s", self.id, exc)
+            return None
 
     def _clock(self) -> float:
         """The rate bound's and epoch budget's clock: wall time (live), decode order (files)."""

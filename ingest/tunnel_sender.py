@@ -51,9 +51,7 @@ async def send_stream(
         _check_open(proto)
         if not proto.is_open(stream.id):  # failed here meanwhile: nothing more to send
             break
-        message = proto.send_frame(
-            frame_header(stream.id, out), out.prepared.data, time.monotonic()
-        )
+        message = proto.send_frame(frame_header(out), out.prepared.data, time.monotonic())
         async with asyncio.timeout(SEND_TIMEOUT_S):
             await ws.send(message)
         stream.counters["sent"] += 1
@@ -62,21 +60,11 @@ async def send_stream(
     await ws.send(proto.close_stream(stream.id))
 
 
-def frame_header(stream_id: str, out: Outgoing) -> wire.Frame:
+def frame_header(out: Outgoing) -> wire.Frame:
     """The FRAME header of a prepared frame (pydantic's ValidationError when the wire
     refuses a value, e.g. the scale of a 1x1 source)."""
     lb = out.prepared.letterbox
-    return wire.Frame(
-        stream_id=stream_id,
-        epoch=out.epoch,
-        seq=out.seq,
-        pts=out.pts,
-        time_base=(out.time_base.numerator, out.time_base.denominator),
-        captured_at=out.captured_at,
-        src_w=lb.src_w,
-        src_h=lb.src_h,
-        scale=lb.scale,
-    )
+    return wire.Frame.of(out.timing, src_w=lb.src_w, src_h=lb.src_h, scale=lb.scale)
 
 
 async def send_close(ws: ClientConnection, proto: IngestProtocol, stream_id: str) -> None:

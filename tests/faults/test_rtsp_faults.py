@@ -182,11 +182,11 @@ def test_camera_back_with_another_codec_and_size(camera: RtspServer) -> None:
             with contextlib.ExitStack() as stack:
                 stack.callback(other.kill)
                 await asyncio.to_thread(other.start)
-                await wait_for(lambda: any(o.epoch == 1 for o in got), 20, "MPEG-4 frames")
+                await wait_for(lambda: any(o.timing.epoch == 1 for o in got), 20, "MPEG-4 frames")
             return stream, list(got)
 
     stream, got = asyncio.run(main())
-    sizes = {o.epoch: (o.prepared.letterbox.src_w, o.prepared.letterbox.src_h) for o in got}
+    sizes = {o.timing.epoch: (o.prepared.letterbox.src_w, o.prepared.letterbox.src_h) for o in got}
     assert sizes == {0: (320, 240), 1: (640, 480)}
     assert stream.source_info is not None and stream.source_info.codec == "mpeg4"
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from framerelay import wire
 from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
+from framerelay.results import ResultRecord
 
 FRAME = wire.Frame(
     stream_id="cam-1", epoch=2, seq=7, pts=8_589_934_000, time_base=(1, 90_000),
@@ -47,15 +48,28 @@ def test_result_round_trip_with_detections() -> None:
         class_id=np.array([0, 2], np.int32),
         tracker_id=np.array([3, -1], np.int64),
     )
-    head = wire.Result(
-        **FRAME.model_dump(
-            include={"stream_id", "epoch", "seq", "pts", "time_base", "captured_at"}
-        ),
-        n=2,
-    )
+    head = wire.Result.of(FRAME, n=2)
     header, payload = wire.decode(wire.encode(head, wire.pack_detections(det)))
     assert isinstance(header, wire.Result)
     assert wire.unpack_detections(header.n, payload).equals(det)
+
+
+def test_one_timing_from_frame_to_result_record() -> None:
+    timing = wire.Timing(
+        stream_id="cam-1", epoch=2, seq=7, pts=8_589_934_000, time_base=(1, 90_000),
+        captured_at=1_700_000_000.25,
+    )  # fmt: skip
+    frame = wire.Frame.of(timing, src_w=1280, src_h=720, scale=0.325)
+    assert frame == FRAME
+    result = wire.Result.of(frame, n=0, timings={"infer_ms": 1.5})
+    assert (result.n, result.timings) == (0, {"infer_ms": 1.5})
+    record = ResultRecord.build(
+        result, Detections.empty(), class_names=[], worker_id="w", received_at=1_700_000_001.0
+    )
+    for hop in (frame, result, record):
+        assert {name: getattr(hop, name) for name in wire.TIMING_FIELDS} == timing.timing_fields()
+    assert record.pts_time == timing.pts_time and record.latency_ms == 750.0
+    assert wire.TIMING_FIELDS == ("stream_id", "epoch", "seq", "pts", "time_base", "captured_at")
 
 
 @pytest.mark.parametrize(

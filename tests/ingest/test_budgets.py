@@ -54,8 +54,8 @@ def flipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _monotonic_within_epochs(got: list[Outgoing]) -> bool:
-    for _, group in itertools.groupby(got, key=lambda o: o.epoch):
-        pts = [o.pts for o in group]
+    for _, group in itertools.groupby(got, key=lambda o: o.timing.epoch):
+        pts = [o.timing.pts for o in group]
         if pts != sorted(pts):
             return False
     return True
@@ -174,7 +174,7 @@ def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None
     )
     assert storm > 40, "the fixture must make a storm"
     assert stream.state is StreamState.STOPPED
-    assert stream.epoch <= 30 and {o.epoch for o in got} <= set(range(31))
+    assert stream.epoch <= 30 and {o.timing.epoch for o in got} <= set(range(31))
     assert stream.counters["corrupt_timestamps"] >= storm - 30
     assert stream.error is not None and stream.error == stream.last_error
     assert stream.error.startswith("corrupt_timestamps: ")
@@ -187,7 +187,7 @@ def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None
 def test_byte_flipped_mp4_in_real_time_is_capped_by_the_wall_clock(flipped: Path) -> None:
     cfg = StreamConfig(id="flip-rt", url=str(flipped), fps=FPS, realtime=True, max_frames=75)
     stream, got = run_to_end(cfg)
-    times = [o.captured_at for o in got]
+    times = [o.timing.captured_at for o in got]
     span = max(times) - min(times)
     worst = _max_in_window(times, 1.0)
     print(

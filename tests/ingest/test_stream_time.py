@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from fractions import Fraction
 
 import pytest
 
@@ -25,11 +24,12 @@ def test_mpegts_crosses_2_33_with_continuous_time_and_one_epoch(
     stream, got = run_to_end(cfg)
     assert stream.state is StreamState.STOPPED and stream.error is None
     assert len(got) == stream.counters["decoded"] == 250
-    assert {o.epoch for o in got} == {0}
-    assert got[0].time_base == Fraction(1, 90_000)
-    steps = [b.pts - a.pts for a, b in itertools.pairwise(got)]
+    assert {o.timing.epoch for o in got} == {0}
+    assert got[0].timing.time_base == (1, 90_000)
+    steps = [b.timing.pts - a.timing.pts for a, b in itertools.pairwise(got)]
     assert set(steps) == {3600}, "every 1/25 s step must be exactly 3600 ticks"
-    crossed = got[0].pts % WRAP > WRAP - 4 * 90_000 and (got[-1].pts - got[0].pts) == 249 * 3600
+    first, last = got[0].timing.pts, got[-1].timing.pts
+    crossed = first % WRAP > WRAP - 4 * 90_000 and (last - first) == 249 * 3600
     assert crossed
 
 
@@ -48,9 +48,9 @@ def test_looping_file_starts_a_new_epoch_each_pass(media: Media) -> None:
     cfg = StreamConfig(id="loop", url=str(media.short("ts")), fps=5, loop=True, max_frames=600)
     stream, got = run_to_end(cfg)
     assert stream.counters["decoded"] == 600
-    assert next(o.epoch for o in got) == 0 and {o.epoch for o in got} == {0, 1, 2}
+    assert next(o.timing.epoch for o in got) == 0 and {o.timing.epoch for o in got} == {0, 1, 2}
     for epoch in (0, 1, 2):
-        pts = [o.pts for o in got if o.epoch == epoch]
+        pts = [o.timing.pts for o in got if o.timing.epoch == epoch]
         assert pts == sorted(pts)
     # sampling by PTS: 5 fps out of 25 in every epoch
     assert 115 <= len(got) <= 125

@@ -46,8 +46,8 @@ def _figures(stream: IngestStream, got: list[Outgoing], first_s: float) -> dict[
         "wrap_bits": info.wrap_bits,
         "codec": info.codec,
         "state": stream.state,
-        "epochs": {o.epoch for o in got},
-        "monotonic": all(a.pts < b.pts for a, b in itertools.pairwise(got)),
+        "epochs": {o.timing.epoch for o in got},
+        "monotonic": all(a.timing.pts < b.timing.pts for a, b in itertools.pairwise(got)),
         "live": stream.spec.live,
         "describe": stream.describe(),
     }
