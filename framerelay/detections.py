@@ -22,13 +22,15 @@ if TYPE_CHECKING:
 UNTRACKED = -1
 
 
-def _as(name: str, value: ArrayLike, dtype: type[Any], shape: tuple[int, ...]) -> Any:
+def _as(name: str, value: ArrayLike, dtype: type[Any], n: int | None) -> Any:
+    """``value`` as a contiguous ``dtype`` array of shape (N, 4) (``n`` None) or (n,)."""
     arr = np.ascontiguousarray(value, dtype=dtype)
-    if arr.ndim != len(shape) or any(
-        want != -1 and got != want for want, got in zip(shape, arr.shape, strict=False)
-    ):
-        want_txt = "(" + ", ".join("N" if s == -1 else str(s) for s in shape) + ")"
-        raise ValueError(f"Detections.{name} must have shape {want_txt}, got {arr.shape}")
+    shape = arr.shape
+    if n is None:
+        if len(shape) != 2 or shape[1] != 4:
+            raise ValueError(f"Detections.{name} must have shape (N, 4), got {shape}")
+    elif shape != (n,):
+        raise ValueError(f"Detections.{name} must have shape ({n}), got {shape}")
     return arr
 
 
@@ -49,26 +51,28 @@ class Detections:
     tracker_id: NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
 
     def __post_init__(self) -> None:
-        xyxy = _as("xyxy", self.xyxy, np.float32, (-1, 4))
+        xyxy = _as("xyxy", self.xyxy, np.float32, None)
         n = xyxy.shape[0]
         tid = self.tracker_id
-        if np.asarray(tid).size == 0 and n:
+        if n and np.size(tid) == 0:
             tid = np.full(n, UNTRACKED, np.int64)
         object.__setattr__(self, "xyxy", xyxy)
-        object.__setattr__(self, "confidence", _as("confidence", self.confidence, np.float32, (n,)))
-        object.__setattr__(self, "class_id", _as("class_id", self.class_id, np.int32, (n,)))
-        object.__setattr__(self, "tracker_id", _as("tracker_id", tid, np.int64, (n,)))
+        object.__setattr__(self, "confidence", _as("confidence", self.confidence, np.float32, n))
+        object.__setattr__(self, "class_id", _as("class_id", self.class_id, np.int32, n))
+        object.__setattr__(self, "tracker_id", _as("tracker_id", tid, np.int64, n))
         if n and not np.isfinite(xyxy).all():
             raise ValueError("Detections.xyxy contains NaN or infinite coordinates")
 
     @classmethod
     def empty(cls) -> Detections:
-        """Zero detections."""
-        return cls(
-            xyxy=np.empty((0, 4), np.float32),
-            confidence=np.empty(0, np.float32),
-            class_id=np.empty(0, np.int32),
-        )
+        """Zero detections, in fresh arrays (valid as built: not validated again, as it
+        is the answer to most frames)."""
+        det = object.__new__(cls)
+        object.__setattr__(det, "xyxy", np.empty((0, 4), np.float32))
+        object.__setattr__(det, "confidence", np.empty(0, np.float32))
+        object.__setattr__(det, "class_id", np.empty(0, np.int32))
+        object.__setattr__(det, "tracker_id", np.empty(0, np.int64))
+        return det
 
     def __len__(self) -> int:
         return int(self.xyxy.shape[0])

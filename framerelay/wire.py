@@ -290,12 +290,10 @@ def encode(
 
 
 def _header_json(header: Header, version: int) -> bytes:
-    if version == VERSION:
-        return header.model_dump_json().encode()
+    if version == VERSION or (version in SUPPORTED_VERSIONS and not isinstance(header, Hello)):
+        return header.__pydantic_serializer__.to_json(header)  # model_dump_json's bytes
     if version not in SUPPORTED_VERSIONS:
         raise ValueError(f"protocol version {version} is not one of {SUPPORTED_VERSIONS}")
-    if not isinstance(header, Hello):
-        return header.model_dump_json().encode()
     fields = header.model_dump(mode="json", exclude={"features"})
     fields["encodings"] = ["jpeg"]  # v1's HELLO requires it (a strict reader)
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
@@ -338,7 +336,8 @@ def decode(
 
 def _parse_header(model: type[_Header], raw: bytes) -> _Header:
     try:
-        return model.model_validate_json(raw, extra="ignore")
+        header: _Header = model.__pydantic_validator__.validate_json(raw, extra="ignore")
+        return header  # model_validate_json without its wrapper (one call per message)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "(header)"
@@ -390,6 +389,8 @@ def unpack_detections(n: int, payload: bytes, limits: Limits = DEFAULT_LIMITS) -
         raise ProtocolError(
             f"result payload is {len(payload)} B, expected {n * _ROW} B for {n} detections"
         )
+    if n == 0:
+        return Detections.empty()
     xyxy = np.frombuffer(payload, "<f4", 4 * n, 0).reshape(n, 4)
     conf = np.frombuffer(payload, "<f4", n, 16 * n)
     cls = np.frombuffer(payload, "<i4", n, 20 * n)

@@ -115,6 +115,16 @@ def test_detections_payload_size_must_match(n: int, payload_len: int) -> None:
         wire.unpack_detections(n, b"\0" * payload_len)
 
 
+def test_an_empty_result_unpacks_to_fresh_empty_detections() -> None:
+    a, b = wire.unpack_detections(0, b""), wire.unpack_detections(0, b"")
+    validated = Detections(xyxy=np.zeros((0, 4)), confidence=[], class_id=[], tracker_id=[])
+    assert a.equals(validated) and len(a) == 0
+    for name in ("xyxy", "confidence", "class_id", "tracker_id"):
+        got, want = getattr(a, name), getattr(validated, name)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype), name
+        assert got is not getattr(b, name), f"{name} is shared between results"
+
+
 def test_detections_with_nan_are_refused() -> None:
     payload = np.array([np.nan, 0, 1, 1], "<f4").tobytes() + b"\0" * 16
     with pytest.raises(ProtocolError, match="NaN"):
