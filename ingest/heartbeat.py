@@ -151,8 +151,8 @@ class TunnelMonitor:
     def answered(self, stream: IngestStream, now: float, rtt: float | None) -> None:
         """The worker answered a frame of ``stream`` (a result or an error)."""
         self.health.result(now, rtt)
-        if stream.stalled is not None:
-            stream.unstall()
+        if stream.stalled is not None:  # this worker answers: after a pause, or a move here
+            stream.unstall(f"results from worker {self.worker_id}")
         if self.health.stalled:
             self._evaluate()
         if not self.health.stalled:  # e.g. the first result after a reconnect
@@ -206,7 +206,7 @@ class TunnelMonitor:
             log.info("tunnel to %s answers again (was: %s)", self.url, self.stall_reason)
             self.stall_reason = None
             for stream in self._streams.values():
-                stream.unstall()
+                stream.unstall(f"worker {self.worker_id} answers again")
             self.set_state(TunnelState.UP)
         return verdict
 

@@ -242,12 +242,13 @@ class IngestStream:
             self.error = self.last_error = reason
             self._record(StreamState.STALLED, reason)
 
-    def unstall(self) -> None:
-        """Results flow again (same worker after a pause, or another one)."""
+    def unstall(self, reason: str = "worker answers again") -> None:
+        """Results flow again (same worker after a pause, or another one: ``reason``
+        says which)."""
         self.stalled = None
         if self.state is StreamState.STALLED:
             self.error = None
-            self._record(StreamState.RUNNING, "worker answers again")
+            self._record(StreamState.RUNNING, reason)
 
     def sender_started(self) -> None:
         """Called by the tunnel client (event loop) when a sender task starts serving us."""

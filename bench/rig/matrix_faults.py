@@ -415,14 +415,34 @@ def _reason(stream: dict[str, Any]) -> str | None:
 
 def _watch(rig: Rig, sid: str, until: float) -> dict[str, Any]:
     """While the worker is frozen: when the victim first left RUNNING, in what state and
-    why, and whether it moved to another worker."""
-    start, first, state, reason = time.monotonic(), None, "RUNNING", None
+    why; when its history says it went STALLED (a failover to another worker can follow
+    within one poll, so the state alone may never be seen out of RUNNING); its last
+    changes (a move shows as RUNNING with "results from worker <the other one>")."""
+    start, frozen_at = time.monotonic(), time.time()
+    first, state, reason = None, "RUNNING", None
+    stalled: dict[str, Any] = {"stalled_after_s": None, "stalled_reason": None}
+    slowest = 0.0
     while time.monotonic() < until:
+        t = time.monotonic()
         s = rig.stream(sid)
+        slowest = max(slowest, time.monotonic() - t)
         if first is None and s["state"] != "RUNNING":
             first, state, reason = time.monotonic() - start, s["state"], _reason(s)
+        if stalled["stalled_after_s"] is None:
+            stalled = _first_stall(s, frozen_at) or stalled
         time.sleep(0.2)
-    return {"left_running_after_s": first, "frozen_state": state, "frozen_reason": reason}
+    return {"left_running_after_s": first, "frozen_state": state, "frozen_reason": reason,
+            **stalled, "slowest_poll_s": round(slowest, 2),
+            "changes": [(round(h.get("at", 0) - frozen_at, 2), h.get("state"), h.get("reason"))
+                        for h in (s.get("history") or [])[-4:]]}  # fmt: skip
+
+
+def _first_stall(stream: dict[str, Any], since: float) -> dict[str, Any] | None:
+    for change in stream.get("history") or []:
+        if change.get("state") == "STALLED" and change.get("at", 0) >= since:
+            return {"stalled_after_s": round(change["at"] - since, 2),
+                    "stalled_reason": change.get("reason")}  # fmt: skip
+    return None
 
 
 def _served_then_left(rig: Rig, sid: str) -> bool:
