@@ -26,7 +26,8 @@ gives every thread that contends for a heap its own arena, up to 8 per core,
 and each arena keeps its own high-water fragments. :func:`tune` caps the arenas
 at :data:`ARENA_MAX` (2), so the decode, encode and event-loop threads share
 two heaps whose free space is reused instead of spread thin (same soak:
-+2.6 +- 3.2 MB/h, 5 MB lower). Small allocations stay per thread (glibc's
++2.6 to +3.4 MB/h, standard error about 2, and about 5 MB lower; the rest is
+steps left by some faults, see bench/README.md). Small allocations stay per thread (glibc's
 tcache), so the cap costs no measurable throughput (``bench/ingest.py``).
 glibc's own ``MALLOC_ARENA_MAX``, when set, wins.
 """
