@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from framerelay.settings import ServiceSettings
 from framerelay.wire import STREAM_ID
 
 
-class RecorderSettings(BaseSettings):
+class RecorderSettings(ServiceSettings):
     """What to record, where, and how long to keep it."""
 
     model_config = SettingsConfigDict(

@@ -150,6 +150,8 @@ def test_a_worker_that_exits_early_is_reported_as_such() -> None:
         ("worker", {"FRAMERELAY_WORKER_DETECTOR__THREAD": "2"},
          ("did you mean FRAMERELAY_WORKER_DETECTOR__THREADS?",)),
         ("ingest", {"FRAMERELAY_INGEST_ZZZZZZZZ": "1"}, ("no FRAMERELAY_INGEST_* setting",)),
+        ("recorder", {"FRAMERELAY_RECORD_SEGMNT_S": "5"},
+         ("did you mean FRAMERELAY_RECORD_SEGMENT_S?",)),
     ],
 )  # fmt: skip
 def test_unknown_variables_name_the_nearest_setting(
@@ -183,10 +185,12 @@ def test_known_shared_and_other_services_variables_are_accepted(settings: str) -
 def _settings_class(name: str) -> type[ServiceSettings]:
     from deploy.settings import OrchestratorSettings
     from gpu_worker.settings import WorkerSettings
+    from ingest.recording.settings import RecorderSettings
     from ingest.settings import IngestSettings
 
     classes: dict[str, type[ServiceSettings]] = {
         "ingest": IngestSettings, "worker": WorkerSettings, "orchestrator": OrchestratorSettings,
+        "recorder": RecorderSettings,
     }  # fmt: skip
     return classes[name]
 
