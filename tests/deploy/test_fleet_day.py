@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.deploy.orch_support import REDIS_URL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,7 +25,7 @@ def _bench() -> Any:
 
 
 def test_simulated_day_cost_and_policy() -> None:
-    out = asyncio.run(_bench().run_day(step_s=1200))  # raises if critical ever ran on spot
+    out = asyncio.run(_bench().run_day(REDIS_URL, step_s=1200))  # raises if critical ever ran on spot
     spot, base = out["spot"], out["ondemand_same_schedule"]
     print(
         f"\nday: fleet ${spot['fleet_usd']:.2f} (spot) vs ${base['fleet_usd']:.2f} (same schedule, "
