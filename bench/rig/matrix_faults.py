@@ -218,7 +218,7 @@ def huge(rig: Rig) -> dict[str, Any]:
         rig.remove_stream("huge-8k")
 
 
-def flipped(rig: Rig, hold_s: float = 12.0) -> dict[str, Any]:
+def flipped(rig: Rig, hold_s: float = 8.0) -> dict[str, Any]:
     """A byte-flipped copy of the clip, real time, looped: epochs and frames sent stay in
     their budgets (sent <= fps over the run), or it ends with a reason."""
     fps = 3.0
@@ -239,7 +239,7 @@ def flipped(rig: Rig, hold_s: float = 12.0) -> dict[str, Any]:
         rig.remove_stream("flipped")
 
 
-def camera_401(rig: Rig, hold_s: float = 12.0) -> dict[str, Any]:
+def camera_401(rig: Rig, hold_s: float = 8.0) -> dict[str, Any]:
     """An HTTP and an RTSP camera answering 401: AUTH_FAILED, counted, retried slowly."""
     cams = Cameras401()
     urls = cams.urls()

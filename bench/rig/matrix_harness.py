@@ -44,7 +44,7 @@ tiny baseline on a noisy 2-core box does not flake (50 ms, x2 in CI)."""
 KEPT_MIN_PCT = 95.0
 RSS_SLACK_MB = 20.0
 TOKEN_TTL_S = 6 * 3600.0
-SETUP_SETTLE_S = 4.0
+SETUP_SETTLE_S = 3.0
 """After a scenario's setup (a worker started, a victim placed), before the baseline."""
 
 
@@ -170,20 +170,39 @@ def p99(values: list[float]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A healthy stream's results captured in ``[t0, t1)``."""
+    """A healthy stream's results captured in ``[t0, t1)``: how many, when the first and
+    the last were captured, and their latency's p99."""
 
     results: int
     span_s: float
     p99_ms: float
+    first_s: float = math.nan
+    """Seconds from ``t0`` to the first result's capture."""
+    last_s: float = math.nan
+    """Seconds from ``t0`` to the last result's capture."""
 
     @property
     def rate(self) -> float:
-        return self.results / self.span_s if self.span_s > 0 else 0.0
+        """Results per second: one over the mean interval between the window's results
+        when they reach both ends of it (no window-edge quantisation: a sampled stream's
+        window of ~30 results holds one more or one fewer by where its edges fall, 3 %),
+        else (a stream that starts late or stops early) results over the whole span."""
+        if self.results < 3 or self.span_s <= 0:
+            return self.results / self.span_s if self.span_s > 0 else 0.0
+        interval = (self.last_s - self.first_s) / (self.results - 1)
+        edges = max(self.first_s, self.span_s - self.last_s)
+        if interval <= 0 or edges > 2 * interval:
+            return self.results / self.span_s
+        return 1.0 / interval
 
 
 def window(seen: list[Seen], stream: str, t0: float, t1: float) -> Window:
-    got = [s.latency_ms for s in seen if s.stream == stream and t0 <= s.captured_at < t1]
-    return Window(len(got), t1 - t0, p99(got))
+    mine = [s for s in seen if s.stream == stream and t0 <= s.captured_at < t1]
+    if not mine:
+        return Window(0, t1 - t0, math.nan)
+    times = [s.captured_at for s in mine]
+    return Window(len(mine), t1 - t0, p99([s.latency_ms for s in mine]),
+                  min(times) - t0, max(times) - t0)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,8 +476,8 @@ def run_scenario(
     scenario: Scenario,
     *,
     setup: Callable[[Rig], None] | None = None,
-    baseline_s: float = 6.0,
-    min_window_s: float = 8.0,
+    baseline_s: float = 5.0,
+    min_window_s: float = 7.0,
     rss_settle_s: float = 12.0,
 ) -> Figures:
     """``setup``, a baseline, the fault, then the windows compared and RSS awaited (see

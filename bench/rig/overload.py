@@ -206,19 +206,22 @@ class Overload:  # frozen + cached_property: the windows are computed once
     streams: int
     alone: Run
     loaded: Run
+    window_s: float = WINDOW_S
+    """The length of each compared window (unloaded, first, last)."""
 
     @functools.cached_property
     def unloaded(self) -> Window:
         t0 = self.alone.samples[0].t
-        return window(self.alone, t0 + 2)
+        return window(self.alone, t0 + 2, self.window_s)
 
     @functools.cached_property
     def first(self) -> Window:
-        return window(self.loaded, self.loaded.samples[0].t)
+        return window(self.loaded, self.loaded.samples[0].t, self.window_s)
 
     @functools.cached_property
     def last(self) -> Window:
-        return window(self.loaded, self.loaded.samples[0].t + 2 * WINDOW_S)
+        t0 = self.loaded.samples[0].t
+        return window(self.loaded, t0 + 2 * self.window_s, self.window_s)
 
     @property
     def offered_fps(self) -> float:
@@ -227,7 +230,7 @@ class Overload:  # frozen + cached_property: the windows are computed once
     @property
     def served_fps(self) -> float:
         t0 = self.loaded.samples[0].t
-        span = 3 * WINDOW_S
+        span = 3 * self.window_s
         return sum(1 for s in self.loaded.samples if t0 <= s.t < t0 + span) / span
 
     @property
@@ -244,8 +247,8 @@ class Overload:  # frozen + cached_property: the windows are computed once
                 f"({self.offered_fps / self.served_fps:.1f}x); unloaded p99 {u.p99_ms:.1f} ms",
                 "window        results/s  p50 ms  p99 ms  infer p50 ms  in flight"
                 "  p50 / p99 in frames  ingest stall / gc ms  most outstanding",
-                _row("first 20 s", f),
-                _row("last 20 s", la),
+                _row(f"first {self.window_s:.0f} s", f),
+                _row(f"last {self.window_s:.0f} s", la),
                 f"ratios last/first: p99 {la.p99_ms / f.p99_ms:.2f}, in flight "
                 f"{la.in_flight / f.in_flight:.2f}, p50 / p99 in frames "
                 f"{la.p50_frames / f.p50_frames:.2f} / {la.p99_frames / f.p99_frames:.2f}, "
@@ -264,14 +267,17 @@ def _row(name: str, w: Window) -> str:
 
 
 def measure(
-    url: str, secret: str, worker_pid: int, *, overload: float, max_streams: int, pin: bool
+    url: str, secret: str, worker_pid: int, *, overload: float, max_streams: int, pin: bool,
+    window_s: float = WINDOW_S,
 ) -> Overload:
+    """Capacity (one file as fast as possible), one stream alone for a window, then
+    enough streams for ``overload`` x the capacity for three windows (first, -, last)."""
     with separate_cores(worker_pid, pin):  # capacity as the loaded run will see it
-        flat_out = asyncio.run(run_streams(url, secret, 1, 10, realtime=False))
+        flat_out = asyncio.run(run_streams(url, secret, 1, max(6.0, window_s / 2), realtime=False))
     cap = capacity(flat_out)
     streams = streams_for(cap, overload, max_streams)
     # one stream needs no core of its own: the ingest keeps both (the worker stays pinned)
-    alone = asyncio.run(run_streams(url, secret, 1, 2 + WINDOW_S))
+    alone = asyncio.run(run_streams(url, secret, 1, 2 + window_s))
     with separate_cores(worker_pid, pin):
-        loaded = asyncio.run(run_streams(url, secret, streams, 3 * WINDOW_S + 2))
-    return Overload(cap, streams, alone, loaded)
+        loaded = asyncio.run(run_streams(url, secret, streams, 3 * window_s + 2))
+    return Overload(cap, streams, alone, loaded, window_s)

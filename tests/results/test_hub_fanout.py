@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 READERS = 49
 RATE = 25.0
-WINDOW_S = 10.0
+WINDOW_S = 6.0
 WARMUP_S = 1.0
 QUEUE = 32
 SEND_TIMEOUT_S = 2.0
