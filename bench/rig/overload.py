@@ -267,7 +267,13 @@ def _row(name: str, w: Window) -> str:
 
 
 def measure(
-    url: str, secret: str, worker_pid: int, *, overload: float, max_streams: int, pin: bool,
+    url: str,
+    secret: str,
+    worker_pid: int,
+    *,
+    overload: float,
+    max_streams: int,
+    pin: bool,
     window_s: float = WINDOW_S,
 ) -> Overload:
     """Capacity (one file as fast as possible), one stream alone for a window, then

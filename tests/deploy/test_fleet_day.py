@@ -25,7 +25,8 @@ def _bench() -> Any:
 
 
 def test_simulated_day_cost_and_policy() -> None:
-    out = asyncio.run(_bench().run_day(REDIS_URL, step_s=1200))  # raises if critical ever ran on spot
+    # raises if a critical stream ever ran on spot
+    out = asyncio.run(_bench().run_day(REDIS_URL, step_s=1200))
     spot, base = out["spot"], out["ondemand_same_schedule"]
     print(
         f"\nday: fleet ${spot['fleet_usd']:.2f} (spot) vs ${base['fleet_usd']:.2f} (same schedule, "
