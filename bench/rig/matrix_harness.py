@@ -300,6 +300,9 @@ class Rig:
     ingest_env: dict[str, str] = field(default_factory=dict)
     """Extra ``FRAMERELAY_*`` settings for the ingest process (the soak's experiments)."""
     _token: str = ""
+    quiet_since: float = 0.0
+    """``time.time()`` when the last scenario's fault was over and its outcome taken: the
+    healthy streams' results since then are a clean baseline for the next one."""
 
     @property
     def token(self) -> str:
@@ -486,7 +489,8 @@ def run_scenario(
     if setup is not None:
         setup(rig)
         time.sleep(SETUP_SETTLE_S)
-    time.sleep(baseline_s)
+        rig.quiet_since = 0.0  # the setup (a worker restarted) is not a clean baseline
+    time.sleep(max(0.0, baseline_s - (time.time() - rig.quiet_since)))
     rss0, t0 = rig.rss(), time.time()
     bad = scenario(rig)
     t1 = max(time.time(), t0 + min_window_s)
@@ -497,6 +501,7 @@ def run_scenario(
         for sid in rig.healthy_ids
     ]
     rss1, settle = _settled_rss(rig, rss0, rss_settle_s)
+    rig.quiet_since = t1  # the fault was over (and cleaned up) by the end of its window
     return Figures(name, healthy, bad, {k: v for k, v in rss0.items() if k in rss1}, rss1,
                    rig.alive(), t1 - t0, settle)  # fmt: skip
 

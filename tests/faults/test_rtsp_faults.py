@@ -143,7 +143,7 @@ def test_stalled_camera_detected_within_read_timeout(camera: RtspServer) -> None
 
 
 def test_camera_down_at_start_reaches_running_when_it_comes_up(camera: RtspServer) -> None:
-    cfg = StreamConfig(id="cam", url=camera.url, fps=5, reconnect_max_s=2.0)
+    cfg = StreamConfig(id="cam", url=camera.url, fps=5, reconnect_max_s=1.0)
 
     async def main() -> dict[str, Any]:
         async with standalone(cfg) as (stream, got):
@@ -151,7 +151,7 @@ def test_camera_down_at_start_reaches_running_when_it_comes_up(camera: RtspServe
             await wait_for(lambda: stream.counters["open_error"] >= 1, 5, "a refused open")
             assert stream.state is StreamState.RECONNECTING
             assert "Connection refused" in str(stream.error)
-            await asyncio.sleep(max(0.0, started + 10.0 - time.monotonic()))
+            await asyncio.sleep(max(0.0, started + 6.0 - time.monotonic()))
             await asyncio.to_thread(camera.start)
             assert camera.ready_at is not None
             running = await wait_for(lambda: len(got) > 0, 15, "frames")

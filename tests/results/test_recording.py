@@ -78,7 +78,7 @@ def recording(
     record = ["-m", "framerelay", "record", "--stream", STREAM, "--source", url,
               "--out", str(tmp / "rec"), "--segment-s", "2"]  # fmt: skip
     ingest_args = ["-m", "framerelay", "ingest", "--worker-url", local_worker.url,  # type: ignore[attr-defined]
-                   "--worker-id", "test-worker", "--source", url, "--fps", "5", "--realtime",
+                   "--worker-id", "test-worker", "--source", url, "--fps", "10", "--realtime",
                    "--api-port", str(free_port())]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
     r = redis.Redis.from_url(server.url, decode_responses=True)
