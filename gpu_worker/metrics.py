@@ -7,7 +7,13 @@ pipeline measures milliseconds and records them through
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpu_worker.gpu_stats import GpuStats, GpuStatus, read_gpus
 
 _STAGE_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
@@ -34,12 +40,52 @@ class MsHistogram:
         return _Observer(self.seconds.labels(*values))
 
 
+_GPU_LABELS = ("gpu", "uuid", "name")
+_GPU_SERIES: tuple[tuple[str, str, Callable[[GpuStats], float | None]], ...] = (
+    ("utilization_ratio", "GPU busy share over NVML's last sample period (0..1)",
+     lambda g: None if g.utilization_pct is None else g.utilization_pct / 100),
+    ("memory_used_bytes", "GPU memory in use (every process)", lambda g: g.memory_used_bytes),
+    ("memory_total_bytes", "GPU memory in all", lambda g: g.memory_total_bytes),
+    ("temperature_celsius", "GPU core temperature", lambda g: g.temperature_c),
+    ("power_watts", "GPU power draw", lambda g: g.power_w),
+    ("power_limit_watts", "GPU enforced power limit", lambda g: g.power_limit_w),
+)  # fmt: skip
+
+
+class GpuCollector(Collector):
+    """``framerelay_worker_gpu_*{gpu,uuid,name}``, read from NVML at each scrape.
+
+    No series at all where no GPU is visible (``/info`` says why); a field a GPU
+    does not report has no sample.
+    """
+
+    def __init__(self, read: Callable[[], GpuStatus] = read_gpus) -> None:
+        self._read = read
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names are only known to be present at a scrape
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._read()
+        if not status.available:
+            return
+        for suffix, doc, value_of in _GPU_SERIES:
+            family = GaugeMetricFamily(f"framerelay_worker_gpu_{suffix}", doc, labels=_GPU_LABELS)
+            for gpu in status.gpus:
+                value = value_of(gpu)
+                if value is not None:
+                    family.add_metric([str(gpu.index), gpu.uuid, gpu.name], float(value))
+            if family.samples:
+                yield family
+
+
 class WorkerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, gpus: Callable[[], GpuStatus] = read_gpus) -> None:
         self.registry = CollectorRegistry()
         self._traffic(self.registry)
         self._health(self.registry)
         self._faults(self.registry)
+        self.registry.register(GpuCollector(gpus))
 
     def _traffic(self, r: CollectorRegistry) -> None:
         """Frames, stages, batches, tunnels and sessions."""

@@ -10,7 +10,8 @@ the watchdog (:mod:`gpu_worker.watchdog`) turns it 503 with the reason when the
 loop ended or a batch runs longer than ``inference_stall_s``, and then closes
 every tunnel (1011) and refuses new ones (503) until inference moves again;
 ``/info`` is JSON (worker id,
-providers, input size, capacity measured by the warm-up) for a token granting
+providers, input size, capacity measured by the warm-up, ``gpus``: the visible
+GPUs' NVML readings or why there are none) for a token granting
 ``worker:<worker_id>``; ``/metrics`` is Prometheus text, open unless
 ``metrics_auth`` (then ``metrics:read``).
 """
@@ -42,6 +43,7 @@ from gpu_worker.batcher import Batcher
 from gpu_worker.connection import TunnelConnection
 from gpu_worker.detectors import Detector, ModelInput, load_detector
 from gpu_worker.faults import FaultInjector
+from gpu_worker.gpu_stats import read_gpus
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import server_ssl_context, tunnel_guard
@@ -232,6 +234,7 @@ class Worker:
             "ready": self.ready,
             "ms_per_inference": round(self.warmup_ms, 3),
             "capacity_fps": round(1000.0 / self.warmup_ms, 2) if self.warmup_ms > 0 else 0.0,
+            "gpus": read_gpus().as_info(),
         }
         return _ok(conn, json.dumps(info).encode(), "application/json")
 
