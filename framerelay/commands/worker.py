@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from framerelay.commands.worker_gpus import parse_gpus
+
 log = logging.getLogger("framerelay.worker")
 HELP = "run a GPU worker: tunnel server, batched detection, tracking"
 
@@ -22,8 +24,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=HELP + ". Tunnel tokens verify against the PUBLIC key set in "
         "FRAMERELAY_WORKER_TUNNEL_KEYS[_FILE] ('framerelay keys public'), or HS256 secrets in "
         "FRAMERELAY_TOKEN_SECRETS[_FILE] on a single host; a certificate can also come as PEM "
-        "text (FRAMERELAY_WORKER_TLS_CERT_PEM / _TLS_KEY_PEM). Every option also reads "
-        "FRAMERELAY_WORKER_<NAME>.",
+        "text (FRAMERELAY_WORKER_TLS_CERT_PEM / _TLS_KEY_PEM). Every option but --gpus also "
+        "reads FRAMERELAY_WORKER_<NAME>.",
     )
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8443; 0 = any free port)")
@@ -47,6 +49,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--announce",
         action="store_true",
         help="print one JSON line on stdout once ready (used by the demo and tests)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=parse_gpus,
+        metavar="all|N|0,1",
+        help="one worker process per GPU, each pinned by CUDA_VISIBLE_DEVICES: 'all' (every "
+        "GPU NVML sees), a count N (GPUs 0..N-1) or indexes/GPU-<uuid>s; worker ids "
+        "<id>-gpu<i>, ports --port + k (0: each a free port)",
     )
     p.set_defaults(func=run)
 
@@ -87,6 +97,10 @@ def build_settings(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     settings = build_settings(args)
+    if args.gpus is not None:  # a supervisor of one worker per GPU, each warned on its own
+        from framerelay.commands.worker_gpus import run_per_gpu
+
+        return run_per_gpu(args, settings.worker_id, settings.port, settings.shutdown_timeout_s)
     for warning in startup_warnings(args, os.environ):
         log.warning("%s", warning)
     return asyncio.run(_serve(settings, args.announce))
