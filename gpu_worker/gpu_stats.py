@@ -138,7 +138,7 @@ class NvmlReader:
         nvml: Any = self._nvml
         handle = device.handle
         util = _field(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        memory = _field(nvml, lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        memory = _memory(nvml, handle)
         temp = _field(
             nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
         )
@@ -193,6 +193,17 @@ def _field(nvml: Any, read: Callable[[], Any]) -> Any:
         return read()
     except nvml.NVMLError:
         return None
+
+
+def _memory(nvml: Any, handle: Any) -> Any:
+    """Memory info v2 (``used`` without the driver's reservation, as ``nvidia-smi`` shows
+    it); v1 (``used`` counts the reservation) from bindings or drivers without v2."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        v2 = _field(nvml, lambda: nvml.nvmlDeviceGetMemoryInfo(handle, version=version))
+        if v2 is not None:
+            return v2
+    return _field(nvml, lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
 
 
 def _init_failure(nvml: Any, exc: Exception) -> str:

@@ -98,17 +98,17 @@ def test_gpus_all_without_a_gpu_is_one_line_and_exit_1() -> None:
 class Pair:
     """``framerelay worker --gpus 0,1`` on the CPU, read up to both workers' ready lines."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, gpus: str = "0,1", workers: int = 2) -> None:
         self.log = log
         self.stderr = log.open("w")
         env = clean_env(FRAMERELAY_TOKEN_SECRETS=SECRET)
-        cmd = [sys.executable, "-m", "framerelay", "worker", "--gpus", "0,1", "--port", "0",
+        cmd = [sys.executable, "-m", "framerelay", "worker", "--gpus", gpus, "--port", "0",
                "--worker-id", "fm", "--model", str(MODEL), "--providers", "cpu",
                "--threads", "1", "--announce"]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr, text=True
         )
-        self.ready = {r["worker_id"]: r for r in (self._line() for _ in range(2))}
+        self.ready = {r["worker_id"]: r for r in (self._line() for _ in range(workers))}
 
     def _line(self) -> dict[str, str]:
         stdout = self.proc.stdout
@@ -184,3 +184,27 @@ def test_a_worker_that_dies_ends_the_parent_with_one_line_naming_it(pair: Pair) 
         "stopped the other 1 worker(s)"
     ], pair.log.read_text()
     assert not Path(f"/proc/{children['fm-gpu0']}").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+def test_gpus_all_pins_one_worker_to_each_gpu_and_reports_its_readings(tmp_path: Path) -> None:
+    """On a GPU machine: one worker per GPU NVML sees, each reading only its own GPU
+    (inference on the CPU provider: this is about pinning, not speed)."""
+    status = read_gpus()
+    if not status.available:
+        pytest.skip(f"no GPU here: {status.reason}")
+    pair = Pair(tmp_path / "parent.log", gpus="all", workers=len(status.gpus))
+    try:
+        assert set(pair.ready) == {f"fm-gpu{g.index}" for g in status.gpus}
+        for gpu in status.gpus:
+            gpus = pair.info(f"fm-gpu{gpu.index}")["gpus"]
+            assert isinstance(gpus, dict) and gpus["available"] is True, gpus
+            assert gpus["cuda_visible_devices"] == str(gpu.index)
+            [device] = gpus["devices"]
+            assert (device["index"], device["uuid"]) == (gpu.index, gpu.uuid)
+            assert device["memory_total_bytes"] == gpu.memory_total_bytes
+        pair.proc.send_signal(signal.SIGTERM)
+        assert pair.wait() == 0, pair.log.read_text()
+    finally:
+        pair.close()
