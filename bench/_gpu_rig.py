@@ -55,11 +55,19 @@ def worker_settings(secret: str, options: dict[str, Any]) -> Any:
                           detector=detector, warmup_runs=2, **options["worker"])  # fmt: skip
 
 
+def acceleration(detector: object) -> dict[str, Any]:
+    """What the backend turned on (FP16, IO binding, engine cache), where it says so."""
+    value = getattr(detector, "acceleration", None)
+    as_info = getattr(value, "as_info", None)
+    return dict(as_info()) if callable(as_info) else {}
+
+
 async def _serve(worker: Worker, conn: Connection) -> None:
     _, port = await worker.start()
     w, h = worker.detector.input_size
     conn.send(("ready", {"port": port, "input": [w, h], "batch": worker.batcher.max_batch,
-                         "providers": list(worker.detector.providers)}))  # fmt: skip
+                         "providers": list(worker.detector.providers),
+                         "acceleration": acceleration(worker.detector)}))  # fmt: skip
     stop = asyncio.Event()
     serving = asyncio.create_task(worker.serve_forever(stop))
     try:

@@ -432,6 +432,8 @@ def report(args: argparse.Namespace, load: Load, ready: dict[str, Any], provider
     pace = f"{load.fps:g} fps each" if load.fps else "flat out"
     print(f"model {args.model.name} ({w}x{h}); batch {ready['batch']} (mean {batch:.1f} in the "
           f"tunnel run); providers {', '.join(providers)}")  # fmt: skip
+    if ready["acceleration"]:
+        print("engine: " + ", ".join(f"{k} {v}" for k, v in ready["acceleration"].items()))
     print(f"GPU: {gpu_line(gpu, providers, util)}")
     print(f"{load.tunnels} tunnels x {load.streams} streams ({pace}, {load.inflight} credits "
           f"each), {load.seconds:g} s after {load.warmup_s:g} s:")  # fmt: skip
@@ -448,7 +450,8 @@ def report(args: argparse.Namespace, load: Load, ready: dict[str, Any], provider
         print(f"  first problem: {tally.problem}")
     write_results(args.name, {
         "model": args.model.name, "input": [w, h], "batch": ready["batch"], "mean_batch": batch,
-        "providers": providers, "gpu": gpu.name, "gpu_note": gpu_line(gpu, providers, util),
+        "providers": providers, "acceleration": ready["acceleration"], "gpu": gpu.name,
+        "gpu_note": gpu_line(gpu, providers, util),
         "gpu_util_pct": {k: (float(np.mean(v)) if v else None) for k, v in util.items()},
         "tunnels": load.tunnels, "streams": load.streams, "fps": load.fps,
         "inflight": load.inflight, "seconds": load.seconds, "warmup": load.warmup_s,
