@@ -154,6 +154,8 @@ class Tally:
     latencies_s: list[float] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
     problem: str = ""
+    sender_cores: float = 0.0
+    """CPU of this process (the senders) over the run, in cores."""
 
     def inside(self) -> bool:
         return self.start <= time.monotonic() < self.end
@@ -256,7 +258,7 @@ async def run_tunnels(url: str, token: str, jpegs: Sequence[bytes], lb: Letterbo
     names = [[f"t{t}s{s}" for s in range(load.streams)] for t in range(load.tunnels)]
     feeds = [Feed(jpegs, lb, load.fps, names[t], t * load.streams) for t in range(load.tunnels)]
     opened = [await _open(url, token, feed, load) for feed in feeds]
-    now = time.monotonic()
+    now, cpu = time.monotonic(), time.process_time()
     tally = Tally(now + load.warmup_s, now + load.warmup_s + load.seconds)
     try:
         with contextlib.suppress(TimeoutError):
@@ -267,6 +269,7 @@ async def run_tunnels(url: str, token: str, jpegs: Sequence[bytes], lb: Letterbo
                     if load.fps > 0:
                         tg.create_task(_pace(ws, proto, feed, load, tally, t / load.tunnels))
     finally:
+        tally.sender_cores = (time.process_time() - cpu) / (time.monotonic() - now)
         await asyncio.gather(*(ws.close() for ws, _ in opened), return_exceptions=True)
     return tally, opened[0][1].hello
 
@@ -446,6 +449,9 @@ def report(args: argparse.Namespace, load: Load, ready: dict[str, Any], provider
           f"{verdict(ratio, fps, offered)}")  # fmt: skip
     print(f"  sent {tally.sent / load.seconds:.1f} frames/s, dropped (no credit) {tally.dropped}, "
           f"errors {tally.errors}")  # fmt: skip
+    busy = " (one Python process: near 1 core the senders bound the figure)"
+    print(f"  the senders used {tally.sender_cores:.2f} CPU cores"
+          f"{busy if tally.sender_cores > 0.8 else ''}")  # fmt: skip
     if tally.problem:
         print(f"  first problem: {tally.problem}")
     write_results(args.name, {
@@ -460,7 +466,7 @@ def report(args: argparse.Namespace, load: Load, ready: dict[str, Any], provider
         "tunnel_fps": fps, "bare_fps": bare["bare_fps"], "model_fps": bare["model_fps"],
         "ratio": ratio, "offered_fps": offered, "latency_ms": lat,
         "sent_fps": tally.sent / load.seconds, "dropped": tally.dropped,
-        "errors": tally.errors, "problem": tally.problem,
+        "errors": tally.errors, "problem": tally.problem, "sender_cores": tally.sender_cores,
     }, plot, folder=args.out)  # fmt: skip
     return 0 if tally.results else 1
 

@@ -22,7 +22,7 @@ from tests.conftest import TIMEOUT_FACTOR
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
-STEPS = ("gpu", "venv", "install", "versions", "tests", "bench", "bench-flat", "summary")
+STEPS = ("gpu", "venv", "install", "versions", "engine", "tests", "bench-flat", "bench", "summary")
 TINY = ["--providers", "cpu", "--tunnels", "1", "--streams", "2", "--seconds", "2",
         "--warmup", "0.5", "--frames", "20", "--decode-threads", "1"]  # fmt: skip
 
