@@ -134,6 +134,18 @@ class WorkerMetrics:
             "How long the batch now in inference has run (0 when idle)",
             registry=r,
         )
+        self.provider_info = Gauge(
+            "framerelay_worker_provider_info",
+            "1 for each execution provider the detector's session really uses",
+            ["provider"],
+            registry=r,
+        )
+        self.detector_info = Gauge(
+            "framerelay_worker_detector_info",
+            "1, labelled with whether TensorRT FP16 and IO binding are really on",
+            ["fp16", "io_binding"],
+            registry=r,
+        )
 
     def _faults(self, r: CollectorRegistry) -> None:
         """What the loop caught and what the worker refused or closed."""

@@ -10,7 +10,8 @@ the watchdog (:mod:`gpu_worker.watchdog`) turns it 503 with the reason when the
 loop ended or a batch runs longer than ``inference_stall_s``, and then closes
 every tunnel (1011) and refuses new ones (503) until inference moves again;
 ``/info`` is JSON (worker id,
-providers, input size, capacity measured by the warm-up, ``gpus``: the visible
+providers, ``fp16``, ``io_binding`` and ``engine_cache_dir`` (what the detector
+really turned on), input size, capacity measured by the warm-up, ``gpus``: the visible
 GPUs' NVML readings or why there are none) for a token granting
 ``worker:<worker_id>``; ``/metrics`` is Prometheus text, open unless
 ``metrics_auth`` (then ``metrics:read``).
@@ -42,6 +43,7 @@ from framerelay.protocol import negotiation as versions
 from gpu_worker.batcher import Batcher
 from gpu_worker.connection import TunnelConnection
 from gpu_worker.detectors import Detector, ModelInput, load_detector
+from gpu_worker.detectors.base import acceleration_of
 from gpu_worker.faults import FaultInjector
 from gpu_worker.gpu_stats import read_gpus
 from gpu_worker.metrics import WorkerMetrics
@@ -115,6 +117,7 @@ class Worker:
         self.faults_by_peer = FailureLimiter(faults, window)
         """Tunnels closed for misbehaving, per address: past the limit, new ones get 429."""
         self.detector = detector or load_detector(settings.detector)
+        self._report_detector()
         self.batcher = Batcher(
             self.detector,
             self.metrics,
@@ -142,6 +145,13 @@ class Worker:
         self._watch_task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._scope = f"worker:{settings.worker_id}"
+
+    def _report_detector(self) -> None:
+        """What the detector really runs on, as info gauges (``/info`` says it too)."""
+        for provider in self.detector.providers:
+            self.metrics.provider_info.labels(provider).set(1)
+        acc = acceleration_of(self.detector)
+        self.metrics.detector_info.labels(str(acc.fp16).lower(), str(acc.io_binding).lower()).set(1)
 
     @property
     def ready(self) -> bool:
@@ -229,6 +239,7 @@ class Worker:
         info = {
             "worker_id": self.settings.worker_id,
             "providers": list(self.detector.providers),
+            **acceleration_of(self.detector).as_info(),
             "input_w": w,
             "input_h": h,
             "ready": self.ready,

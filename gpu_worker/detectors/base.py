@@ -7,6 +7,7 @@ their settings model.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from framerelay.geometry import Letterbox
 
 ModelFormat = Literal["auto", "yolox", "ultralytics"]
 ProviderName = Literal["auto", "tensorrt", "cuda", "cpu"]
+IoBindingMode = Literal["auto", "on", "off"]
+IMAGE_ENGINE_CACHE = Path("/var/cache/framerelay/trt")
+"""The engine-cache volume of the CUDA image and the Kubernetes manifests."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,27 @@ class Detector(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Acceleration:
+    """What a backend really turned on (``/info`` and ``/metrics`` report it)."""
+
+    fp16: bool = False
+    """TensorRT is in use and builds FP16 engines."""
+    io_binding: bool = False
+    engine_cache_dir: Path | None = None
+    """Set only while TensorRT is in use."""
+
+    def as_info(self) -> dict[str, object]:
+        cache = None if self.engine_cache_dir is None else str(self.engine_cache_dir)
+        return {"fp16": self.fp16, "io_binding": self.io_binding, "engine_cache_dir": cache}
+
+
+def acceleration_of(detector: object) -> Acceleration:
+    """A backend's ``acceleration``; all off for one without it (Ultralytics, fakes)."""
+    value = getattr(detector, "acceleration", None)
+    return value if isinstance(value, Acceleration) else Acceleration()
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -71,6 +96,29 @@ class OnnxDetectorSettings(_Common):
         False, description="Let ORT threads busy-wait (faster alone, slower when sharing cores)."
     )
     class_names: tuple[str, ...] | None = None
+    fp16: bool = Field(
+        True, description="TensorRT builds FP16 engines (no effect on the CUDA and CPU providers)."
+    )
+    engine_cache_dir: Path | None = Field(
+        None,
+        description="TensorRT engine and timing caches; None: the image's volume "
+        "/var/cache/framerelay/trt when writable, else $XDG_CACHE_HOME/framerelay/trt.",
+    )
+    io_binding: IoBindingMode = Field(
+        "auto",
+        description="Bind input/output buffers (input on the device, output to pinned memory); "
+        "auto: on when a GPU provider is in use.",
+    )
+
+    def engine_cache_path(self) -> Path:
+        """Where TensorRT keeps engines and timing caches (not created here)."""
+        if self.engine_cache_dir is not None:
+            return self.engine_cache_dir
+        if IMAGE_ENGINE_CACHE.is_dir() and os.access(IMAGE_ENGINE_CACHE, os.W_OK | os.X_OK):
+            return IMAGE_ENGINE_CACHE
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+        return base / "framerelay" / "trt"
 
 
 class UltralyticsDetectorSettings(_Common):

@@ -1,8 +1,13 @@
 """ONNX Runtime backend: YOLOX and Ultralytics YOLOv8/YOLO11 exports.
 
-Providers are tried TensorRT -> CUDA -> CPU (``providers='auto'``); what the
-session really uses is read back from ``session.get_providers()``, because
-onnxruntime-gpu lists CUDA as available even on machines without a GPU.
+Providers are tried TensorRT -> CUDA -> CPU (``providers='auto'``), each with its
+options (:mod:`~gpu_worker.detectors.ort_providers`: TensorRT FP16, engine and
+timing caches, a dynamic-batch profile); what the session really uses is read
+back from ``session.get_providers()``, because onnxruntime-gpu lists CUDA as
+available even on machines without a GPU. The model is first opened on the CPU
+to read its input and make its batch axis dynamic, so TensorRT builds one engine,
+for the final model only. On a GPU provider runs go through IO binding
+(:mod:`~gpu_worker.detectors.io_binding`) unless ``io_binding='off'``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import ast
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,8 +25,10 @@ from numpy.typing import NDArray
 from framerelay.coco import COCO_CLASSES
 from framerelay.detections import Detections
 from framerelay.errors import ModelError
-from gpu_worker.detectors.base import ModelInput, OnnxDetectorSettings
+from gpu_worker.detectors import ort_providers as op
+from gpu_worker.detectors.base import Acceleration, ModelInput, OnnxDetectorSettings
 from gpu_worker.detectors.batch_axis import dynamic_batch_model
+from gpu_worker.detectors.io_binding import BoundRunner
 from gpu_worker.detectors.postprocess import (
     PostprocessSettings,
     decode_ultralytics,
@@ -31,19 +39,10 @@ from gpu_worker.detectors.postprocess import (
 
 log = logging.getLogger(__name__)
 
-_PROVIDER_ORDER = {
-    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    "cpu": ["CPUExecutionProvider"],
-}
-_PROVIDER_ORDER["auto"] = _PROVIDER_ORDER["tensorrt"]
-
 
 def choose_providers(wanted: str) -> list[str]:
     """The preferred providers that this onnxruntime build offers, in order."""
-    available = set(ort.get_available_providers())
-    chosen = [p for p in _PROVIDER_ORDER[wanted] if p in available]
-    return chosen or ["CPUExecutionProvider"]
+    return op.choose_providers(wanted, ort.get_available_providers())
 
 
 class OnnxDetector:
@@ -55,24 +54,61 @@ class OnnxDetector:
             settings.confidence_threshold, settings.nms_iou, settings.max_detections
         )
         model_bytes = settings.model.read_bytes()
-        self._session = self._open(model_bytes, settings)
+        self._session = self._open(model_bytes, settings, [op.CPU])
         self._batched = self._batch_axis_is_dynamic()
         if not self._batched and settings.max_batch > 1:
-            self._session = self._try_dynamic(model_bytes, settings)
-        inp = self._session.get_inputs()[0]
-        self._input_name: str = inp.name
-        h, w = inp.shape[2], inp.shape[3]
-        if not (isinstance(h, int) and isinstance(w, int)):
-            raise ModelError(f"{settings.model}: input {inp.shape} needs a fixed height and width")
-        self.input_size: tuple[int, int] = (w, h)
+            model_bytes, self._session = self._try_dynamic(model_bytes, settings)
+        shape = self._model_shape()
+        self.input_size: tuple[int, int] = (shape.width, shape.height)
+        self._input_name = shape.input_name
         meta = self._session.get_modelmeta().custom_metadata_map
         self.format = self._detect_format(settings.format, meta)
         self.class_names = self._class_names(settings, meta)
+        self._session, cache = self._accelerate(model_bytes, settings, shape)
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
-        self._grid = yolox_grid(w, h) if self.format == "yolox" else None
+        self._runner = self._bound_runner(settings)
+        self.acceleration = Acceleration(
+            fp16=settings.fp16 and op.TENSORRT in self.providers,
+            io_binding=self._runner is not None,
+            engine_cache_dir=cache if op.TENSORRT in self.providers else None,
+        )
+        self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
+
+    def _model_shape(self) -> op.ModelShape:
+        inp = self._session.get_inputs()[0]
+        if len(inp.shape) != 4:
+            raise ModelError(f"{self.settings.model}: input {inp.shape} is not NCHW")
+        c, h, w = inp.shape[1:]
+        if not (isinstance(c, int) and isinstance(h, int) and isinstance(w, int)):
+            raise ModelError(
+                f"{self.settings.model}: input {inp.shape} needs a fixed height and width"
+            )
+        return op.ModelShape(inp.name, c, h, w, self._batched)
+
+    def _accelerate(
+        self, model: bytes, settings: OnnxDetectorSettings, shape: op.ModelShape
+    ) -> tuple[ort.InferenceSession, Path | None]:
+        """The session on the chosen providers (the CPU one when only the CPU is there)."""
+        chosen = choose_providers(settings.providers)
+        if chosen == [op.CPU]:
+            return self._session, None
+        cache: Path | None = None
+        if op.TENSORRT in chosen:
+            cache = op.prepare_cache_dir(settings.engine_cache_path())
+        options = op.GpuOptions(settings.fp16, cache, settings.max_batch)
+        session = self._open(model, settings, op.build_providers(chosen, options, shape))
+        return session, cache
+
+    def _bound_runner(self, settings: OnnxDetectorSettings) -> BoundRunner | None:
+        gpu = op.on_gpu(self.providers)
+        if settings.io_binding == "off" or (settings.io_binding == "auto" and not gpu):
+            return None
+        return BoundRunner(self._session, "cuda" if gpu else "cpu")
 
     @staticmethod
-    def _open(model: bytes, settings: OnnxDetectorSettings) -> ort.InferenceSession:
+    def _open(
+        model: bytes, settings: OnnxDetectorSettings, providers: Sequence[Any]
+    ) -> ort.InferenceSession:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = settings.threads
         if not settings.spin:
@@ -82,28 +118,31 @@ class OnnxDetector:
             opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
-            return ort.InferenceSession(model, opts, providers=choose_providers(settings.providers))
+            return ort.InferenceSession(model, opts, providers=list(providers))
         except Exception as exc:  # onnxruntime raises several unrelated types
             raise ModelError(f"cannot load {settings.model} with onnxruntime: {exc}") from exc
 
     def _batch_axis_is_dynamic(self) -> bool:
         return not isinstance(self._session.get_inputs()[0].shape[0], int)
 
-    def _try_dynamic(self, model: bytes, settings: OnnxDetectorSettings) -> ort.InferenceSession:
+    def _try_dynamic(
+        self, model: bytes, settings: OnnxDetectorSettings
+    ) -> tuple[bytes, ort.InferenceSession]:
+        """The batchable rewrite and its CPU session, or the model as it is."""
         patched = dynamic_batch_model(model)
         if patched is None:
             log.info("model batch axis is fixed; running one image per inference")
-            return self._session
+            return model, self._session
         try:
-            session = self._open(patched, settings)
+            session = self._open(patched, settings, [op.CPU])
         except ModelError as exc:
             log.warning("dynamic-batch rewrite did not load (%s); one image per run", exc)
-            return self._session
+            return model, self._session
         if not self._same_outputs(session):
             log.warning("dynamic-batch rewrite changed the outputs; one image per run")
-            return self._session
+            return model, self._session
         self._batched = True
-        return session
+        return patched, session
 
     def _same_outputs(self, batched: ort.InferenceSession) -> bool:
         inp = self._session.get_inputs()[0]
@@ -147,10 +186,15 @@ class OnnxDetector:
 
     def _run(self, tensor: NDArray[np.float32]) -> NDArray[np.float32]:
         if self._batched:
-            out: Any = self._session.run(None, {self._input_name: tensor})[0]
-            return np.asarray(out, dtype=np.float32)
-        outs = [self._session.run(None, {self._input_name: t[None]})[0] for t in tensor]
+            return self._run_once(tensor)
+        outs = [self._run_once(t[None]).copy() for t in tensor]  # pinned: reused
         return np.concatenate(outs).astype(np.float32, copy=False)
+
+    def _run_once(self, tensor: NDArray[np.float32]) -> NDArray[np.float32]:
+        if self._runner is not None:
+            return self._runner.run(tensor)
+        out: Any = self._session.run(None, {self._input_name: tensor})[0]
+        return np.asarray(out, dtype=np.float32)
 
     def infer(self, batch: Sequence[ModelInput]) -> list[Detections]:
         if not batch:
