@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -90,6 +90,12 @@ class WorkerSettings(ServiceSettings):
         description="Send each stream's tracker snapshot this often (stream time); 0 = never.",
     )
     decode_threads: int = Field(2, ge=1, le=64)
+    jpeg_decoder: Literal["auto", "cpu", "nvimgcodec"] = Field(
+        "auto",
+        description="JPEG decoding of a batch (gpu_worker/jpeg_batch.py): cpu (simplejpeg, "
+        "decode_threads), nvimgcodec (one nvImageCodec call per batch on the GPU; refused at "
+        "start where it cannot run), auto = nvimgcodec where it imports and a GPU is seen.",
+    )
     max_bad_frames_per_s: int = Field(
         20,
         ge=0,
