@@ -141,6 +141,19 @@ class WorkerSettings(ServiceSettings):
         "raise_track_after:N); needs test_hooks.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _detector_defaults(cls, data: object) -> object:
+        """A detector given in part (e.g. only ``FRAMERELAY_WORKER_DETECTOR__FP16``, or the
+        image's engine cache directory) is the default ONNX detector with those fields."""
+        if isinstance(data, dict) and isinstance(data.get("detector"), dict):
+            detector = dict(data["detector"])
+            detector.setdefault("type", "onnx")
+            if detector["type"] == "onnx":
+                detector.setdefault("model", str(DEFAULT_MODEL))
+            data = {**data, "detector": detector}
+        return data
+
     @model_validator(mode="after")
     def _hooks_are_test_only(self) -> WorkerSettings:
         if self.test_fault and not self.test_hooks:

@@ -31,13 +31,12 @@ RUN pip install --no-cache-dir "$(echo /wheels/framerelay-*.whl)[gpu]" \
         /opt/tensorrt_libs \
     && mkdir -p /var/cache/framerelay/trt && chown 65534:65534 /var/cache/framerelay/trt
 
-# ORT_TENSORRT_*: ONNX Runtime's own settings of its TensorRT provider (engine and
-# timing caches in the volume), not framerelay settings.
+# The TensorRT engine and timing caches live in the volume (the worker passes them to
+# ONNX Runtime as provider options, with FP16 and a batch profile; ONNX Runtime's own
+# ORT_TENSORRT_* variables are ignored when options are given).
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     LD_LIBRARY_PATH=/opt/tensorrt_libs \
-    ORT_TENSORRT_ENGINE_CACHE_ENABLE=1 \
-    ORT_TENSORRT_TIMING_CACHE_ENABLE=1 \
-    ORT_TENSORRT_CACHE_PATH=/var/cache/framerelay/trt \
+    FRAMERELAY_WORKER_DETECTOR__ENGINE_CACHE_DIR=/var/cache/framerelay/trt \
     FRAMERELAY_WORKER_HOST=0.0.0.0 \
     FRAMERELAY_WORKER_PORT=8443
 VOLUME ["/var/cache/framerelay/trt"]

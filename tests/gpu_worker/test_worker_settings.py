@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from framerelay.cli import build_parser
 from framerelay.commands.worker import startup_warnings
+from framerelay.settings import DEFAULT_MODEL
+from gpu_worker.detectors.base import OnnxDetectorSettings
 from gpu_worker.settings import WorkerSettings, env_warnings, unknown_env
 
 
@@ -39,3 +43,16 @@ def test_the_retired_tracker_option_warns(argv: list[str], warned: bool) -> None
     warnings = startup_warnings(args, {})
     assert any("--tracker" in w and "retired" in w for w in warnings) is warned
     assert "tracker" not in WorkerSettings.model_fields
+
+
+def test_a_detector_given_in_part_is_the_default_onnx_detector(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Regression: the CUDA image's FRAMERELAY_WORKER_DETECTOR__ENGINE_CACHE_DIR alone made
+    every worker exit with "Unable to extract tag using discriminator 'type'"."""
+    monkeypatch.setenv("FRAMERELAY_WORKER_DETECTOR__ENGINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FRAMERELAY_WORKER_DETECTOR__FP16", "false")
+    detector = WorkerSettings().detector
+    assert isinstance(detector, OnnxDetectorSettings)
+    assert detector.engine_cache_dir == tmp_path and detector.fp16 is False
+    assert detector.model == DEFAULT_MODEL
