@@ -61,10 +61,13 @@ class Acceleration:
     io_binding: bool = False
     engine_cache_dir: Path | None = None
     """Set only while TensorRT is in use."""
+    in_graph_prep: bool = False
+    """The model takes uint8 NHWC BGR and converts it in its own graph (on the device)."""
 
     def as_info(self) -> dict[str, object]:
         cache = None if self.engine_cache_dir is None else str(self.engine_cache_dir)
-        return {"fp16": self.fp16, "io_binding": self.io_binding, "engine_cache_dir": cache}
+        return {"fp16": self.fp16, "io_binding": self.io_binding, "engine_cache_dir": cache,
+                "in_graph_prep": self.in_graph_prep}  # fmt: skip
 
 
 def acceleration_of(detector: object) -> Acceleration:
@@ -108,6 +111,12 @@ class OnnxDetectorSettings(_Common):
         "auto",
         description="Bind input/output buffers (input on the device, output to pinned memory); "
         "auto: on when a GPU provider is in use.",
+    )
+    in_graph_prep: IoBindingMode = Field(
+        "auto",
+        description="Feed the model uint8 NHWC BGR and do its cast/transpose (and for "
+        "Ultralytics exports BGR->RGB, /255) inside the graph, on the device; auto: on when "
+        "a GPU provider is chosen (on the CPU numpy does the same work).",
     )
 
     def engine_cache_path(self) -> Path:

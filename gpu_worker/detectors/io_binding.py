@@ -115,7 +115,8 @@ class BoundRunner:
     def pinned_outputs(self) -> bool:
         return self._pinned is not None
 
-    def run(self, tensor: NDArray[np.float32]) -> NDArray[np.float32]:
+    def run(self, tensor: NDArray[Any]) -> NDArray[np.float32]:
+        """One run on ``tensor`` (float32 NCHW, or uint8 NHWC with in-graph prep)."""
         binding = self._session.io_binding()
         value = ort.OrtValue.ortvalue_from_numpy(tensor, self._device, self._device_id)
         binding.bind_ortvalue_input(self._input, value)

@@ -13,6 +13,7 @@ for the final model only. On a GPU provider runs go through IO binding
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from framerelay.errors import ModelError
 from gpu_worker.detectors import ort_providers as op
 from gpu_worker.detectors.base import Acceleration, ModelInput, OnnxDetectorSettings
 from gpu_worker.detectors.batch_axis import dynamic_batch_model
+from gpu_worker.detectors.graph_prep import with_uint8_input
 from gpu_worker.detectors.io_binding import BoundRunner
 from gpu_worker.detectors.postprocess import (
     PostprocessSettings,
@@ -64,6 +66,11 @@ class OnnxDetector:
         meta = self._session.get_modelmeta().custom_metadata_map
         self.format = self._detect_format(settings.format, meta)
         self.class_names = self._class_names(settings, meta)
+        self._uint8 = self._wants_prep(settings)
+        if self._uint8:
+            model_bytes = with_uint8_input(model_bytes, "ultralytics" if self.format ==
+                                           "ultralytics" else "yolox")  # fmt: skip
+            shape = dataclasses.replace(shape, channels_last=True)
         self._session, cache = self._accelerate(model_bytes, settings, shape)
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
         self._runner = self._bound_runner(settings)
@@ -71,6 +78,7 @@ class OnnxDetector:
             fp16=settings.fp16 and op.TENSORRT in self.providers,
             io_binding=self._runner is not None,
             engine_cache_dir=cache if op.TENSORRT in self.providers else None,
+            in_graph_prep=self._uint8,
         )
         self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
 
@@ -85,12 +93,22 @@ class OnnxDetector:
             )
         return op.ModelShape(inp.name, c, h, w, self._batched)
 
+    @staticmethod
+    def _wants_prep(settings: OnnxDetectorSettings) -> bool:
+        """Pre-processing in the graph: on, off, or (auto) when a GPU provider is chosen."""
+        if settings.in_graph_prep == "auto":
+            return op.on_gpu(choose_providers(settings.providers))
+        return settings.in_graph_prep == "on"
+
     def _accelerate(
         self, model: bytes, settings: OnnxDetectorSettings, shape: op.ModelShape
     ) -> tuple[ort.InferenceSession, Path | None]:
-        """The session on the chosen providers (the CPU one when only the CPU is there)."""
+        """The session on the chosen providers (the CPU one when only the CPU is there and
+        the model was not rewritten)."""
         chosen = choose_providers(settings.providers)
         if chosen == [op.CPU]:
+            if self._uint8:
+                return self._open(model, settings, [op.CPU]), None
             return self._session, None
         cache: Path | None = None
         if op.TENSORRT in chosen:
@@ -173,24 +191,28 @@ class OnnxDetector:
                 log.warning("unreadable 'names' metadata in the model; using COCO names")
         return COCO_CLASSES
 
-    def _to_tensor(self, batch: Sequence[ModelInput]) -> NDArray[np.float32]:
+    def _to_tensor(self, batch: Sequence[ModelInput]) -> NDArray[Any]:
+        """The model's input: uint8 NHWC BGR as decoded (pre-processing in the graph), or
+        the float NCHW tensor numpy makes of it."""
         w, h = self.input_size
         images = np.stack([m.image for m in batch])
         if images.shape[1:] != (h, w, 3):
             raise ModelError(f"input images must be {h}x{w}x3, got {images.shape[1:]}")
+        if self._uint8:
+            return images
         if self.format == "ultralytics":  # RGB, 0..1
             return np.ascontiguousarray(
                 images[..., ::-1].transpose(0, 3, 1, 2), dtype=np.float32
             ) * np.float32(1 / 255)
         return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32)
 
-    def _run(self, tensor: NDArray[np.float32]) -> NDArray[np.float32]:
+    def _run(self, tensor: NDArray[Any]) -> NDArray[np.float32]:
         if self._batched:
             return self._run_once(tensor)
         outs = [self._run_once(t[None]).copy() for t in tensor]  # pinned: reused
         return np.concatenate(outs).astype(np.float32, copy=False)
 
-    def _run_once(self, tensor: NDArray[np.float32]) -> NDArray[np.float32]:
+    def _run_once(self, tensor: NDArray[Any]) -> NDArray[np.float32]:
         if self._runner is not None:
             return self._runner.run(tensor)
         out: Any = self._session.run(None, {self._input_name: tensor})[0]

@@ -44,9 +44,13 @@ class ModelShape:
     height: int
     width: int
     dynamic_batch: bool
+    channels_last: bool = False
+    """The input is NHWC (uint8 images, pre-processing in the graph), not NCHW."""
 
     def dims(self, batch: int) -> str:
-        """TensorRT's ``NxCxHxW`` spelling for one batch size."""
+        """TensorRT's ``NxCxHxW`` (or ``NxHxWxC``) spelling for one batch size."""
+        if self.channels_last:
+            return f"{batch}x{self.height}x{self.width}x{self.channels}"
         return f"{batch}x{self.channels}x{self.height}x{self.width}"
 
 

@@ -37,7 +37,7 @@ def _inputs() -> list[ModelInput]:
 
 def _backend_tensor(batch: list[ModelInput], fmt: str) -> NDArray[np.float32]:
     """What ``OnnxDetector._to_tensor`` feeds the model today for this format."""
-    me: Any = SimpleNamespace(input_size=(416, 416), format=fmt)
+    me: Any = SimpleNamespace(input_size=(416, 416), format=fmt, _uint8=False)
     return OnnxDetector._to_tensor(me, batch)
 
 

@@ -50,6 +50,7 @@ def test_cpu_defaults_report_nothing_accelerated(plain: OnnxDetector) -> None:
         "fp16": False,
         "io_binding": False,
         "engine_cache_dir": None,
+        "in_graph_prep": False,
     }
     auto = _detector()  # auto: off on the CPU provider
     assert not auto.acceleration.io_binding

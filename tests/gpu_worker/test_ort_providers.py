@@ -150,9 +150,15 @@ def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def test_acceleration_info() -> None:
     on = Acceleration(fp16=True, io_binding=True, engine_cache_dir=Path("/v/trt"))
-    assert on.as_info() == {"fp16": True, "io_binding": True, "engine_cache_dir": "/v/trt"}
+    assert on.as_info() == {
+        "fp16": True,
+        "io_binding": True,
+        "engine_cache_dir": "/v/trt",
+        "in_graph_prep": False,
+    }
     assert acceleration_of(object()).as_info() == {
         "fp16": False,
         "io_binding": False,
         "engine_cache_dir": None,
+        "in_graph_prep": False,
     }
