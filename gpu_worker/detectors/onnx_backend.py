@@ -231,7 +231,7 @@ class OnnxDetector:
 
     def _decode(self, raw: NDArray[np.float32], item: ModelInput) -> Detections:
         if self._grid is not None:
-            xyxy, score, cls = decode_yolox(raw, self._grid)
+            xyxy, score, cls = decode_yolox(raw, self._grid, self._post.confidence_threshold)
         else:
             xyxy, score, cls = decode_ultralytics(raw)
         return select(xyxy, score, cls, item.letterbox, self._post)

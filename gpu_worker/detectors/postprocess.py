@@ -42,10 +42,19 @@ def yolox_grid(input_w: int, input_h: int, strides: tuple[int, ...] = (8, 16, 32
     return np.concatenate(parts).astype(np.float32)
 
 
-def decode_yolox(raw: F32, grid: F32) -> tuple[F32, F32, NDArray[np.int32]]:
-    """One image's YOLOX rows -> (xyxy, score, class) before thresholding."""
+def decode_yolox(raw: F32, grid: F32, min_score: float = 0.0) -> tuple[F32, F32, NDArray[np.int32]]:
+    """One image's YOLOX rows -> (xyxy, score, class) before thresholding.
+
+    The export's objectness and class scores are probabilities (sigmoid, 0..1), so a
+    row's score (objectness x class score) never exceeds its objectness: rows whose
+    objectness is not above ``min_score`` cannot pass that threshold and are skipped
+    before the exp and the argmax over the classes (about 4 % of the 3549 rows of a
+    416 input remain at 0.1 on the sample clip)."""
     if raw.shape[0] != grid.shape[0]:
         raise ValueError(f"YOLOX output has {raw.shape[0]} anchors, grid expects {grid.shape[0]}")
+    if min_score > 0.0:
+        rows = np.flatnonzero(raw[:, 4] > min_score)
+        raw, grid = raw[rows], grid[rows]
     stride = grid[:, 2]
     cx = (raw[:, 0] + grid[:, 0]) * stride
     cy = (raw[:, 1] + grid[:, 1]) * stride

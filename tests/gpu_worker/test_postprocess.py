@@ -77,3 +77,20 @@ def test_boxes_are_clipped_to_source_frame() -> None:
     lb = Letterbox.fit(640, 480, 416, 416)
     out = lb.to_source(np.array([[-10, -10, 500, 400]], np.float32))
     assert out[0].tolist() == pytest.approx([0, 0, 640, 480])
+
+
+@pytest.mark.parametrize("threshold", [0.05, 0.1, 0.3, 0.6])
+def test_skipping_rows_below_the_threshold_changes_no_detection(threshold: float) -> None:
+    """decode_yolox(min_score=t) skips rows whose objectness is not above t: with the
+    export's probabilities (0..1) their score cannot pass t, so select keeps the same."""
+    rng = np.random.default_rng(7)
+    grid = yolox_grid(416, 416)
+    raw = rng.uniform(0.0, 1.0, (grid.shape[0], 85)).astype(np.float32)
+    raw[:, :4] = rng.normal(0.0, 1.0, (grid.shape[0], 4))
+    raw[:, 4] **= 4  # most rows unlikely objects, as in a real frame
+    letterbox = Letterbox(src_w=640, src_h=480, dst_w=416, dst_h=416, scale=0.65, pad_y=52)
+    settings = PostprocessSettings(confidence_threshold=threshold)
+    full = select(*decode_yolox(raw, grid), letterbox, settings)
+    skipped = select(*decode_yolox(raw, grid, threshold), letterbox, settings)
+    assert len(full) > 0
+    assert full.equals(skipped, atol=0.0)
