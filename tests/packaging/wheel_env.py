@@ -172,7 +172,16 @@ def _link_distribution(dist: md.Distribution, deps: Path) -> None:
         if top.endswith(".pth") or top == ".." or not src.exists():
             continue  # scripts (../../bin) and .pth hooks are not packages
         dst = deps / top
-        if not dst.exists():
+        if dst.exists():
+            continue
+        if Path("/tmp") in src.resolve().parents:
+            # a checkout under /tmp: the containers mount a fresh tmpfs there, which would
+            # hide a link's target, so this one is copied
+            if src.is_dir():
+                shutil.copytree(src, dst, symlinks=True)
+            else:
+                shutil.copy2(src, dst)
+        else:
             dst.symlink_to(src)
 
 
