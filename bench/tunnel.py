@@ -168,7 +168,6 @@ def _protocol_main(port_out: Any) -> None:
     hello = wire.Hello(worker_id=WORKER_ID, input_w=SIDE, input_h=SIDE,
                        class_names=["person"], providers=["noop"], max_inflight=64,
                        features=list(versions.FEATURES))  # fmt: skip
-    timing = set(wire.Timing.model_fields)
 
     async def handler(ws: ServerConnection) -> None:
         proto = WorkerProtocol(versions.accepted(ws.subprotocol), max_streams=64,
@@ -178,7 +177,7 @@ def _protocol_main(port_out: Any) -> None:
             async for data in ws:
                 for event in proto.receive_data(data):
                     if isinstance(event, FrameReceived):
-                        result = wire.Result(**event.frame.model_dump(include=timing), n=0)
+                        result = wire.Result.of(event.frame, n=0)
                         await ws.send(proto.send_result(result, b""))
                     elif isinstance(event, Refused):
                         await ws.send(event.reply)
@@ -346,7 +345,7 @@ def measure(
 def frame_sizes(jpeg: bytes) -> dict[str, int]:
     """Bytes of a FRAME (header + JPEG) and of its RESULT (no detections), as sent."""
     f = frame(0, 1_000_000)
-    result = wire.Result(**f.model_dump(include=set(wire.Timing.model_fields)), n=0, timings={
+    result = wire.Result.of(f, n=0, timings={
         k: 1.234 for k in ("decode_ms", "queue_ms", "infer_ms", "track_ms", "batch", "worker_ms")
     })  # fmt: skip
     return {"frame": len(wire.encode(f, jpeg)), "reply": len(wire.encode(result))}

@@ -22,6 +22,20 @@ if TYPE_CHECKING:
 UNTRACKED = -1
 
 
+def _read_only(array: NDArray[Any]) -> NDArray[Any]:
+    array.setflags(write=False)
+    return array
+
+
+_EMPTY = (
+    _read_only(np.empty((0, 4), np.float32)),
+    _read_only(np.empty(0, np.float32)),
+    _read_only(np.empty(0, np.int32)),
+    _read_only(np.empty(0, np.int64)),
+)
+"""The arrays of :meth:`Detections.empty`."""
+
+
 def _as(name: str, value: ArrayLike, dtype: type[Any], n: int | None) -> Any:
     """``value`` as a contiguous ``dtype`` array of shape (N, 4) (``n`` None) or (n,)."""
     arr = np.ascontiguousarray(value, dtype=dtype)
@@ -65,13 +79,15 @@ class Detections:
 
     @classmethod
     def empty(cls) -> Detections:
-        """Zero detections, in fresh arrays (valid as built: not validated again, as it
-        is the answer to most frames)."""
+        """Zero detections (valid as built: not validated again, as it is the answer to
+        most frames). The arrays are shared and read-only: zero rows hold nothing to
+        write, and sharing them saves four allocations per empty result."""
         det = object.__new__(cls)
-        object.__setattr__(det, "xyxy", np.empty((0, 4), np.float32))
-        object.__setattr__(det, "confidence", np.empty(0, np.float32))
-        object.__setattr__(det, "class_id", np.empty(0, np.int32))
-        object.__setattr__(det, "tracker_id", np.empty(0, np.int64))
+        xyxy, conf, cls_id, tid = _EMPTY
+        object.__setattr__(det, "xyxy", xyxy)
+        object.__setattr__(det, "confidence", conf)
+        object.__setattr__(det, "class_id", cls_id)
+        object.__setattr__(det, "tracker_id", tid)
         return det
 
     def __len__(self) -> int:

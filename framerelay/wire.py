@@ -21,6 +21,12 @@ one) differs from version 1 in HELLO only: ``features`` (what the worker
 supports) instead of v1's ``encodings``; :func:`encode` writes a v1 HELLO in
 v1's shape, so a v1 peer's strict reader takes it. Golden bytes of every
 message pin both (``tests/framerelay/fixtures/wire``).
+**Checks.** Headers are ``msgspec`` structs: :func:`decode` checks every field
+of a peer's header in one pass (about 0.6 us for a FRAME, a quarter of what the
+pydantic models took), while the class's own constructor checks nothing, for
+headers built from values already checked. Values that may be out of range go
+through :func:`build` or an ``of`` method (:meth:`Frame.of`, :meth:`Result.of`),
+which check every field as a peer would and raise :class:`InvalidMessage`.
 ``decode`` raises only :class:`ProtocolError`, whatever the bytes. Every number
 is bounded and finite: NaN and +-Infinity (which JSON parsers accept as
 ``NaN``/``Infinity`` or as ``1e400``) are refused in every float field. A FRAME
@@ -35,10 +41,11 @@ import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
+import msgspec
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from msgspec import Meta, Struct
 
 from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
@@ -118,42 +125,53 @@ class FrameError(ProtocolError):
         self.seq = seq
 
 
-_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+_SID = Annotated[str, Meta(pattern=STREAM_ID.removesuffix("$") + r"\Z")]
+"""A stream id (``msgspec`` matches with Python's ``re``, where ``$`` also matches
+before a final newline: a ``\\Z`` anchor does not)."""
+_U63 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+_TB = Annotated[int, Meta(gt=0, le=2**31)]
 
 
-class _Header(BaseModel):
-    model_config = _STRICT
+class InvalidMessage(ValueError):
+    """A message built in code breaks its schema (:func:`build`, the ``of`` methods):
+    e.g. the scale of a 1x1 source, or a non-finite clock."""
+
+
+class _Header(Struct, frozen=True, kw_only=True):
+    """A message header: a ``msgspec`` struct. Constructing one checks nothing (decoded
+    headers are checked by :func:`decode`); build one from values that may be out of
+    range with :func:`build` or an ``of`` method, which check every field."""
+
     TYPE: ClassVar[MsgType]
 
 
-class Hello(_Header):
+class Hello(_Header, frozen=True, kw_only=True):
     """Worker -> ingest, first message after the upgrade."""
 
     TYPE: ClassVar[MsgType] = MsgType.HELLO
-    worker_id: str = Field(max_length=128)
-    input_w: int = Field(gt=0, le=8192)
-    input_h: int = Field(gt=0, le=8192)
-    class_names: list[str] = Field(max_length=10_000)
-    providers: list[str] = Field(max_length=16)
-    max_inflight: int = Field(ge=1, le=1024)
-    features: list[Annotated[str, Field(max_length=64)]] = Field(
-        default_factory=list, max_length=64
+    worker_id: Annotated[str, Meta(max_length=128)]
+    input_w: Annotated[int, Meta(gt=0, le=8192)]
+    input_h: Annotated[int, Meta(gt=0, le=8192)]
+    class_names: Annotated[list[str], Meta(max_length=10_000)]
+    providers: Annotated[list[str], Meta(max_length=16)]
+    max_inflight: Annotated[int, Meta(ge=1, le=1024)]
+    features: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)] = (
+        msgspec.field(default_factory=list)
     )
     """What the worker supports beyond the version's core (see
     :mod:`framerelay.protocol.negotiation`); unknown names are ignored."""
 
 
-class SessionClock(BaseModel):
+class SessionClock(Struct, frozen=True, kw_only=True):
     """Where a stream session's tracker clock stands (see gpu_worker.sessions)."""
 
-    model_config = _STRICT
-    epoch: int | None = Field(None, ge=0, lt=2**63)
-    offset: float = Field(0.0, ge=-MAX_CLOCK_S, le=MAX_CLOCK_S)
-    last_t: float = Field(-1e18, ge=-1e18, le=MAX_CLOCK_S)
-    last_captured: float = Field(0.0, ge=0.0, lt=MAX_CAPTURED_AT)
+    epoch: _U63 | None = None
+    offset: Annotated[float, Meta(ge=-MAX_CLOCK_S, le=MAX_CLOCK_S)] = 0.0
+    last_t: Annotated[float, Meta(ge=-1e18, le=MAX_CLOCK_S)] = -1e18
+    last_captured: Annotated[float, Meta(ge=0.0, lt=MAX_CAPTURED_AT)] = 0.0
 
 
-class Open(_Header):
+class Open(_Header, frozen=True, kw_only=True):
     """Ingest -> worker: start (or resume) a stream's session.
 
     With ``clock`` set, the payload is a tracker snapshot taken by a worker
@@ -161,30 +179,30 @@ class Open(_Header):
     """
 
     TYPE: ClassVar[MsgType] = MsgType.OPEN
-    stream_id: str = Field(pattern=STREAM_ID)
-    tracker: str = Field("default", max_length=64)
+    stream_id: _SID
+    tracker: Annotated[str, Meta(max_length=64)] = "default"
     clock: SessionClock | None = None
 
 
-class Snapshot(_Header):
+class Snapshot(_Header, frozen=True, kw_only=True):
     """Worker -> ingest: the state of a stream's session after frame ``seq``
     (payload: the tracker snapshot). The ingest keeps the latest one and sends
     it back in OPEN when the stream moves to another worker."""
 
     TYPE: ClassVar[MsgType] = MsgType.SNAPSHOT
-    stream_id: str = Field(pattern=STREAM_ID)
-    seq: int = Field(ge=0, lt=2**63)
+    stream_id: _SID
+    seq: _U63
     clock: SessionClock
 
 
-class Close(_Header):
+class Close(_Header, frozen=True, kw_only=True):
     """Ingest -> worker: the stream ended; free its session."""
 
     TYPE: ClassVar[MsgType] = MsgType.CLOSE
-    stream_id: str = Field(pattern=STREAM_ID)
+    stream_id: _SID
 
 
-class Timing(_Header):
+class Timing(_Header, frozen=True, kw_only=True):
     """A frame's timing, the one type of it from decode to result.
 
     The ingest stamps it once (``ingest.stream.Outgoing``); FRAME and RESULT carry
@@ -192,12 +210,12 @@ class Timing(_Header):
     copies it (:meth:`framerelay.results.ResultRecord.build`).
     """
 
-    stream_id: str = Field(pattern=STREAM_ID)
-    epoch: int = Field(ge=0, lt=2**63)
-    seq: int = Field(ge=0, lt=2**63)
-    pts: int = Field(ge=-PTS_LIMIT, lt=PTS_LIMIT)
-    time_base: tuple[int, int]
-    captured_at: float = Field(ge=0.0, lt=MAX_CAPTURED_AT)
+    stream_id: _SID
+    epoch: _U63
+    seq: _U63
+    pts: Annotated[int, Meta(ge=-PTS_LIMIT, lt=PTS_LIMIT)]
+    time_base: tuple[_TB, _TB]
+    captured_at: Annotated[float, Meta(ge=0.0, lt=MAX_CAPTURED_AT)]
 
     @property
     def pts_time(self) -> float:
@@ -206,53 +224,63 @@ class Timing(_Header):
 
     def timing_fields(self) -> dict[str, Any]:
         """The timing fields by name (those of :class:`Timing`, not a subclass's)."""
-        return {name: getattr(self, name) for name in TIMING_FIELDS}
+        return {
+            "stream_id": self.stream_id, "epoch": self.epoch, "seq": self.seq, "pts": self.pts,
+            "time_base": self.time_base, "captured_at": self.captured_at,
+        }  # fmt: skip
 
 
-TIMING_FIELDS = tuple(Timing.model_fields)
+TIMING_FIELDS: tuple[str, ...] = Timing.__struct_fields__
 """The names of a frame's timing fields, in wire order."""
 
 
-class Frame(Timing):
+class Frame(Timing, frozen=True, kw_only=True):
     """Ingest -> worker: one encoded, letterboxed frame (payload: the image)."""
 
     TYPE: ClassVar[MsgType] = MsgType.FRAME
     encoding: Literal["jpeg"] = "jpeg"
-    src_w: int = Field(gt=0, le=MAX_SIDE)
-    src_h: int = Field(gt=0, le=MAX_SIDE)
-    scale: float = Field(gt=0.0, le=MAX_SCALE)
+    src_w: Annotated[int, Meta(gt=0, le=MAX_SIDE)]
+    src_h: Annotated[int, Meta(gt=0, le=MAX_SIDE)]
+    scale: Annotated[float, Meta(gt=0.0, le=MAX_SCALE)]
 
     @classmethod
     def of(cls, timing: Timing, *, src_w: int, src_h: int, scale: float) -> Frame:
-        """The FRAME of the frame ``timing`` stamps (ValidationError for a value the wire
-        refuses, e.g. the scale of a 1x1 source)."""
-        return cls(**timing.timing_fields(), src_w=src_w, src_h=src_h, scale=scale)
+        """The FRAME of the frame ``timing`` stamps (:class:`InvalidMessage` for a value
+        the wire refuses, e.g. the scale of a 1x1 source)."""
+        fields = timing.timing_fields()
+        fields.update(src_w=src_w, src_h=src_h, scale=scale)
+        return _checked(cls, fields)
 
 
-TimingMs = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
+_TimingMs = Annotated[float, Meta(ge=-1e12, le=1e12)]
 
 
-class Result(Timing):
+class Result(Timing, frozen=True, kw_only=True):
     """Worker -> ingest: detections of one frame (payload: packed arrays)."""
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
-    n: int = Field(ge=0, lt=2**31)
-    timings: dict[str, TimingMs] = Field(default_factory=dict, max_length=32)
+    n: Annotated[int, Meta(ge=0, lt=2**31)]
+    timings: Annotated[dict[str, _TimingMs], Meta(max_length=32)] = msgspec.field(
+        default_factory=dict
+    )
 
     @classmethod
     def of(cls, frame: Timing, *, n: int, timings: dict[str, float] | None = None) -> Result:
-        """The RESULT answering ``frame``: its timing echoed unchanged."""
-        return cls(**frame.timing_fields(), n=n, timings=timings or {})
+        """The RESULT answering ``frame``: its timing echoed unchanged (:class:`InvalidMessage`
+        for a count or timing out of range)."""
+        fields = frame.timing_fields()
+        fields.update(n=n, timings=timings or {})
+        return _checked(cls, fields)
 
 
-class Error(_Header):
+class Error(_Header, frozen=True, kw_only=True):
     """Either way: something went wrong with one frame or the connection."""
 
     TYPE: ClassVar[MsgType] = MsgType.ERROR
-    code: str = Field(max_length=64)
-    message: str = Field(max_length=2000)
-    stream_id: str | None = Field(None, pattern=STREAM_ID)
-    seq: int | None = Field(None, ge=0, lt=2**63)
+    code: Annotated[str, Meta(max_length=64)]
+    message: Annotated[str, Meta(max_length=2000)]
+    stream_id: _SID | None = None
+    seq: _U63 | None = None
 
 
 Header = Hello | Open | Close | Frame | Result | Error | Snapshot
@@ -261,14 +289,39 @@ _BY_TYPE: dict[int, type[_Header]] = {
 }
 
 
-def _check_time_base(header: _Header) -> None:
-    if isinstance(header, Timing):
-        num, den = header.time_base
-        if num <= 0 or den <= 0 or num > 2**31 or den > 2**31:
-            message = f"time_base must be two positive int32s, got {header.time_base}"
-            if isinstance(header, Frame):
-                raise FrameError(message, stream_id=header.stream_id, seq=header.seq)
-            raise ProtocolError(message)
+_H = TypeVar("_H", bound=Struct)
+_ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[int, msgspec.json.Decoder[Any]] = {
+    mtype: msgspec.json.Decoder(model) for mtype, model in _BY_TYPE.items()
+}
+_PATH = re.compile(r"\[(\d+)\]|\[\.\.\.\]|\.")
+
+
+def build(cls: type[_H], **fields: Any) -> _H:
+    """A ``cls`` built from ``fields`` with every field checked, as :func:`decode` checks
+    a peer's (nested structs may be given as dicts). Raises :class:`InvalidMessage` for
+    a value out of range or of the wrong type, and for a field ``cls`` does not have."""
+    unknown = set(fields) - set(cls.__struct_fields__)
+    if unknown:
+        raise InvalidMessage(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
+    return _checked(cls, fields)
+
+
+def _checked(cls: type[_H], fields: dict[str, Any]) -> _H:
+    try:
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as exc:
+        raise InvalidMessage(f"invalid {cls.__name__}: {_readable(exc)}") from None
+
+
+def _readable(exc: msgspec.ValidationError) -> str:
+    """``field.sub: what`` from msgspec's ``what - at `$.field.sub` ``."""
+    text = str(exc)
+    what, sep, where = text.rpartition(" - at `$")
+    if not sep:
+        return text
+    path = _PATH.sub(lambda m: f".{m.group(1)}" if m.group(1) else ".", where.rstrip("`"))
+    return f"{path.strip('.') or '(header)'}: {what}"
 
 
 def encode(
@@ -291,10 +344,11 @@ def encode(
 
 def _header_json(header: Header, version: int) -> bytes:
     if version == VERSION or (version in SUPPORTED_VERSIONS and not isinstance(header, Hello)):
-        return header.__pydantic_serializer__.to_json(header)  # model_dump_json's bytes
+        return _ENCODER.encode(header)
     if version not in SUPPORTED_VERSIONS:
         raise ValueError(f"protocol version {version} is not one of {SUPPORTED_VERSIONS}")
-    fields = header.model_dump(mode="json", exclude={"features"})
+    fields = msgspec.to_builtins(header)
+    del fields["features"]
     fields["encodings"] = ["jpeg"]  # v1's HELLO requires it (a strict reader)
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -329,23 +383,36 @@ def decode(
             f"payload of {len(data) - end} B exceeds {limits.max_payload} B",
             close_code=CloseCode.TOO_BIG,
         )
-    header = _parse_header(model, data[PREFIX.size : end])
-    _check_time_base(header)
-    return header, data[end:]  # type: ignore[return-value]
+    header = _parse_header(mtype, model, data[PREFIX.size : end])
+    return header, data[end:]
 
 
-def _parse_header(model: type[_Header], raw: bytes) -> _Header:
+def _parse_header(mtype: int, model: type[_Header], raw: bytes) -> Header:
     try:
-        header: _Header = model.__pydantic_validator__.validate_json(raw, extra="ignore")
-        return header  # model_validate_json without its wrapper (one call per message)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(header)"
-        message = f"invalid {model.__name__} header: {where}: {first['msg']}"
-        ident = _frame_identity(raw) if model is Frame else None
-        if ident is not None:
-            raise FrameError(message, stream_id=ident[0], seq=ident[1]) from None
-        raise ProtocolError(message) from None
+        header: Header = _DECODERS[mtype].decode(raw)
+        return header
+    except msgspec.ValidationError as exc:
+        message = f"invalid {model.__name__} header: {_readable(exc)}"
+    except msgspec.DecodeError as exc:
+        message = f"invalid {model.__name__} header: {_lenient_reason(model, raw) or exc}"
+    except RecursionError:
+        message = f"invalid {model.__name__} header: nested too deeply"
+    ident = _frame_identity(raw) if model is Frame else None
+    if ident is not None:
+        raise FrameError(message, stream_id=ident[0], seq=ident[1])
+    raise ProtocolError(message)
+
+
+def _lenient_reason(model: type[_Header], raw: bytes) -> str | None:
+    """Which field is wrong in a header that is not strict JSON but Python's reader takes
+    (``NaN``, ``Infinity``): msgspec's own message only gives the byte offset."""
+    try:
+        msgspec.convert(json.loads(raw), model)
+    except msgspec.ValidationError as exc:
+        return _readable(exc)
+    except (ValueError, RecursionError):
+        pass
+    return None
 
 
 def _frame_identity(raw: bytes) -> tuple[str, int] | None:

@@ -186,7 +186,8 @@ class Worker:
     @property
     def hello(self) -> wire.Hello:
         w, h = self.detector.input_size
-        return wire.Hello(
+        return wire.build(
+            wire.Hello,
             worker_id=self.settings.worker_id,
             input_w=w,
             input_h=h,

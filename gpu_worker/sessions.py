@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from framerelay import wire
 from framerelay.detections import Detections
 from framerelay.wire import Frame, SessionClock
 from tracker import Tracker, create_tracker, restore_tracker
@@ -39,7 +40,8 @@ class StreamSession:
 
     @property
     def clock(self) -> SessionClock:
-        return SessionClock(
+        return wire.build(
+            SessionClock,
             epoch=self._epoch,
             offset=self._offset,
             last_t=self._last_t,

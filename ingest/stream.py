@@ -47,8 +47,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
+from framerelay import wire
 from framerelay.backoff import Backoff
 from framerelay.credits import CreditWindow
 from framerelay.errors import FramerelayError, SourceError
@@ -415,11 +414,12 @@ class IngestStream:
         """The timing of the next frame sent; None (counted) when the wire refuses it."""
         tb = item.time_base
         try:
-            return Timing(
+            return wire.build(
+                Timing,
                 stream_id=self.id, epoch=epoch, seq=self._seq, pts=pts,
                 time_base=(tb.numerator, tb.denominator), captured_at=item.captured_at,
             )  # fmt: skip
-        except ValidationError as exc:
+        except wire.InvalidMessage as exc:
             self._count("out_of_range")
             log.debug("frame of %s dropped: %s", self.id, exc)
             return None

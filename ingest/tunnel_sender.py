@@ -61,7 +61,7 @@ async def send_stream(
 
 
 def frame_header(out: Outgoing) -> wire.Frame:
-    """The FRAME header of a prepared frame (pydantic's ValidationError when the wire
+    """The FRAME header of a prepared frame (:class:`wire.InvalidMessage` when the wire
     refuses a value, e.g. the scale of a 1x1 source)."""
     lb = out.prepared.letterbox
     return wire.Frame.of(out.timing, src_w=lb.src_w, src_h=lb.src_h, scale=lb.scale)

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import msgspec
 import numpy as np
 import simplejpeg
 from websockets.asyncio.client import ClientConnection, connect
@@ -68,10 +69,10 @@ def message(mtype: wire.MsgType, head: bytes, payload: bytes = b"") -> bytes:
 
 
 def frame_header(stream_id: str, epoch: int, seq: int, pts_s: float) -> dict[str, Any]:
-    return wire.Frame(
+    return msgspec.to_builtins(wire.Frame(
         stream_id=stream_id, epoch=epoch, seq=seq, pts=round(pts_s * 90_000),
         time_base=(1, 90_000), captured_at=time.time(), src_w=416, src_h=416, scale=1.0,
-    ).model_dump(mode="json")  # fmt: skip
+    ))  # fmt: skip
 
 
 def clock(epoch: int = 0) -> dict[str, Any]:
@@ -115,7 +116,7 @@ class Probe:
                 while True:
                     header, payload = wire.decode(await ws.recv(decode=False))
                     if isinstance(header, wire.Snapshot):
-                        self.snapshot = (header.clock.model_dump(mode="json"), payload)
+                        self.snapshot = (msgspec.to_builtins(header.clock), payload)
                         continue
                     got.append(_answer(header))
                     if want_seq is None or getattr(header, "seq", None) in (want_seq, None):
@@ -326,9 +327,9 @@ class FakeWorker:
 
     async def _handle(self, ws: ServerConnection) -> None:
         self.connections += 1
-        hello = wire.Hello(worker_id="fake-worker", input_w=416, input_h=416,
-                           class_names=["person"], providers=["fake"],
-                           max_inflight=4).model_dump(mode="json")  # fmt: skip
+        hello = msgspec.to_builtins(wire.Hello(
+            worker_id="fake-worker", input_w=416, input_h=416, class_names=["person"],
+            providers=["fake"], max_inflight=4))  # fmt: skip
         if self._peek() == "HELLO":
             _, name, value = self._next()
             await ws.send(message(wire.MsgType.HELLO, with_value(hello, name, value)))
@@ -346,7 +347,7 @@ class FakeWorker:
         self.frames += 1
         header, _ = wire.decode(data)
         assert isinstance(header, wire.Frame)
-        timing = header.model_dump(mode="json", include=set(wire.Timing.model_fields))
+        timing = msgspec.to_builtins(header.timing_fields())
         result = {**timing, "n": 0, "timings": {"infer": 1.0}}
         kind = self._peek()
         if kind == "RESULT":

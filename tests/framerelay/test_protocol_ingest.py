@@ -6,6 +6,7 @@ Every message type in every state, legal or not; then the per-stream rules
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from framerelay import wire
@@ -177,7 +178,7 @@ def test_snapshots_are_cached_and_resumed_on_the_next_open() -> None:
 
 def test_no_resume_for_a_worker_without_the_feature() -> None:
     hello, _ = golden.message("hello")
-    plain = hello.model_copy(update={"features": ["snapshots"]})
+    plain = msgspec.structs.replace(hello, features=["snapshots"])
     clock = wire.SessionClock(**golden.CLOCK)
     proto = IngestProtocol(snapshots={SID: (clock, b"blob")})
     proto.receive_data(wire.encode(plain), 0.0)
@@ -200,10 +201,10 @@ def test_credits_are_capped_at_the_workers_max_inflight() -> None:
     frame, payload = golden.message("frame")
     assert isinstance(frame, wire.Frame)
     for seq in range(4):
-        proto.send_frame(frame.model_copy(update={"seq": seq}), payload, 0.0)
+        proto.send_frame(msgspec.structs.replace(frame, seq=seq), payload, 0.0)
     assert not proto.can_send(SID)
     with pytest.raises(InvalidState, match="no credit"):
-        proto.send_frame(frame.model_copy(update={"seq": 9}), payload, 0.0)
+        proto.send_frame(msgspec.structs.replace(frame, seq=9), payload, 0.0)
 
 
 def test_frame_before_open_and_sending_before_hello_are_refused_locally() -> None:
@@ -225,7 +226,7 @@ def test_a_frame_too_big_for_the_wire_takes_no_credit() -> None:
     frame, _ = golden.message("frame")
     assert isinstance(frame, wire.Frame)
     with pytest.raises(ProtocolError, match="exceeds"):
-        proto.send_frame(frame.model_copy(update={"seq": 8}), b"x" * (9 << 20), 1.0)
+        proto.send_frame(msgspec.structs.replace(frame, seq=8), b"x" * (9 << 20), 1.0)
     assert list(window.inflight) == [7]
 
 

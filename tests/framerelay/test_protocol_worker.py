@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from framerelay import wire
@@ -35,7 +36,7 @@ def _data(name: str, version: int = 2) -> bytes:
 
 def _frame(seq: int, sid: str = SID) -> bytes:
     frame, payload = golden.message("frame")
-    return wire.encode(frame.model_copy(update={"seq": seq, "stream_id": sid}), payload)
+    return wire.encode(msgspec.structs.replace(frame, seq=seq, stream_id=sid), payload)
 
 
 def _in(state: WorkerState, version: int = 2, max_inflight: int = 2) -> WorkerProtocol:
@@ -115,7 +116,7 @@ def test_undecodable_messages_are_a_defined_close(
 def test_a_frame_with_a_bad_but_readable_header_is_refused_alone() -> None:
     proto = _in(WorkerState.OPEN)
     frame, payload = golden.message("frame")
-    head = json.loads(frame.model_dump_json())
+    head = msgspec.to_builtins(frame)
     head["scale"] = 1e9
     raw = json.dumps(head).encode()
     [event] = proto.receive_data(wire.PREFIX.pack(2, 4, len(raw)) + raw + payload)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,10 @@ FRAME = wire.Frame(
     stream_id="cam-1", epoch=2, seq=7, pts=8_589_934_000, time_base=(1, 90_000),
     captured_at=1_700_000_000.25, src_w=1280, src_h=720, scale=0.325,
 )  # fmt: skip
+
+
+def _frame_json() -> str:
+    return msgspec.json.encode(FRAME).decode()
 
 
 def raw(mtype: int, header: bytes, payload: bytes = b"", version: int = wire.VERSION) -> bytes:
@@ -83,13 +88,13 @@ def test_one_timing_from_frame_to_result_record() -> None:
         (struct.pack(">BBI", wire.VERSION, 4, 100) + b"{}", "truncated"),
         (raw(4, b"not json"), "invalid Frame header"),
         (raw(4, b"[1,2]"), "invalid Frame header"),
-        (raw(4, b'{"stream_id":"a"}'), "Field required"),
+        (raw(4, b'{"stream_id":"a"}'), "missing required field `epoch`"),
         (raw(3, b'{"stream_id":"bad id with spaces"}'), "stream_id"),
         (raw(3, b'{"stream_id":"a/../b"}'), "stream_id"),
         (raw(3, b"\xff\xfe"), "invalid Close header"),
-        (raw(4, FRAME.model_dump_json().replace("[1,90000]", "[0,90000]").encode()), "time_base"),
-        (raw(4, FRAME.model_dump_json().replace('"seq":7', '"seq":-1').encode()), "seq"),
-        (raw(4, FRAME.model_dump_json().replace('"seq":7', '"seq":"7"').encode()), "seq"),
+        (raw(4, _frame_json().replace("[1,90000]", "[0,90000]").encode()), "time_base"),
+        (raw(4, _frame_json().replace('"seq":7', '"seq":-1').encode()), "seq"),
+        (raw(4, _frame_json().replace('"seq":7', '"seq":"7"').encode()), "seq"),
     ],
 )
 def test_malformed_messages_raise_protocol_error(data: bytes, needle: str) -> None:
@@ -115,14 +120,16 @@ def test_detections_payload_size_must_match(n: int, payload_len: int) -> None:
         wire.unpack_detections(n, b"\0" * payload_len)
 
 
-def test_an_empty_result_unpacks_to_fresh_empty_detections() -> None:
+def test_an_empty_result_unpacks_to_read_only_empty_detections() -> None:
     a, b = wire.unpack_detections(0, b""), wire.unpack_detections(0, b"")
     validated = Detections(xyxy=np.zeros((0, 4)), confidence=[], class_id=[], tracker_id=[])
-    assert a.equals(validated) and len(a) == 0
+    assert a.equals(validated) and len(a) == 0 and a is not b
     for name in ("xyxy", "confidence", "class_id", "tracker_id"):
         got, want = getattr(a, name), getattr(validated, name)
         assert (got.shape, got.dtype) == (want.shape, want.dtype), name
-        assert got is not getattr(b, name), f"{name} is shared between results"
+        assert not got.flags.writeable, f"{name} is shared between results: read-only"
+        with pytest.raises(ValueError, match="read-only"):
+            got[...] = 0
 
 
 def test_detections_with_nan_are_refused() -> None:

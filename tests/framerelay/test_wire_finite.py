@@ -15,7 +15,6 @@ import struct
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from framerelay import wire
 from framerelay.errors import ProtocolError
@@ -138,19 +137,37 @@ def test_a_frame_that_is_not_json_or_not_an_object_closes_the_tunnel() -> None:
 @pytest.mark.parametrize("field", ["captured_at", "scale"])
 def test_a_sender_cannot_build_a_non_finite_frame(field: str, value: float) -> None:
     fields = {**VALID[wire.MsgType.FRAME], "time_base": (1, 90_000), field: value}
-    with pytest.raises(ValidationError):
-        wire.Frame(**fields)
+    with pytest.raises(wire.InvalidMessage, match=field):
+        wire.build(wire.Frame, **fields)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e31, -1e31])
 @pytest.mark.parametrize("field", ["offset", "last_t", "last_captured"])
 def test_session_clocks_are_finite_and_bounded(field: str, value: float) -> None:
-    with pytest.raises(ValidationError):
-        wire.SessionClock(**{field: value})
+    with pytest.raises(wire.InvalidMessage, match=field):
+        wire.build(wire.SessionClock, **{field: value})
 
 
 def test_result_timings_must_be_finite() -> None:
     fields = {**TIMING, "time_base": (1, 90_000), "n": 0}
     for bad in (math.nan, math.inf, 1e13):
-        with pytest.raises(ValidationError):
-            wire.Result(**fields, timings={"infer_ms": bad})
+        with pytest.raises(wire.InvalidMessage, match="timings"):
+            wire.build(wire.Result, **fields, timings={"infer_ms": bad})
+
+
+@pytest.mark.parametrize("mtype", [wire.MsgType.FRAME, wire.MsgType.CLOSE])
+def test_deep_nesting_in_an_unknown_field_is_a_protocol_error(mtype: wire.MsgType) -> None:
+    """msgspec skips an unknown field's value recursively: 16 KB of ``[`` must not escape
+    as a RecursionError (found when the codec moved from pydantic to msgspec)."""
+    depth = 8000
+    head = {**VALID.get(mtype, {"stream_id": "cam-1"})}
+    raw = json.dumps(head).encode()[:-1] + b', "pad": ' + b"[" * depth + b"]" * depth + b"}"
+    data = struct.pack(">BBI", wire.VERSION, mtype, len(raw)) + raw
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        wire.decode(data, wire.Limits(max_header=len(raw)))
+
+
+def test_timing_fields_are_the_timing_fields() -> None:
+    frame = wire.build(wire.Frame, **{**VALID[wire.MsgType.FRAME], "time_base": (1, 90_000)})
+    assert tuple(frame.timing_fields()) == wire.TIMING_FIELDS
+    assert wire.Result.of(frame, n=0).timing_fields() == frame.timing_fields()

@@ -93,8 +93,8 @@ V1_EXTRA: dict[str, dict[str, Any]] = {"hello": {"encodings": ["jpeg"]}}
 def message(name: str) -> tuple[wire.Header, bytes]:
     """The canonical message ``name`` (current codec) and its payload."""
     mtype, fields, payload = FIELDS[name]
-    model: Callable[..., wire.Header] = wire._BY_TYPE[mtype]  # type: ignore[assignment]
-    return model(**fields, **V2_EXTRA.get(name, {})), payload
+    header: wire.Header = wire.build(wire._BY_TYPE[mtype], **fields, **V2_EXTRA.get(name, {}))
+    return header, payload
 
 
 def v1_bytes(name: str) -> bytes:

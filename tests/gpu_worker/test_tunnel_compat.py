@@ -14,6 +14,7 @@ import asyncio
 import json
 from typing import Any
 
+import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
@@ -76,7 +77,7 @@ def test_a_v1_ingest_is_served_v1(secret: str) -> None:
                 seen: list[object] = [v1.decode(await ws.recv(decode=False))[0]]
                 await ws.send(v1.encode(v1.Open(stream_id="old")))
                 f = frame("old", 0)
-                old = v1.Frame(**f.model_dump(), pad_x=0, pad_y=0)
+                old = v1.Frame(**msgspec.structs.asdict(f), pad_x=0, pad_y=0)
                 await ws.send(v1.encode(old, JPEG))
                 data = await asyncio.wait_for(ws.recv(decode=False), WAIT_S)
                 seen.append(v1.decode(data)[0])  # the strict v1 reader

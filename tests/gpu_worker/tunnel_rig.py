@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import simplejpeg
 from websockets.asyncio.client import ClientConnection, connect
@@ -48,12 +49,12 @@ def frame(stream_id: str, seq: int, epoch: int = 0, **update: object) -> wire.Fr
         stream_id=stream_id, epoch=epoch, seq=seq, pts=seq * 3600, time_base=(1, 90_000),
         captured_at=time.time(), src_w=SIDE, src_h=SIDE, scale=1.0,
     )  # fmt: skip
-    return f.model_copy(update=update) if update else f
+    return msgspec.structs.replace(f, **update) if update else f
 
 
 def raw_frame(stream_id: str, seq: int, **fields: str) -> bytes:
     """A FRAME whose header JSON has ``fields`` replaced by raw tokens (``NaN``, ``1e400``)."""
-    head = frame(stream_id, seq).model_dump_json()
+    head = msgspec.json.encode(frame(stream_id, seq)).decode()
     for name, token in fields.items():
         start = head.index(f'"{name}":') + len(name) + 3
         end = min(i for i in (head.find(",", start), head.find("}", start)) if i >= 0)

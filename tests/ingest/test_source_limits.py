@@ -131,7 +131,8 @@ def test_a_source_growing_past_max_mid_stream_is_failed(media: Media) -> None:
 
 
 def _frame(scale: float, side: int = 100) -> wire.Frame:
-    return wire.Frame(
+    return wire.build(
+        wire.Frame,
         stream_id="s", epoch=0, seq=0, pts=0, time_base=(1, 90_000), captured_at=0.0,
         src_w=side, src_h=side, scale=scale,
     )  # fmt: skip
@@ -140,7 +141,7 @@ def _frame(scale: float, side: int = 100) -> wire.Frame:
 def test_prepare_limits_are_the_wires() -> None:
     _frame(MAX_SCALE, MAX_SIDE)
     for bad in ({"scale": MAX_SCALE * 1.0001}, {"scale": 1.0, "side": MAX_SIDE + 1}):
-        with pytest.raises(ValidationError):
+        with pytest.raises(wire.InvalidMessage):
             _frame(**bad)  # type: ignore[arg-type]
 
 

@@ -57,7 +57,7 @@ async def _newer_worker(ws: ServerConnection) -> None:
         header, _ = wire.decode(data)
         if not isinstance(header, wire.Frame):
             continue
-        timing = header.model_dump(mode="json", include=set(wire.Timing.model_fields))
+        timing = header.timing_fields()
         if header.seq % 3 == 1:
             error = {"code": "capacity", "message": "busy", "stream_id": header.stream_id,
                      "seq": header.seq, "retry_after_ms": 20}  # fmt: skip

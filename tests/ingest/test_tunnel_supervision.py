@@ -88,7 +88,7 @@ def test_a_sender_that_raises_fails_its_stream_only(
             return client, bad, n
 
     client, bad, n = asyncio.run(main())
-    assert bad.error is not None and bad.error.startswith("sender crashed: ValidationError")
+    assert bad.error is not None and bad.error.startswith("sender crashed: InvalidMessage")
     assert "scale" in bad.error
     assert client.task_errors == 1 and client.errors == 0
     assert not any(r.stream_id == "bad" for r in records)

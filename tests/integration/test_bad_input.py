@@ -8,6 +8,7 @@ import struct
 import time
 
 import httpx
+import msgspec
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -56,9 +57,9 @@ async def _next_error(ws: ClientConnection) -> wire.Error:
 
 
 V = wire.VERSION
-RESULT = wire.Result(**FRAME.model_dump(include=set(wire.Timing.model_fields)), n=0)
+RESULT = wire.Result.of(FRAME, n=0)
 BAD_MESSAGES = [
-    ("malformed JSON", struct.pack(">BBI", V, 4, 5) + b"{oops", 1002, "Invalid JSON"),
+    ("malformed JSON", struct.pack(">BBI", V, 4, 5) + b"{oops", 1002, "JSON is malformed"),
     ("truncated", struct.pack(">BBI", V, 4, 500) + b'{"stream_id":', 1002, "truncated"),
     ("unknown type", struct.pack(">BBI", V, 42, 2) + b"{}", 1002, "unknown message type"),
     ("bad version", struct.pack(">BBI", 9, 4, 2) + b"{}", 1002, "protocol version 9 on a tunnel"),
@@ -115,7 +116,7 @@ async def _per_frame_errors(url: str, secret: str) -> list[tuple[str, int | None
     await ws.send(wire.encode(FRAME, b"\xff\xd8 not a jpeg"))  # stream not opened
     errors.append(await _next_error(ws))
     await ws.send(wire.encode(wire.Open(stream_id="bad-1")))
-    await ws.send(wire.encode(FRAME.model_copy(update={"seq": 1}), b"\xff\xd8 not a jpeg"))
+    await ws.send(wire.encode(msgspec.structs.replace(FRAME, seq=1), b"\xff\xd8 not a jpeg"))
     errors.append(await _next_error(ws))
     await ws.send(wire.encode(wire.Open(stream_id="bad-2", tracker="no-such-tracker")))
     errors.append(await _next_error(ws))
