@@ -252,25 +252,52 @@ class Frame(Timing, frozen=True, kw_only=True):
         return _checked(cls, fields)
 
 
-_TimingMs = Annotated[float, Meta(ge=-1e12, le=1e12)]
+TIMING_MS_LIMIT = 1e12
+"""A RESULT's timings are within +-this many ms."""
+MAX_TIMINGS = 32
+"""A RESULT carries at most this many timings."""
+MAX_DETECTIONS_FIELD = 2**31
+"""A RESULT's ``n`` is below this (the payload's own limit is :attr:`Limits.max_detections`)."""
+_TimingMs = Annotated[float, Meta(ge=-TIMING_MS_LIMIT, le=TIMING_MS_LIMIT)]
 
 
 class Result(Timing, frozen=True, kw_only=True):
     """Worker -> ingest: detections of one frame (payload: packed arrays)."""
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
-    n: Annotated[int, Meta(ge=0, lt=2**31)]
-    timings: Annotated[dict[str, _TimingMs], Meta(max_length=32)] = msgspec.field(
+    n: Annotated[int, Meta(ge=0, lt=MAX_DETECTIONS_FIELD)]
+    timings: Annotated[dict[str, _TimingMs], Meta(max_length=MAX_TIMINGS)] = msgspec.field(
         default_factory=dict
     )
 
     @classmethod
     def of(cls, frame: Timing, *, n: int, timings: dict[str, float] | None = None) -> Result:
         """The RESULT answering ``frame``: its timing echoed unchanged (:class:`InvalidMessage`
-        for a count or timing out of range)."""
-        fields = frame.timing_fields()
-        fields.update(n=n, timings=timings or {})
-        return _checked(cls, fields)
+        for a count or timing out of range). ``frame`` is a checked header (decoded or
+        built), so only ``n`` and ``timings`` are checked here: the answer to every frame
+        takes this path, and a full check costs as much as the rest of the reply."""
+        timings = timings or {}
+        if not _plain_counts(n, timings):
+            fields = frame.timing_fields()
+            fields.update(n=n, timings=timings)
+            return _checked(cls, fields)
+        return cls(
+            stream_id=frame.stream_id, epoch=frame.epoch, seq=frame.seq, pts=frame.pts,
+            time_base=frame.time_base, captured_at=frame.captured_at, n=n, timings=timings,
+        )  # fmt: skip
+
+
+def _plain_counts(n: int, timings: dict[str, float]) -> bool:
+    """``n`` and ``timings`` within :class:`Result`'s bounds (the common case, checked
+    without building a dict for msgspec)."""
+    if type(n) is not int or not 0 <= n < MAX_DETECTIONS_FIELD or len(timings) > MAX_TIMINGS:
+        return False
+    for key, value in timings.items():
+        if type(key) is not str or type(value) is not float:
+            return False
+        if not -TIMING_MS_LIMIT <= value <= TIMING_MS_LIMIT:  # False for NaN too
+            return False
+    return True
 
 
 class Error(_Header, frozen=True, kw_only=True):
@@ -359,8 +386,23 @@ def decode(
     """Parse and validate one message of protocol ``version`` into (header, payload).
 
     Fields the header's schema does not know are ignored (a newer peer's additions)."""
-    if len(data) < PREFIX.size:
-        raise ProtocolError(f"message of {len(data)} B is shorter than the {PREFIX.size} B prefix")
+    header, end = _decode(data, limits, version)
+    return header, data[end:]
+
+
+def decode_view(
+    data: bytes, limits: Limits = DEFAULT_LIMITS, *, version: int = VERSION
+) -> tuple[Header, memoryview]:
+    """:func:`decode`, with the payload as a view into ``data`` instead of a copy (a
+    FRAME's JPEG is tens of KB: the copy costs as much as checking the header)."""
+    header, end = _decode(data, limits, version)
+    return header, memoryview(data)[end:]
+
+
+def _decode(data: bytes, limits: Limits, version: int) -> tuple[Header, int]:
+    size = len(data)
+    if size < PREFIX.size:
+        raise ProtocolError(f"message of {size} B is shorter than the {PREFIX.size} B prefix")
     got, mtype, hlen = PREFIX.unpack_from(data)
     if got != version:
         raise ProtocolError(
@@ -374,17 +416,16 @@ def decode(
             f"header of {hlen} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
         )
     end = PREFIX.size + hlen
-    if len(data) < end:
+    if size < end:
         raise ProtocolError(
-            f"truncated message: header says {hlen} B, {len(data) - PREFIX.size} B present"
+            f"truncated message: header says {hlen} B, {size - PREFIX.size} B present"
         )
-    if len(data) - end > limits.max_payload:
+    if size - end > limits.max_payload:
         raise ProtocolError(
-            f"payload of {len(data) - end} B exceeds {limits.max_payload} B",
+            f"payload of {size - end} B exceeds {limits.max_payload} B",
             close_code=CloseCode.TOO_BIG,
         )
-    header = _parse_header(mtype, model, data[PREFIX.size : end])
-    return header, data[end:]
+    return _parse_header(mtype, model, data[PREFIX.size : end]), end
 
 
 def _parse_header(mtype: int, model: type[_Header], raw: bytes) -> Header:

@@ -216,7 +216,7 @@ class TunnelConnection:
                 self._reply_error("bad_snapshot", f"starting a new session: {exc}", msg.stream_id)
         return new_session(msg.stream_id, msg.tracker, *args)
 
-    async def _on_frame(self, frame: wire.Frame, payload: bytes) -> None:
+    async def _on_frame(self, frame: wire.Frame, payload: bytes | memoryview) -> None:
         session = self.sessions.get(frame.stream_id)
         if session is None:  # the protocol knows it open, but its session failed to start
             self._reply_error(

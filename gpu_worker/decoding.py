@@ -65,7 +65,9 @@ class OrderedDecoder:
         """Decodes running or waiting for an earlier frame of their stream."""
         return sum(len(q) for q in self._streams.values())
 
-    async def start(self, frame: wire.Frame, payload: bytes, session: StreamSession) -> None:
+    async def start(
+        self, frame: wire.Frame, payload: bytes | memoryview, session: StreamSession
+    ) -> None:
         """Start decoding ``frame`` (waits first while ``limit`` decodes are running)."""
         while len(self._running) >= self.limit and not self._closed:
             await asyncio.wait(set(self._running), return_when=asyncio.FIRST_COMPLETED)

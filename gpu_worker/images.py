@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 from framerelay.errors import ProtocolError
 
 
-def decode_jpeg_bgr(data: bytes, width: int, height: int) -> NDArray[np.uint8]:
+def decode_jpeg_bgr(data: bytes | memoryview, width: int, height: int) -> NDArray[np.uint8]:
     """Decode a letterboxed model-input JPEG to BGR, checking its size."""
     try:
         w, h, _, _ = simplejpeg.decode_jpeg_header(data)

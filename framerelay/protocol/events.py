@@ -116,7 +116,8 @@ class FrameReceived:
     the worker sends its RESULT or an ERROR for it."""
 
     frame: wire.Frame
-    payload: bytes
+    payload: bytes | memoryview
+    """The JPEG: a view into the WebSocket message as the worker's protocol gives it."""
 
 
 @dataclass(frozen=True, slots=True)

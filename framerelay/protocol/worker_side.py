@@ -101,18 +101,18 @@ class WorkerProtocol:
             )
             return self._violation(error)
         try:
-            header, payload = wire.decode(data, self.limits, version=self.version)
+            header, payload = wire.decode_view(data, self.limits, version=self.version)
         except wire.FrameError as exc:
             return [self._refuse("bad_frame", str(exc), exc.stream_id, exc.seq)]
         except ProtocolError as exc:
             return self._violation(exc)
         return self._dispatch(header, payload)
 
-    def _dispatch(self, header: wire.Header, payload: bytes) -> list[WorkerEvent]:
+    def _dispatch(self, header: wire.Header, payload: memoryview) -> list[WorkerEvent]:
         if isinstance(header, wire.Frame):
-            return [self._on_frame(header, payload)]
+            return [self._on_frame(header, payload)]  # a view: the JPEG is not copied
         if isinstance(header, wire.Open):
-            return [self._on_open(header, payload)]
+            return [self._on_open(header, bytes(payload))]
         if isinstance(header, wire.Close):
             known = header.stream_id in self._open
             self._open.discard(header.stream_id)
@@ -120,7 +120,7 @@ class WorkerProtocol:
         error = ProtocolError(f"{type(header).__name__} is not accepted from an ingest")
         return self._violation(error)
 
-    def _on_frame(self, frame: wire.Frame, payload: bytes) -> WorkerEvent:
+    def _on_frame(self, frame: wire.Frame, payload: memoryview) -> WorkerEvent:
         sid = frame.stream_id
         if sid not in self._open:
             return self._refuse("unknown_stream", "send OPEN before frames", sid, frame.seq)

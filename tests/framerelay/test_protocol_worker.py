@@ -229,3 +229,15 @@ def test_a_v1_tunnel_speaks_v1() -> None:
 def test_limits_must_be_positive(streams: int, inflight: int) -> None:
     with pytest.raises(ValueError, match=">= 1"):
         WorkerProtocol(max_streams=streams, max_inflight=inflight)
+
+
+def test_a_frames_jpeg_is_a_view_and_a_snapshot_is_bytes() -> None:
+    """The JPEG is handed on without a copy; an OPEN's snapshot is kept, so it is copied
+    out of the message."""
+    proto = _in(WorkerState.OPEN)
+    data = _frame(1)
+    (got,) = proto.receive_data(data)
+    assert isinstance(got, FrameReceived) and isinstance(got.payload, memoryview)
+    assert got.payload.obj is data and got.payload == golden.message("frame")[1]
+    (opened,) = proto.receive_data(_data("open_resume"))
+    assert isinstance(opened, StreamOpened) and type(opened.snapshot) is bytes

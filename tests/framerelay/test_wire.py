@@ -209,3 +209,10 @@ def test_snapshot_and_resuming_open_round_trip() -> None:
     assert isinstance(header, wire.Open) and header.clock == clock and payload == b"blob"
     plain, _ = wire.decode(wire.encode(wire.Open(stream_id="cam-1")))
     assert isinstance(plain, wire.Open) and plain.clock is None
+
+
+def test_decode_view_gives_the_payload_without_copying_it() -> None:
+    data = wire.encode(FRAME, b"\xff\xd8" + b"j" * 1000)
+    header, view = wire.decode_view(data)
+    assert header == wire.decode(data)[0] and view == wire.decode(data)[1]
+    assert isinstance(view, memoryview) and view.obj is data
