@@ -79,16 +79,9 @@ class Detections:
 
     @classmethod
     def empty(cls) -> Detections:
-        """Zero detections (valid as built: not validated again, as it is the answer to
-        most frames). The arrays are shared and read-only: zero rows hold nothing to
-        write, and sharing them saves four allocations per empty result."""
-        det = object.__new__(cls)
-        xyxy, conf, cls_id, tid = _EMPTY
-        object.__setattr__(det, "xyxy", xyxy)
-        object.__setattr__(det, "confidence", conf)
-        object.__setattr__(det, "class_id", cls_id)
-        object.__setattr__(det, "tracker_id", tid)
-        return det
+        """Zero detections. The answer to most frames, so it is one shared, immutable
+        object: the dataclass is frozen and its four zero-row arrays are read-only."""
+        return _EMPTY_DETECTIONS
 
     def __len__(self) -> int:
         return int(self.xyxy.shape[0])
@@ -163,3 +156,17 @@ class Detections:
             class_id=np.asarray(() if class_id is None else class_id, np.int32),
             tracker_id=np.asarray(() if tracker_id is None else tracker_id, np.int64),
         )
+
+
+def _empty_detections() -> Detections:
+    det = object.__new__(Detections)
+    xyxy, conf, cls_id, tid = _EMPTY
+    object.__setattr__(det, "xyxy", xyxy)
+    object.__setattr__(det, "confidence", conf)
+    object.__setattr__(det, "class_id", cls_id)
+    object.__setattr__(det, "tracker_id", tid)
+    return det
+
+
+_EMPTY_DETECTIONS = _empty_detections()
+"""What :meth:`Detections.empty` returns (valid as built: not validated again)."""

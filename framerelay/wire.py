@@ -41,7 +41,7 @@ import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, NoReturn, TypeVar
 
 import msgspec
 import numpy as np
@@ -55,6 +55,9 @@ VERSION = 2
 SUPPORTED_VERSIONS = (2, 1)
 """Versions this codec reads and writes, newest first."""
 PREFIX = struct.Struct(">BBI")
+_PREFIX_SIZE = PREFIX.size
+_unpack_prefix = PREFIX.unpack_from
+_pack_prefix = PREFIX.pack
 STREAM_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_SCALE = 64.0
 """The largest letterbox scale a FRAME carries."""
@@ -356,17 +359,20 @@ def encode(
 ) -> bytes:
     """Serialise one message in protocol ``version``. Raises ProtocolError if it breaks
     a limit, ValueError for a version this codec does not write."""
-    head = _header_json(header, version)
-    if len(head) > limits.max_header:
+    head = _ENCODER.encode(header) if version == VERSION else _header_json(header, version)
+    if len(head) > limits.max_header or len(payload) > limits.max_payload:
+        _too_big(len(head), len(payload), limits)
+    return _pack_prefix(version, header.TYPE, len(head)) + head + payload
+
+
+def _too_big(head: int, payload: int, limits: Limits) -> NoReturn:
+    if head > limits.max_header:
         raise ProtocolError(
-            f"header of {len(head)} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
+            f"header of {head} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
         )
-    if len(payload) > limits.max_payload:
-        raise ProtocolError(
-            f"payload of {len(payload)} B exceeds {limits.max_payload} B",
-            close_code=CloseCode.TOO_BIG,
-        )
-    return PREFIX.pack(version, header.TYPE, len(head)) + head + payload
+    raise ProtocolError(
+        f"payload of {payload} B exceeds {limits.max_payload} B", close_code=CloseCode.TOO_BIG
+    )
 
 
 def _header_json(header: Header, version: int) -> bytes:
@@ -401,43 +407,52 @@ def decode_view(
 
 def _decode(data: bytes, limits: Limits, version: int) -> tuple[Header, int]:
     size = len(data)
-    if size < PREFIX.size:
-        raise ProtocolError(f"message of {size} B is shorter than the {PREFIX.size} B prefix")
-    got, mtype, hlen = PREFIX.unpack_from(data)
+    if size < _PREFIX_SIZE:
+        raise ProtocolError(f"message of {size} B is shorter than the {_PREFIX_SIZE} B prefix")
+    got, mtype, hlen = _unpack_prefix(data)
+    decoder = _DECODERS.get(mtype) if got == version else None
+    end = _PREFIX_SIZE + hlen
+    if decoder is None or hlen > limits.max_header or size < end or size - end > limits.max_payload:
+        _refuse(got, mtype, hlen, size, limits, version)
+    try:
+        header: Header = decoder.decode(data[_PREFIX_SIZE:end])
+    except (msgspec.DecodeError, RecursionError) as exc:
+        _refuse_header(mtype, data[_PREFIX_SIZE:end], exc)
+    return header, end
+
+
+def _refuse(got: int, mtype: int, hlen: int, size: int, limits: Limits, version: int) -> NoReturn:
+    """The ProtocolError of a message whose prefix is wrong (out of the hot path)."""
     if got != version:
         raise ProtocolError(
             f"message of protocol version {got} on a tunnel that agreed on version {version}"
         )
-    model = _BY_TYPE.get(mtype)
-    if model is None:
+    if mtype not in _BY_TYPE:
         raise ProtocolError(f"unknown message type {mtype}")
     if hlen > limits.max_header:
         raise ProtocolError(
             f"header of {hlen} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
         )
-    end = PREFIX.size + hlen
+    end = _PREFIX_SIZE + hlen
     if size < end:
         raise ProtocolError(
-            f"truncated message: header says {hlen} B, {size - PREFIX.size} B present"
+            f"truncated message: header says {hlen} B, {size - _PREFIX_SIZE} B present"
         )
-    if size - end > limits.max_payload:
-        raise ProtocolError(
-            f"payload of {size - end} B exceeds {limits.max_payload} B",
-            close_code=CloseCode.TOO_BIG,
-        )
-    return _parse_header(mtype, model, data[PREFIX.size : end]), end
+    raise ProtocolError(
+        f"payload of {size - end} B exceeds {limits.max_payload} B", close_code=CloseCode.TOO_BIG
+    )
 
 
-def _parse_header(mtype: int, model: type[_Header], raw: bytes) -> Header:
-    try:
-        header: Header = _DECODERS[mtype].decode(raw)
-        return header
-    except msgspec.ValidationError as exc:
+def _refuse_header(mtype: int, raw: bytes, exc: Exception) -> NoReturn:
+    """The ProtocolError (a FrameError where the FRAME names itself) of a header that
+    does not decode or breaks its schema."""
+    model = _BY_TYPE[mtype]
+    if isinstance(exc, msgspec.ValidationError):
         message = f"invalid {model.__name__} header: {_readable(exc)}"
-    except msgspec.DecodeError as exc:
-        message = f"invalid {model.__name__} header: {_lenient_reason(model, raw) or exc}"
-    except RecursionError:
+    elif isinstance(exc, RecursionError):
         message = f"invalid {model.__name__} header: nested too deeply"
+    else:
+        message = f"invalid {model.__name__} header: {_lenient_reason(model, raw) or exc}"
     ident = _frame_identity(raw) if model is Frame else None
     if ident is not None:
         raise FrameError(message, stream_id=ident[0], seq=ident[1])
