@@ -44,7 +44,7 @@ class HelloReceived:
     hello: wire.Hello
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per frame: not frozen, a quarter of a microsecond cheaper
 class ResultReceived:
     """Detections of a frame in flight; its credit is back (``rtt_s``: its round trip,
     None when the frame was no longer in flight, e.g. given up as late)."""
@@ -110,7 +110,7 @@ class StreamClosed:
     known: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per frame: not frozen, a quarter of a microsecond cheaper
 class FrameReceived:
     """A FRAME of an open stream, within its credit; the frame holds a credit until
     the worker sends its RESULT or an ERROR for it."""
