@@ -69,10 +69,11 @@ def message(mtype: wire.MsgType, head: bytes, payload: bytes = b"") -> bytes:
 
 
 def frame_header(stream_id: str, epoch: int, seq: int, pts_s: float) -> dict[str, Any]:
-    return msgspec.to_builtins(wire.Frame(
+    header: dict[str, Any] = msgspec.to_builtins(wire.Frame(
         stream_id=stream_id, epoch=epoch, seq=seq, pts=round(pts_s * 90_000),
         time_base=(1, 90_000), captured_at=time.time(), src_w=416, src_h=416, scale=1.0,
     ))  # fmt: skip
+    return header
 
 
 def clock(epoch: int = 0) -> dict[str, Any]:
