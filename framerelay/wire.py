@@ -49,6 +49,7 @@ from msgspec import Meta, Struct
 
 from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
+from framerelay.wire_diagnose import frame_identity, lenient_reason, readable
 
 VERSION = 2
 """The major version this codec writes by default (and the newest it reads)."""
@@ -324,7 +325,6 @@ _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[int, msgspec.json.Decoder[Any]] = {
     mtype: msgspec.json.Decoder(model) for mtype, model in _BY_TYPE.items()
 }
-_PATH = re.compile(r"\[(\d+)\]|\[\.\.\.\]|\.")
 
 
 def build(cls: type[_H], **fields: Any) -> _H:
@@ -341,17 +341,7 @@ def _checked(cls: type[_H], fields: dict[str, Any]) -> _H:
     try:
         return msgspec.convert(fields, cls)
     except msgspec.ValidationError as exc:
-        raise InvalidMessage(f"invalid {cls.__name__}: {_readable(exc)}") from None
-
-
-def _readable(exc: msgspec.ValidationError) -> str:
-    """``field.sub: what`` from msgspec's ``what - at `$.field.sub` ``."""
-    text = str(exc)
-    what, sep, where = text.rpartition(" - at `$")
-    if not sep:
-        return text
-    path = _PATH.sub(lambda m: f".{m.group(1)}" if m.group(1) else ".", where.rstrip("`"))
-    return f"{path.strip('.') or '(header)'}: {what}"
+        raise InvalidMessage(f"invalid {cls.__name__}: {readable(exc)}") from None
 
 
 def encode(
@@ -448,43 +438,15 @@ def _refuse_header(mtype: int, raw: bytes, exc: Exception) -> NoReturn:
     does not decode or breaks its schema."""
     model = _BY_TYPE[mtype]
     if isinstance(exc, msgspec.ValidationError):
-        message = f"invalid {model.__name__} header: {_readable(exc)}"
+        message = f"invalid {model.__name__} header: {readable(exc)}"
     elif isinstance(exc, RecursionError):
         message = f"invalid {model.__name__} header: nested too deeply"
     else:
-        message = f"invalid {model.__name__} header: {_lenient_reason(model, raw) or exc}"
-    ident = _frame_identity(raw) if model is Frame else None
+        message = f"invalid {model.__name__} header: {lenient_reason(model, raw) or exc}"
+    ident = frame_identity(raw, _STREAM_ID_RE) if model is Frame else None
     if ident is not None:
         raise FrameError(message, stream_id=ident[0], seq=ident[1])
     raise ProtocolError(message)
-
-
-def _lenient_reason(model: type[_Header], raw: bytes) -> str | None:
-    """Which field is wrong in a header that is not strict JSON but Python's reader takes
-    (``NaN``, ``Infinity``): msgspec's own message only gives the byte offset."""
-    try:
-        msgspec.convert(json.loads(raw), model)
-    except msgspec.ValidationError as exc:
-        return _readable(exc)
-    except (ValueError, RecursionError):
-        pass
-    return None
-
-
-def _frame_identity(raw: bytes) -> tuple[str, int] | None:
-    """(stream_id, seq) of an invalid FRAME header when both are valid, else None."""
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    stream_id, seq = obj.get("stream_id"), obj.get("seq")
-    if not isinstance(stream_id, str) or _STREAM_ID_RE.fullmatch(stream_id) is None:
-        return None
-    if type(seq) is not int or not 0 <= seq < 2**63:
-        return None
-    return stream_id, seq
 
 
 # -- detections payload --------------------------------------------------------
