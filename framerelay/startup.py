@@ -9,8 +9,12 @@ variable that sets it, never a traceback.
 from __future__ import annotations
 
 import errno
+import io
+import json
 import logging
+import os
 import socket
+import sys
 
 from framerelay.errors import ConfigError
 
@@ -47,6 +51,25 @@ def check_port(host: str, port: int, setting: str) -> None:
             return  # a host name: the real bind says what is wrong with it
         except OSError as exc:
             raise bind_error(exc, host, port, setting) from None
+
+
+def print_ready_json(info: dict[str, object]) -> None:
+    """``info`` as one JSON line on stdout, written with a single ``write(2)``.
+
+    Workers started together by ``framerelay worker --gpus`` share their
+    parent's stdout; a pipe write under ``PIPE_BUF`` (4 KiB) is atomic, so
+    their lines never interleave, even with ``PYTHONUNBUFFERED=1`` (where
+    ``print`` writes the text and the newline in two calls).
+    """
+    data = (json.dumps(info) + "\n").encode()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        sys.stdout.write(data.decode())  # a captured stdout (tests): no descriptor
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()
+    os.write(fd, data)
 
 
 def announce_ready(service: str, url: str, loaded: str) -> None:

@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(settings: object) -> int:
-    import json
     import logging
 
     import uvicorn
@@ -50,7 +49,7 @@ async def _serve(settings: object) -> int:
     from deploy.settings import OrchestratorSettings
     from deploy.tls import api_ssl_options
     from framerelay.lifecycle import install_signal_handlers
-    from framerelay.startup import announce_ready
+    from framerelay.startup import announce_ready, print_ready_json
 
     assert isinstance(settings, OrchestratorSettings)  # noqa: S101 - built above
     tls = api_ssl_options(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
@@ -74,7 +73,7 @@ async def _serve(settings: object) -> int:
         port = sock.getsockname()[1]
         scheme = "https" if tls else "http"
         ready = {"event": "ready", "url": f"{scheme}://{settings.host}:{port}"}
-        print(json.dumps(ready), flush=True)
+        print_ready_json(ready)
         announce_ready("orchestrator API", ready["url"], _loaded(settings))
     try:
         await asyncio.wait({api, loop}, return_when=asyncio.FIRST_COMPLETED)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -120,7 +119,7 @@ def startup_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> li
 
 async def _serve(settings: Any, announce: bool) -> int:
     from framerelay.lifecycle import install_signal_handlers, startup_heap_frozen
-    from framerelay.startup import announce_ready, bind_error, check_port
+    from framerelay.startup import announce_ready, bind_error, check_port, print_ready_json
     from gpu_worker.server import TUNNEL_PATH, Worker
 
     where = "--port / FRAMERELAY_WORKER_PORT"
@@ -139,7 +138,7 @@ async def _serve(settings: Any, announce: bool) -> int:
         "providers": list(worker.detector.providers),
     }
     if announce:
-        print(json.dumps(info), flush=True)
+        print_ready_json(info)
     model = settings.detector.model
     announce_ready(
         f"worker {settings.worker_id}",

@@ -101,14 +101,20 @@ class Pair:
     def __init__(self, log: Path, gpus: str = "0,1", workers: int = 2) -> None:
         self.log = log
         self.stderr = log.open("w")
-        env = clean_env(FRAMERELAY_TOKEN_SECRETS=SECRET)
+        # Unbuffered, as CI once ran it: print() then wrote the JSON and its newline in two
+        # calls and two workers' ready lines interleaved on the shared pipe.
+        env = clean_env(FRAMERELAY_TOKEN_SECRETS=SECRET, PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", "framerelay", "worker", "--gpus", gpus, "--port", "0",
                "--worker-id", "fm", "--model", str(MODEL), "--providers", "cpu",
                "--threads", "1", "--announce"]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr, text=True
         )
-        self.ready = {r["worker_id"]: r for r in (self._line() for _ in range(workers))}
+        try:
+            self.ready = {r["worker_id"]: r for r in (self._line() for _ in range(workers))}
+        except BaseException:
+            self.close()  # no child left running, no pipe left to the garbage collector
+            raise
 
     def _line(self) -> dict[str, str]:
         stdout = self.proc.stdout
