@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 
 from framerelay.errors import ConfigError
 
@@ -53,7 +54,7 @@ def check_port(host: str, port: int, setting: str) -> None:
             raise bind_error(exc, host, port, setting) from None
 
 
-def print_ready_json(info: dict[str, object]) -> None:
+def print_ready_json(info: Mapping[str, object]) -> None:
     """``info`` as one JSON line on stdout, written with a single ``write(2)``.
 
     Workers started together by ``framerelay worker --gpus`` share their
