@@ -63,11 +63,14 @@ class Acceleration:
     """Set only while TensorRT is in use."""
     in_graph_prep: bool = False
     """The model takes uint8 NHWC BGR and converts it in its own graph (on the device)."""
+    in_graph_post: bool = False
+    """Box decode, top-k and NMS run in the model's graph; only kept boxes come back."""
 
     def as_info(self) -> dict[str, object]:
         cache = None if self.engine_cache_dir is None else str(self.engine_cache_dir)
         return {"fp16": self.fp16, "io_binding": self.io_binding, "engine_cache_dir": cache,
-                "in_graph_prep": self.in_graph_prep}  # fmt: skip
+                "in_graph_prep": self.in_graph_prep,
+                "in_graph_post": self.in_graph_post}  # fmt: skip
 
 
 def acceleration_of(detector: object) -> Acceleration:
@@ -117,6 +120,12 @@ class OnnxDetectorSettings(_Common):
         description="Feed the model uint8 NHWC BGR and do its cast/transpose (and for "
         "Ultralytics exports BGR->RGB, /255) inside the graph, on the device; auto: on when "
         "a GPU provider is chosen (on the CPU numpy does the same work).",
+    )
+    in_graph_post: IoBindingMode = Field(
+        "auto",
+        description="Decode boxes, keep the top scores and run class-aware NMS inside the "
+        "graph for the whole batch, on the device, so only kept boxes reach the host; auto: "
+        "on when a GPU provider is chosen (on the CPU numpy gives the same detections).",
     )
 
     def engine_cache_path(self) -> Path:

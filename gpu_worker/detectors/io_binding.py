@@ -133,6 +133,18 @@ class BoundRunner:
         return np.asarray(result, dtype=np.float32)
 
 
+    def run_all(self, tensor: NDArray[Any]) -> list[NDArray[Any]]:
+        """One run; every output, in the session's order, in ordinary host memory (sizes
+        that depend on the data, e.g. the kept boxes of in-graph NMS)."""
+        binding = self._session.io_binding()
+        value = ort.OrtValue.ortvalue_from_numpy(tensor, self._device, self._device_id)
+        binding.bind_ortvalue_input(self._input, value)
+        for output in self._session.get_outputs():
+            binding.bind_output(output.name, "cpu")
+        self._session.run_with_iobinding(binding)
+        return [np.asarray(o) for o in binding.copy_outputs_to_cpu()]
+
+
 def _fixed_tail(shape: list[Any]) -> tuple[int, ...] | None:
     """The output's dimensions after the batch axis, when all are fixed integers."""
     tail = shape[1:]

@@ -29,6 +29,8 @@ from framerelay.errors import ModelError
 from gpu_worker.detectors import ort_providers as op
 from gpu_worker.detectors.base import Acceleration, ModelInput, OnnxDetectorSettings
 from gpu_worker.detectors.batch_axis import dynamic_batch_model
+from gpu_worker.detectors.graph_post import Format as GraphFormat
+from gpu_worker.detectors.graph_post import split_detections, with_nms
 from gpu_worker.detectors.graph_prep import with_uint8_input
 from gpu_worker.detectors.io_binding import BoundRunner
 from gpu_worker.detectors.postprocess import (
@@ -66,11 +68,14 @@ class OnnxDetector:
         meta = self._session.get_modelmeta().custom_metadata_map
         self.format = self._detect_format(settings.format, meta)
         self.class_names = self._class_names(settings, meta)
-        self._uint8 = self._wants_prep(settings)
+        fmt: GraphFormat = "ultralytics" if self.format == "ultralytics" else "yolox"
+        self._uint8 = self._wants(settings.in_graph_prep, settings)
         if self._uint8:
-            model_bytes = with_uint8_input(model_bytes, "ultralytics" if self.format ==
-                                           "ultralytics" else "yolox")  # fmt: skip
+            model_bytes = with_uint8_input(model_bytes, fmt)
             shape = dataclasses.replace(shape, channels_last=True)
+        self._in_graph_post = self._wants(settings.in_graph_post, settings)
+        if self._in_graph_post:
+            model_bytes = with_nms(model_bytes, fmt, (shape.width, shape.height), self._post)
         self._session, cache = self._accelerate(model_bytes, settings, shape)
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
         self._runner = self._bound_runner(settings)
@@ -79,6 +84,7 @@ class OnnxDetector:
             io_binding=self._runner is not None,
             engine_cache_dir=cache if op.TENSORRT in self.providers else None,
             in_graph_prep=self._uint8,
+            in_graph_post=self._in_graph_post,
         )
         self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
 
@@ -94,11 +100,12 @@ class OnnxDetector:
         return op.ModelShape(inp.name, c, h, w, self._batched)
 
     @staticmethod
-    def _wants_prep(settings: OnnxDetectorSettings) -> bool:
-        """Pre-processing in the graph: on, off, or (auto) when a GPU provider is chosen."""
-        if settings.in_graph_prep == "auto":
+    def _wants(mode: str, settings: OnnxDetectorSettings) -> bool:
+        """A graph rewrite (pre- or post-processing): on, off, or (auto) when a GPU
+        provider is chosen."""
+        if mode == "auto":
             return op.on_gpu(choose_providers(settings.providers))
-        return settings.in_graph_prep == "on"
+        return mode == "on"
 
     def _accelerate(
         self, model: bytes, settings: OnnxDetectorSettings, shape: op.ModelShape
@@ -107,7 +114,7 @@ class OnnxDetector:
         the model was not rewritten)."""
         chosen = choose_providers(settings.providers)
         if chosen == [op.CPU]:
-            if self._uint8:
+            if self._uint8 or self._in_graph_post:
                 return self._open(model, settings, [op.CPU]), None
             return self._session, None
         cache: Path | None = None
@@ -218,6 +225,20 @@ class OnnxDetector:
         out: Any = self._session.run(None, {self._input_name: tensor})[0]
         return np.asarray(out, dtype=np.float32)
 
+    def _run_post(self, tensor: NDArray[Any]) -> list[NDArray[Any]]:
+        """The in-graph post-processing's outputs (graph_post.OUTPUTS) for the batch."""
+        if self._batched:
+            return self._run_all(tensor)
+        parts = [self._run_all(t[None]) for t in tensor]  # one image per run
+        for i, part in enumerate(parts):
+            part[0] = np.full_like(part[0], i)
+        return [np.concatenate([p[k] for p in parts]) for k in range(4)]
+
+    def _run_all(self, tensor: NDArray[Any]) -> list[NDArray[Any]]:
+        if self._runner is not None:
+            return self._runner.run_all(tensor)
+        return [np.asarray(o) for o in self._session.run(None, {self._input_name: tensor})]
+
     def infer(self, batch: Sequence[ModelInput]) -> list[Detections]:
         if not batch:
             return []
@@ -225,7 +246,12 @@ class OnnxDetector:
         step = self.settings.max_batch
         for start in range(0, len(batch), step):
             chunk = batch[start : start + step]
-            raw = self._run(self._to_tensor(chunk))
+            tensor = self._to_tensor(chunk)
+            if self._in_graph_post:
+                outs = self._run_post(tensor)
+                results.extend(split_detections(outs, [m.letterbox for m in chunk]))
+                continue
+            raw = self._run(tensor)
             results.extend(self._decode(raw[i], m) for i, m in enumerate(chunk))
         return results
 

@@ -51,6 +51,7 @@ def test_cpu_defaults_report_nothing_accelerated(plain: OnnxDetector) -> None:
         "io_binding": False,
         "engine_cache_dir": None,
         "in_graph_prep": False,
+        "in_graph_post": False,
     }
     auto = _detector()  # auto: off on the CPU provider
     assert not auto.acceleration.io_binding
@@ -166,9 +167,19 @@ def _matched(cpu: Detections, gpu: Detections, min_iou: float) -> None:
 @pytest.mark.gpu
 def test_cuda_io_binding_matches_the_cpu(plain: OnnxDetector, frames: list[ModelInput]) -> None:
     _cuda_or_skip()
-    cuda = _detector(providers="cuda", io_binding="auto")
+    cuda = _detector(providers="cuda", io_binding="auto", in_graph_post="off")  # raw: pinned
     assert cuda.providers[0] == op.CUDA and cuda.acceleration.io_binding
     assert cuda._runner is not None and cuda._runner.pinned_outputs
+    for a, b in zip(plain.infer(frames), cuda.infer(frames), strict=True):
+        _matched(a, b, min_iou=0.98)
+
+
+@pytest.mark.gpu
+def test_cuda_in_graph_post_matches_the_cpu(plain: OnnxDetector, frames: list[ModelInput]) -> None:
+    """auto on a GPU provider: box decode, top-k and NMS run on the device."""
+    _cuda_or_skip()
+    cuda = _detector(providers="cuda", max_batch=4)
+    assert cuda.acceleration.in_graph_post and cuda.acceleration.in_graph_prep
     for a, b in zip(plain.infer(frames), cuda.infer(frames), strict=True):
         _matched(a, b, min_iou=0.98)
 

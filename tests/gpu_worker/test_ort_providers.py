@@ -155,10 +155,12 @@ def test_acceleration_info() -> None:
         "io_binding": True,
         "engine_cache_dir": "/v/trt",
         "in_graph_prep": False,
+        "in_graph_post": False,
     }
     assert acceleration_of(object()).as_info() == {
         "fp16": False,
         "io_binding": False,
         "engine_cache_dir": None,
         "in_graph_prep": False,
+        "in_graph_post": False,
     }
