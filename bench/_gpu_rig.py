@@ -17,7 +17,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -76,8 +76,9 @@ async def _serve(worker: Worker, conn: Connection) -> None:
             if message[0] != "bare":
                 break
             _, jpegs, letterbox, warmup_s, seconds = message
-            args = (worker.detector, worker.decode_pool, jpegs, letterbox, worker.batcher.max_batch)
-            conn.send(("bare", await asyncio.to_thread(bare_loops, *args, warmup_s, seconds)))
+            args = (worker.detector, worker.decode_pool, jpegs, letterbox, worker.batcher.max_batch,
+                    warmup_s, seconds, worker.batcher.decoder)  # fmt: skip
+            conn.send(("bare", await asyncio.to_thread(bare_loops, *args)))
     except EOFError:
         pass  # the parent is gone
     finally:
@@ -86,15 +87,17 @@ async def _serve(worker: Worker, conn: Connection) -> None:
 
 
 def bare_loops(detector: Detector, pool: Executor, jpegs: Sequence[bytes], letterbox: Letterbox,
-               batch: int, warmup_s: float, seconds: float) -> dict[str, float]:  # fmt: skip
-    """Frames/s of decode + infer (pipelined), then of infer alone, flat out."""
+               batch: int, warmup_s: float, seconds: float,
+               decoder: Any = None) -> dict[str, float]:  # fmt: skip
+    """Frames/s of decode + infer (pipelined), then of infer alone, flat out; ``decoder``:
+    the worker's batch decoder (its decode stage), else each JPEG alone in ``pool``."""
     from gpu_worker.detectors import ModelInput
     from gpu_worker.images import decode_jpeg_bgr
 
     w, h = detector.input_size
     decoded = [ModelInput(decode_jpeg_bgr(jpegs[k % len(jpegs)], w, h), letterbox)
                for k in range(batch)]  # fmt: skip
-    loop = _Pipelined(detector, pool, jpegs, letterbox, batch)
+    loop = _Pipelined(detector, pool, jpegs, letterbox, batch, decoder)
     full = _flat_out(loop.step, batch, warmup_s, seconds)
     alone = _flat_out(lambda: detector.infer(decoded), batch, min(warmup_s, 1.0), seconds / 2)
     return {"bare_fps": full, "model_fps": alone}
@@ -104,9 +107,10 @@ class _Pipelined:
     """Decode + infer, one batch a step; the next batch decodes while this one infers."""
 
     def __init__(self, detector: Detector, pool: Executor, jpegs: Sequence[bytes],
-                 letterbox: Letterbox, batch: int) -> None:  # fmt: skip
+                 letterbox: Letterbox, batch: int, decoder: Any = None) -> None:  # fmt: skip
         self.detector, self.pool, self.jpegs = detector, pool, jpegs
-        self.letterbox, self.batch = letterbox, batch
+        self.letterbox, self.batch, self.decoder = letterbox, batch, decoder
+        self.stage = ThreadPoolExecutor(1, thread_name_prefix="bare-decode")
         self.next = 0
         self.pending = self._submit()
 
@@ -116,15 +120,18 @@ class _Pipelined:
         w, h = self.detector.input_size
         n, start = len(self.jpegs), self.next
         self.next += self.batch
-        return [self.pool.submit(decode_jpeg_bgr, self.jpegs[(start + k) % n], w, h)
-                for k in range(self.batch)]  # fmt: skip
+        items = [self.jpegs[(start + k) % n] for k in range(self.batch)]
+        if self.decoder is not None:  # one job per batch, as the worker's decode stage
+            return [self.stage.submit(self.decoder.decode, items, w, h)]
+        return [self.pool.submit(decode_jpeg_bgr, item, w, h) for item in items]
 
     def step(self) -> None:
         from gpu_worker.detectors import ModelInput
 
-        images = [ModelInput(f.result(), self.letterbox) for f in self.pending]
+        done = [f.result() for f in self.pending]
+        images = done[0] if self.decoder is not None else done
         self.pending = self._submit()
-        self.detector.infer(images)
+        self.detector.infer([ModelInput(image, self.letterbox) for image in images])
 
 
 def _flat_out(step: Callable[[], object], batch: int, warmup_s: float, seconds: float) -> float:

@@ -127,6 +127,29 @@ def encode_frames(limit: int, size: tuple[int, int]) -> tuple[list[bytes], Lette
     return jpegs, letterbox
 
 
+def stored_frames(path: Path | None, limit: int, size: tuple[int, int]
+                  ) -> tuple[list[bytes], Letterbox]:  # fmt: skip
+    """:func:`encode_frames`, kept in ``path`` (``.npz``: the JPEGs end to end, their
+    ends, the letterbox) when one is given: read when it holds frames of ``size``."""
+    if path is not None and path.is_file():
+        with np.load(path) as data:
+            ends = [int(e) for e in data["ends"]]
+            blob, box = data["jpegs"].tobytes(), [int(v) for v in data["letterbox"]]
+            scale = float(data["scale"])
+        if (box[2], box[3]) == size and ends:
+            jpegs = [blob[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)][:limit]
+            print(f"frames: {len(jpegs)} JPEGs from {path}")
+            return jpegs, Letterbox(box[0], box[1], box[2], box[3], scale, box[4], box[5])
+    jpegs, lb = encode_frames(limit, size)
+    if path is not None:
+        box = np.array([lb.src_w, lb.src_h, lb.dst_w, lb.dst_h, lb.pad_x, lb.pad_y])
+        np.savez(path, jpegs=np.frombuffer(b"".join(jpegs), np.uint8),
+                 ends=np.cumsum([len(j) for j in jpegs]), scale=np.array(lb.scale),
+                 letterbox=box)  # fmt: skip
+        print(f"frames: {len(jpegs)} JPEGs written to {path}")
+    return jpegs, lb
+
+
 # -- the senders (this process) -----------------------------------------------------------
 
 
@@ -319,6 +342,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--tracker", default="default", help="each stream's tracker (default, none, ...)")
     add("--frames", type=bounded(int, 1, MAX_FRAMES), default=MAX_FRAMES,
         help=f"distinct JPEGs cycled (1-{MAX_FRAMES})")  # fmt: skip
+    add("--frames-file", type=Path, default=None,
+        help="keep the JPEGs in this .npz: read it when it exists, else make them (PyAV) and "
+        "write it; a machine without PyAV runs on a file made elsewhere")  # fmt: skip
     add("--model", type=Path, default=MODEL, help="an ONNX detector (416x416 YOLOX by default)")
     add("--start-timeout", type=bounded(float, 10, 1800), default=600.0,
         help="seconds for the worker to load and warm up (TensorRT builds engines)")  # fmt: skip
@@ -375,7 +401,8 @@ def main() -> int:
     util: dict[str, list[float]] = {"tunnel": [], "bare": []}
     try:
         ready = wait_ready(proc, conn, args.start_timeout)
-        jpegs, lb = encode_frames(args.frames, (ready["input"][0], ready["input"][1]))
+        size = (ready["input"][0], ready["input"][1])
+        jpegs, lb = stored_frames(args.frames_file, args.frames, size)
         url = f"ws://127.0.0.1:{ready['port']}/v1/tunnel"
         phases = 2 * (load.warmup_s + load.seconds) + min(load.warmup_s, 1.0) + load.seconds / 2
         with Progress.timed(phases, "gpu bench"):

@@ -31,9 +31,11 @@ from numpy.typing import NDArray
 
 from framerelay import wire
 from framerelay.detections import Detections
+from framerelay.errors import ProtocolError
 from framerelay.geometry import Letterbox
 from gpu_worker.detectors import Detector, ModelInput
 from gpu_worker.faults import FaultInjector
+from gpu_worker.jpeg_batch import BatchJpegDecoder
 from gpu_worker.lanes import Lanes
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.sessions import StreamSession
@@ -60,13 +62,20 @@ Outcome = list[Reply] | Failure
 @dataclass(slots=True)
 class WorkItem:
     frame: wire.Frame
-    image: NDArray[np.uint8]
+    image: NDArray[np.uint8] | None
+    """Decoded; None while ``jpeg`` waits for the batcher's decode stage."""
     session: StreamSession
     reply: Callable[[WorkItem, Outcome], None]
     """Called on the event loop with the frame's outcome."""
     received_at: float
     decoded_at: float
     lane: int = 0
+    jpeg: bytes | memoryview | None = None
+    """The payload, until the decode stage turns it into ``image``."""
+
+
+Decoded = tuple[list[WorkItem], list[Failure | None]]
+"""A batch out of the decode stage, with each item's failure (None: decoded)."""
 
 
 class ErrorLog:
@@ -105,8 +114,11 @@ class Batcher:
         capacity: int,
         batch_wait_ms: float = 0.0,
         faults: FaultInjector | None = None,
+        decoder: BatchJpegDecoder | None = None,
     ) -> None:
         self.detector = detector
+        self.decoder = decoder
+        """The decode stage's decoder; None: frames arrive decoded (``submit`` them so)."""
         self.metrics = metrics
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000
@@ -114,6 +126,7 @@ class Batcher:
         self.errors = ErrorLog()
         self._lanes: Lanes[WorkItem] = Lanes(capacity)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer")
+        self._decode_executor = ThreadPoolExecutor(1, thread_name_prefix="decode-stage")
         self.faults = faults or FaultInjector(None)  # test-only hook (gpu_worker/faults.py)
 
     def open_lane(self) -> int:
@@ -139,22 +152,73 @@ class Batcher:
         return True
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            while True:
-                batch = await self._collect()
-                self.heartbeat.started(time.monotonic())
-                try:
-                    outcomes = await loop.run_in_executor(self._executor, self.process, batch)
-                except Exception as exc:  # a bug in process(): fail the batch, keep the loop
-                    self.errors.report("inference loop", exc)
-                    outcomes = [Failure("inference_error", _describe(exc))] * len(batch)
-                finally:
-                    self.heartbeat.finished(time.monotonic())
-                self._deliver(batch, outcomes)
+            if self.decoder is None:
+                while True:
+                    batch = await self._collect()
+                    self.heartbeat.started(time.monotonic())
+                    await self._infer_and_deliver(batch, [None] * len(batch))
+            else:  # two stages: the next batch decodes while this one infers
+                decoded: asyncio.Queue[Decoded] = asyncio.Queue(maxsize=1)
+                async with asyncio.TaskGroup() as stages:
+                    stages.create_task(self._decode_stage(self.decoder, decoded))
+                    stages.create_task(self._infer_stage(decoded))
         finally:
             self.faults.release()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._decode_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _decode_stage(self, decoder: BatchJpegDecoder, out: asyncio.Queue[Decoded]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            self.heartbeat.started(time.monotonic())
+            try:
+                failed = await loop.run_in_executor(
+                    self._decode_executor, self._decode, decoder, batch
+                )
+            except Exception as exc:  # a bug in the decoder: fail the batch, keep the loop
+                self.errors.report("decode stage", exc)
+                failed = [Failure("decode_error", _describe(exc))] * len(batch)
+            for item, failure in zip(batch, failed, strict=True):
+                if failure is None:
+                    ms = (item.decoded_at - item.received_at) * 1000
+                    self.metrics.stage_ms.labels("decode").observe(ms)
+            await out.put((batch, failed))
+
+    async def _infer_stage(self, decoded: asyncio.Queue[Decoded]) -> None:
+        while True:
+            batch, failed = await decoded.get()
+            await self._infer_and_deliver(batch, failed)
+
+    def _decode(self, decoder: BatchJpegDecoder, batch: list[WorkItem]) -> list[Failure | None]:
+        """Blocking (decode stage thread): each item's image, or why it has none."""
+        w, h = self.detector.input_size
+        images = decoder.decode([bytes(it.jpeg or b"") for it in batch], w, h)
+        now = time.monotonic()
+        failed: list[Failure | None] = []
+        for item, image in zip(batch, images, strict=True):
+            item.jpeg = None
+            if isinstance(image, ProtocolError):
+                failed.append(Failure("bad_image", str(image)))
+            else:
+                item.image, item.decoded_at = image, now
+                failed.append(None)
+        return failed
+
+    async def _infer_and_deliver(self, batch: list[WorkItem], failed: list[Failure | None]) -> None:
+        """Infer the batch's decoded frames (the heartbeat was started for the batch)."""
+        good = [item for item, f in zip(batch, failed, strict=True) if f is None]
+        loop = asyncio.get_running_loop()
+        try:
+            done = await loop.run_in_executor(self._executor, self.process, good) if good else []
+        except Exception as exc:  # a bug in process(): fail the batch, keep the loop
+            self.errors.report("inference loop", exc)
+            done = [Failure("inference_error", _describe(exc))] * len(good)
+        finally:
+            self.heartbeat.finished(time.monotonic())
+        results = iter(done)
+        self._deliver(batch, [f if f is not None else next(results) for f in failed])
 
     def _deliver(self, batch: list[WorkItem], outcomes: list[Outcome]) -> None:
         for item, outcome in zip(batch, outcomes, strict=True):
@@ -211,7 +275,7 @@ class Batcher:
     def _infer(self, items: list[WorkItem]) -> list[Detections]:
         self.faults.before_infer()  # no-op unless test_fault is set (tests)
         size = self.detector.input_size
-        inputs = [ModelInput(it.image, _letterbox(it.frame, size)) for it in items]
+        inputs = [ModelInput(_image(it), _letterbox(it.frame, size)) for it in items]
         out = self.detector.infer(inputs)
         if len(out) != len(items):
             raise RuntimeError(f"the detector returned {len(out)} results for {len(items)} images")
@@ -259,6 +323,12 @@ class Batcher:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _image(item: WorkItem) -> NDArray[np.uint8]:
+    if item.image is None:
+        raise RuntimeError(f"frame {item.frame.seq} of {item.frame.stream_id} was not decoded")
+    return item.image
 
 
 def _letterbox(f: wire.Frame, size: tuple[int, int]) -> Letterbox:

@@ -9,7 +9,9 @@ sender's credit. A correct ingest never sends a bad header or image: a tunnel
 sending more than ``max_bad_frames_per_s`` of them in a second is closed (1008).
 Frames are decoded in parallel across the decode pool, up to
 ``decode_threads`` per tunnel (:mod:`gpu_worker.decoding`), and reach the
-batcher in their stream's order. Results leave through a bounded outbound
+batcher in their stream's order; or, with a batch decoder (``jpeg_decoder``
+``cpu-batch`` or ``nvimgcodec``), they go to the batcher as JPEGs and its
+decode stage decodes each batch at once. Results leave through a bounded outbound
 queue with a send timeout, so a peer that stops reading is cut off instead of
 stalling the worker.
 """
@@ -226,7 +228,13 @@ class TunnelConnection:
         if not self.batcher.has_room(self._lane):  # refuse before paying for the decode
             self._refuse_capacity(frame)
             return
-        await self._decoder.start(frame, payload, session)
+        if self.batcher.decoder is None:
+            await self._decoder.start(frame, payload, session)
+            return
+        now = time.monotonic()  # the batcher's decode stage decodes it with its batch
+        item = WorkItem(frame, None, session, self._reply, now, now, self._lane, payload)
+        if not self.batcher.submit(item):
+            self._refuse_capacity(frame)
 
     def _decoded(self, job: Decoding, outcome: Image | ProtocolError) -> None:
         """A frame's decode finished (in its stream's order): to the batcher, or refused."""

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 Image = NDArray[np.uint8]
 Decoded = Image | ProtocolError
-JpegDecoderName = Literal["auto", "cpu", "nvimgcodec"]
+JpegDecoderName = Literal["auto", "cpu", "cpu-batch", "nvimgcodec"]
 NVIMGCODEC_MODULE = "nvidia.nvimgcodec"
 INSTALL_HINT = (
     "install the gpu extra (pip install 'framerelay[gpu]', which brings "
@@ -174,9 +174,11 @@ def make_decoder(
     gpu_missing: Callable[[], str | None] = _gpu_missing,
 ) -> BatchJpegDecoder:
     """The decoder the ``jpeg_decoder`` setting asks for (``ConfigError`` where it cannot run)."""
-    if choice not in ("auto", "cpu", "nvimgcodec"):
-        raise ConfigError(f"jpeg_decoder must be auto, cpu or nvimgcodec, not {choice!r}")
-    if choice == "cpu":
+    if choice not in ("auto", "cpu", "cpu-batch", "nvimgcodec"):
+        raise ConfigError(
+            f"jpeg_decoder must be auto, cpu, cpu-batch or nvimgcodec, not {choice!r}"
+        )
+    if choice in ("cpu", "cpu-batch"):
         return CpuBatchDecoder(pool)
     missing = gpu_missing()
     if choice == "nvimgcodec":
@@ -192,3 +194,31 @@ def make_decoder(
     except ConfigError as exc:
         log.info("JPEG decode on the CPU: %s", exc)
         return CpuBatchDecoder(pool)
+
+
+def stage_decoder(
+    choice: str,
+    pool: Executor | None = None,
+    *,
+    gpu_missing: Callable[[], str | None] = _gpu_missing,
+) -> BatchJpegDecoder | None:
+    """The decoder of the batcher's decode stage, or ``None`` where frames are decoded one
+    by one as they arrive (``cpu``, and ``auto`` without nvImageCodec and a GPU).
+
+    ``cpu-batch`` and ``nvimgcodec`` decode each batch at once in a stage in front of
+    inference (the next batch decodes while this one infers), so the event loop hands off
+    one job per batch instead of one per frame."""
+    if choice == "cpu":
+        make_decoder(choice, pool)  # the same validation
+        return None
+    decoder = make_decoder(choice, pool, gpu_missing=gpu_missing)
+    if choice == "auto" and isinstance(decoder, CpuBatchDecoder):
+        return None
+    return decoder
+
+
+def decoder_in_use(decoder: BatchJpegDecoder | None) -> str:
+    """The ``jpeg_decoder`` value that describes ``decoder`` (``/info``)."""
+    if decoder is None:
+        return "cpu"
+    return "cpu-batch" if decoder.name == "cpu" else decoder.name

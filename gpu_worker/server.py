@@ -46,6 +46,7 @@ from gpu_worker.detectors import Detector, ModelInput, load_detector
 from gpu_worker.detectors.base import acceleration_of
 from gpu_worker.faults import FaultInjector
 from gpu_worker.gpu_stats import read_gpus
+from gpu_worker.jpeg_batch import decoder_in_use, stage_decoder
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import server_ssl_context, tunnel_guard
@@ -118,6 +119,7 @@ class Worker:
         """Tunnels closed for misbehaving, per address: past the limit, new ones get 429."""
         self.detector = detector or load_detector(settings.detector)
         self._report_detector()
+        self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
         self.batcher = Batcher(
             self.detector,
             self.metrics,
@@ -125,8 +127,8 @@ class Worker:
             capacity=settings.queue_capacity,
             batch_wait_ms=settings.batch_wait_ms,
             faults=FaultInjector(settings.test_fault),
+            decoder=stage_decoder(settings.jpeg_decoder, self.decode_pool),
         )
-        self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
         self.warm = False
         self.stopping = False
         self.connections: set[TunnelConnection] = set()
@@ -241,6 +243,7 @@ class Worker:
             "worker_id": self.settings.worker_id,
             "providers": list(self.detector.providers),
             **acceleration_of(self.detector).as_info(),
+            "jpeg_decoder": decoder_in_use(self.batcher.decoder),
             "input_w": w,
             "input_h": h,
             "ready": self.ready,

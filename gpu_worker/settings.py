@@ -90,11 +90,13 @@ class WorkerSettings(ServiceSettings):
         description="Send each stream's tracker snapshot this often (stream time); 0 = never.",
     )
     decode_threads: int = Field(2, ge=1, le=64)
-    jpeg_decoder: Literal["auto", "cpu", "nvimgcodec"] = Field(
+    jpeg_decoder: Literal["auto", "cpu", "cpu-batch", "nvimgcodec"] = Field(
         "auto",
-        description="JPEG decoding of a batch (gpu_worker/jpeg_batch.py): cpu (simplejpeg, "
-        "decode_threads), nvimgcodec (one nvImageCodec call per batch on the GPU; refused at "
-        "start where it cannot run), auto = nvimgcodec where it imports and a GPU is seen.",
+        description="JPEG decoding (gpu_worker/jpeg_batch.py): cpu (simplejpeg on the "
+        "decode_threads, each frame as it arrives), cpu-batch (the same threads, a whole "
+        "batch at a time in a stage before inference), nvimgcodec (one nvImageCodec call per "
+        "batch on the GPU in that stage; refused at start where it cannot run), auto = "
+        "nvimgcodec where it imports and a GPU is seen, else cpu.",
     )
     max_bad_frames_per_s: int = Field(
         20,

@@ -12,30 +12,43 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class Heartbeat:
-    """Monotonic times of the inference loop (written and read on the event loop)."""
+    """Monotonic times of the inference loop (written and read on the event loop).
 
-    busy_since: float | None = None
-    """When the batch now in the inference thread started; None when idle."""
+    A batch is busy from ``started`` to ``finished``; with the JPEG decode stage in
+    front of inference two batches can be in flight (one decoding, one inferring), and
+    they finish in the order they started: ``busy_since`` is the oldest one's start.
+    """
+
+    starts: deque[float] = field(default_factory=deque)
+    """Start times of the batches in flight, oldest first."""
     last_finished: float | None = None
     batches: int = 0
 
+    @property
+    def busy_since(self) -> float | None:
+        """When the oldest batch in flight started; None when idle."""
+        return self.starts[0] if self.starts else None
+
     def started(self, now: float) -> None:
-        self.busy_since = now
+        self.starts.append(now)
 
     def finished(self, now: float) -> None:
-        self.busy_since = None
+        if self.starts:
+            self.starts.popleft()
         self.last_finished = now
         self.batches += 1
 
     def busy_for(self, now: float) -> float:
-        """Seconds the current batch has run (0 when idle)."""
-        return 0.0 if self.busy_since is None else max(0.0, now - self.busy_since)
+        """Seconds the oldest batch in flight has run (0 when idle)."""
+        since = self.busy_since
+        return 0.0 if since is None else max(0.0, now - since)
 
 
 def ended_reason(task: asyncio.Task[None]) -> str:

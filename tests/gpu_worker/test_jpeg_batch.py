@@ -196,7 +196,7 @@ def test_choice_nvimgcodec_where_it_cannot_run_is_one_line(
 
 
 def test_unknown_choice() -> None:
-    with pytest.raises(ConfigError, match="auto, cpu or nvimgcodec"):
+    with pytest.raises(ConfigError, match="auto, cpu, cpu-batch or nvimgcodec"):
         make_decoder("turbo")
 
 
