@@ -282,6 +282,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each mode, alternating")
     ap.add_argument("--decode-threads", type=int, default=2, help="the worker's decode_threads")
     ap.add_argument("--max-batch", type=int, default=8, help="the worker's max_batch")
+    ap.add_argument("--jpeg-decoder", choices=["cpu", "cpu-batch"], default="cpu",
+                    help="the worker's jpeg_decoder: per frame, or by batch")  # fmt: skip
     ap.add_argument("--tracker", default="none", help="tracker of the streams (none, default)")
     ap.add_argument("--image", choices=["still", "flat"], default="still",
                     help="the JPEG: the sample still (~37 KB) or flat grey (~3 KB)")  # fmt: skip
@@ -311,6 +313,7 @@ def measure(
     settings: dict[str, Any] = {
         "max_inflight": load.inflight,
         "decode_threads": args.decode_threads,
+        "jpeg_decoder": args.jpeg_decoder,
         "max_batch": args.max_batch,
         "queue_capacity": load.streams * load.inflight,
         "max_refused_frames_per_s": 0,
