@@ -9,8 +9,8 @@ never fails the others.
   executor's threads when one is given (simplejpeg releases the GIL).
 - :class:`NvImgCodecDecoder`: one ``nvidia.nvimgcodec`` ``Decoder.decode`` call
   per batch (nvJPEG; on A100/H100/H200 its hardware JPEG engines), from the
-  ``nvidia-nvimgcodec-cu12`` package in the ``gpu`` extra. Headers are checked
-  on the CPU first, with the same messages as the CPU path.
+  ``nvidia-nvimgcodec-cu12`` package of the ``gpu`` extra (``-cu13``: ``gpu-cu13``).
+  Headers are checked on the CPU first, with the same messages as the CPU path.
 
 :func:`make_decoder` picks one from the ``jpeg_decoder`` setting: ``cpu``,
 ``nvimgcodec`` (a clear :class:`ConfigError` where it cannot run), or ``auto``
@@ -42,7 +42,8 @@ JpegDecoderName = Literal["auto", "cpu", "cpu-batch", "nvimgcodec"]
 NVIMGCODEC_MODULE = "nvidia.nvimgcodec"
 INSTALL_HINT = (
     "install the gpu extra (pip install 'framerelay[gpu]', which brings "
-    "nvidia-nvimgcodec-cu12) on a machine with an NVIDIA GPU, or set "
+    "nvidia-nvimgcodec-cu12; framerelay[gpu-cu13] for CUDA 13) on a machine with an NVIDIA "
+    "GPU, or set "
     "FRAMERELAY_WORKER_JPEG_DECODER=cpu"
 )
 

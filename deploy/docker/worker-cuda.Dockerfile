@@ -11,11 +11,16 @@ WORKDIR /src
 COPY . .
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-# CUDA 12 runtime + cuDNN 9, as onnxruntime-gpu 1.2x/1.3x wants; Ubuntu 24.04's Python 3.12.
+# CUDA 12 runtime + cuDNN 9; Ubuntu 24.04's Python 3.12. CUDA 12 runs on drivers from
+# R525 on (minor-version compatibility); CUDA 13 would need R580+, which rented hosts
+# often lack. onnxruntime-gpu from PyPI is built for CUDA 12 up to 1.26 and for CUDA 13
+# from 1.27 (libcublas.so.13, libcudart.so.13): 1.27+ here would load no CUDA provider.
+# Bump ORT_VERSION past 1.26 only together with this base image (CUDA 13), the TensorRT
+# libraries (tensorrt-cu13-libs) and the gpu-cu13 extra.
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 # onnxruntime-gpu links TensorRT 10 (libnvinfer.so.10): keep the TensorRT major that the
 # pinned ONNX Runtime names in its TensorRT provider's requirements when bumping either.
-ARG ORT_VERSION=1.31.1
+ARG ORT_VERSION=1.26.0
 ARG TENSORRT_SPEC="tensorrt-cu12-libs>=10.9,<11"
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \

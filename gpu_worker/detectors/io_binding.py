@@ -132,7 +132,6 @@ class BoundRunner:
         result: Any = binding.copy_outputs_to_cpu()[0]
         return np.asarray(result, dtype=np.float32)
 
-
     def run_all(self, tensor: NDArray[Any]) -> list[NDArray[Any]]:
         """One run; every output, in the session's order, in ordinary host memory (sizes
         that depend on the data, e.g. the kept boxes of in-graph NMS)."""

@@ -81,6 +81,35 @@ def test_cuda_worker_has_the_tensorrt_runtime_and_an_engine_cache_volume() -> No
     assert s.env["LD_LIBRARY_PATH"] == "/opt/tensorrt_libs"
 
 
+FIRST_CUDA13_ORT = (1, 27)
+"""onnxruntime-gpu on PyPI: built for CUDA 12 up to 1.26, for CUDA 13 from 1.27 (read off the
+wheels' libonnxruntime_providers_cuda.so, which needs libcublas.so.12 / .13)."""
+
+
+def _cuda_of_ort(version: str) -> int:
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return 13 if (major, minor) >= FIRST_CUDA13_ORT else 12
+
+
+def test_cuda_image_ort_tensorrt_and_extras_share_one_cuda_major() -> None:
+    """The shipped image pinned onnxruntime-gpu 1.31.1 (CUDA 13) on a CUDA 12.8 base: its
+    CUDA provider could not load. Every pin must name the same CUDA major."""
+    import tomllib
+
+    s = stage("worker-cuda")
+    cuda = _cuda_of_ort(s.args["ORT_VERSION"])
+    assert s.base.startswith(f"nvidia/cuda:{cuda}."), (s.base, s.args["ORT_VERSION"])
+    assert s.args["TENSORRT_SPEC"].startswith(f"tensorrt-cu{cuda}-libs")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    gpu = " ".join(extras["optional-dependencies"]["gpu"])
+    assert f"nvidia-nvimgcodec-cu{cuda}" in gpu and "onnxruntime-gpu>=1.17,<1.27" in gpu
+    cu13 = " ".join(extras["optional-dependencies"]["gpu-cu13"])
+    assert "nvidia-nvimgcodec-cu13" in cu13 and "onnxruntime-gpu>=1.27" in cu13
+    check = (ROOT / "scripts" / "gpu-check.sh").read_text()
+    libs = next(line for line in check.splitlines() if line.startswith("CUDA_LIBS="))
+    assert all(f"-cu{cuda}" in name for name in libs.split('"')[1].split()), libs
+
+
 def test_services_image_has_kubectl() -> None:
     install = " ".join(stage("service").run)
     assert "dl.k8s.io/release/${KUBECTL_VERSION}" in install and "sha256sum -c" in install
