@@ -65,12 +65,14 @@ class Acceleration:
     """The model takes uint8 NHWC BGR and converts it in its own graph (on the device)."""
     in_graph_post: bool = False
     """Box decode, top-k and NMS run in the model's graph; only kept boxes come back."""
+    batch_buckets: tuple[int, ...] = ()
+    """Batch sizes a batch is padded up to, each prepared at start (none: any size)."""
 
     def as_info(self) -> dict[str, object]:
         cache = None if self.engine_cache_dir is None else str(self.engine_cache_dir)
         return {"fp16": self.fp16, "io_binding": self.io_binding, "engine_cache_dir": cache,
-                "in_graph_prep": self.in_graph_prep,
-                "in_graph_post": self.in_graph_post}  # fmt: skip
+                "in_graph_prep": self.in_graph_prep, "in_graph_post": self.in_graph_post,
+                "batch_buckets": list(self.batch_buckets)}  # fmt: skip
 
 
 def acceleration_of(detector: object) -> Acceleration:
@@ -126,6 +128,12 @@ class OnnxDetectorSettings(_Common):
         description="Decode boxes, keep the top scores and run class-aware NMS inside the "
         "graph for the whole batch, on the device, so only kept boxes reach the host; auto: "
         "on when a GPU provider is chosen (on the CPU numpy gives the same detections).",
+    )
+    batch_buckets: IoBindingMode = Field(
+        "auto",
+        description="Pad each batch up to the next power of two (or max_batch) and run every "
+        "such size once at start, so ONNX Runtime never prepares a new input shape (seconds "
+        "each on CUDA) while serving; auto: on when a GPU provider is chosen.",
     )
 
     def engine_cache_path(self) -> Path:

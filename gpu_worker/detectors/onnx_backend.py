@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,11 @@ from numpy.typing import NDArray
 from framerelay.coco import COCO_CLASSES
 from framerelay.detections import Detections
 from framerelay.errors import ModelError
+from framerelay.geometry import Letterbox
 from gpu_worker.detectors import ort_providers as op
 from gpu_worker.detectors.base import Acceleration, ModelInput, OnnxDetectorSettings
 from gpu_worker.detectors.batch_axis import dynamic_batch_model
+from gpu_worker.detectors.buckets import bucket_for, bucket_sizes
 from gpu_worker.detectors.graph_post import Format as GraphFormat
 from gpu_worker.detectors.graph_post import split_detections, with_nms
 from gpu_worker.detectors.graph_prep import with_uint8_input
@@ -42,6 +45,7 @@ from gpu_worker.detectors.postprocess import (
 )
 
 log = logging.getLogger(__name__)
+_FULL = Letterbox(1, 1, 1, 1, 1.0)  # the warm-up's blank images: nothing to map back
 
 
 def choose_providers(wanted: str) -> list[str]:
@@ -87,6 +91,11 @@ class OnnxDetector:
             in_graph_post=self._in_graph_post,
         )
         self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
+        use_buckets = self._batched and self._wants(settings.batch_buckets, settings)
+        self._buckets: tuple[int, ...] = bucket_sizes(settings.max_batch) if use_buckets else ()
+        self.acceleration = dataclasses.replace(self.acceleration, batch_buckets=self._buckets)
+        self._pad = np.zeros((shape.height, shape.width, 3), np.uint8)
+        self._warm_buckets()
 
     def _model_shape(self) -> op.ModelShape:
         inp = self._session.get_inputs()[0]
@@ -198,11 +207,23 @@ class OnnxDetector:
                 log.warning("unreadable 'names' metadata in the model; using COCO names")
         return COCO_CLASSES
 
-    def _to_tensor(self, batch: Sequence[ModelInput]) -> NDArray[Any]:
+    def _warm_buckets(self) -> None:
+        """Run each bucket's batch size once, so serving never prepares a new shape."""
+        if not self._buckets:
+            return
+        started = time.perf_counter()
+        for size in self._buckets:
+            self._infer_chunk([ModelInput(self._pad, _FULL)] * size)
+        sizes = ",".join(map(str, self._buckets))
+        took = time.perf_counter() - started
+        log.info("batch sizes %s prepared in %.1f s (first runs of each shape)", sizes, took)
+
+    def _to_tensor(self, batch: Sequence[ModelInput], size: int = 0) -> NDArray[Any]:
         """The model's input: uint8 NHWC BGR as decoded (pre-processing in the graph), or
-        the float NCHW tensor numpy makes of it."""
+        the float NCHW tensor numpy makes of it; padded with blank images up to ``size``."""
         w, h = self.input_size
-        images = np.stack([m.image for m in batch])
+        pad = [self._pad] * (size - len(batch)) if size > len(batch) else []
+        images = np.stack([m.image for m in batch] + pad)
         if images.shape[1:] != (h, w, 3):
             raise ModelError(f"input images must be {h}x{w}x3, got {images.shape[1:]}")
         if self._uint8:
@@ -245,15 +266,17 @@ class OnnxDetector:
         results: list[Detections] = []
         step = self.settings.max_batch
         for start in range(0, len(batch), step):
-            chunk = batch[start : start + step]
-            tensor = self._to_tensor(chunk)
-            if self._in_graph_post:
-                outs = self._run_post(tensor)
-                results.extend(split_detections(outs, [m.letterbox for m in chunk]))
-                continue
-            raw = self._run(tensor)
-            results.extend(self._decode(raw[i], m) for i, m in enumerate(chunk))
+            results.extend(self._infer_chunk(batch[start : start + step]))
         return results
+
+    def _infer_chunk(self, chunk: Sequence[ModelInput]) -> list[Detections]:
+        """At most ``max_batch`` images, padded up to their bucket (padding's outputs are
+        dropped: in-graph rows of images past the chunk, raw rows past it)."""
+        tensor = self._to_tensor(chunk, bucket_for(len(chunk), self._buckets))
+        if self._in_graph_post:
+            return split_detections(self._run_post(tensor), [m.letterbox for m in chunk])
+        raw = self._run(tensor)
+        return [self._decode(raw[i], m) for i, m in enumerate(chunk)]
 
     def _decode(self, raw: NDArray[np.float32], item: ModelInput) -> Detections:
         if self._grid is not None:

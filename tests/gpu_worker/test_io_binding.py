@@ -52,6 +52,7 @@ def test_cpu_defaults_report_nothing_accelerated(plain: OnnxDetector) -> None:
         "engine_cache_dir": None,
         "in_graph_prep": False,
         "in_graph_post": False,
+        "batch_buckets": [],
     }
     auto = _detector()  # auto: off on the CPU provider
     assert not auto.acceleration.io_binding

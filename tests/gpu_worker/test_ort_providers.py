@@ -156,6 +156,7 @@ def test_acceleration_info() -> None:
         "engine_cache_dir": "/v/trt",
         "in_graph_prep": False,
         "in_graph_post": False,
+        "batch_buckets": [],
     }
     assert acceleration_of(object()).as_info() == {
         "fp16": False,
@@ -163,4 +164,5 @@ def test_acceleration_info() -> None:
         "engine_cache_dir": None,
         "in_graph_prep": False,
         "in_graph_post": False,
+        "batch_buckets": [],
     }
