@@ -164,6 +164,10 @@ class Load:
     tracker: str
 
 
+STAGES = ("decode_ms", "queue_ms", "infer_ms", "track_ms", "worker_ms")
+"""The RESULT timings the tunnel run summarises: where a frame's time went in the worker."""
+
+
 @dataclass(slots=True)
 class Tally:
     """What happened inside the measured window [start, end), over every tunnel."""
@@ -176,6 +180,8 @@ class Tally:
     dropped: int = 0
     latencies_s: list[float] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
+    stages_ms: dict[str, list[float]] = field(default_factory=dict)
+    """The worker's own timings of each result (decode, queue, infer, track, worker)."""
     problem: str = ""
     sender_cores: float = 0.0
     """CPU of this process (the senders) over the run, in cores."""
@@ -199,7 +205,11 @@ class Tally:
                 self.results += 1
                 if event.rtt_s is not None:
                     self.latencies_s.append(event.rtt_s)
-                self.batches.append(event.result.timings.get("batch", 1.0))
+                timings = event.result.timings
+                self.batches.append(timings.get("batch", 1.0))
+                for stage in STAGES:
+                    if stage in timings:
+                        self.stages_ms.setdefault(stage, []).append(timings[stage])
         return event.stream_id
 
 
@@ -469,6 +479,11 @@ def report(args: argparse.Namespace, load: Load, ready: dict[str, Any], provider
           f"each), {load.seconds:g} s after {load.warmup_s:g} s:")  # fmt: skip
     print(f"  tunnel (end to end)   {fps:9.1f} frames/s   latency p50 {lat['p50']:.1f} ms, "
           f"p99 {lat['p99']:.1f} ms")  # fmt: skip
+    stages = {k.removesuffix("_ms"): percentiles([v / 1000 for v in vals])
+              for k, vals in tally.stages_ms.items()}  # fmt: skip
+    if stages:
+        print("  in the worker, p50/p99 ms: " + ", ".join(
+            f"{k} {v['p50']:.1f}/{v['p99']:.1f}" for k, v in stages.items()))  # fmt: skip
     print(f"  bare (decode + infer) {bare['bare_fps']:9.1f} frames/s")
     print(f"  model only            {bare['model_fps']:9.1f} frames/s")
     offered = load.tunnels * load.streams * load.fps
@@ -492,6 +507,7 @@ def report(args: argparse.Namespace, load: Load, ready: dict[str, Any], provider
         "batch_wait_ms": args.batch_wait_ms, "frames": args.frames,
         "tunnel_fps": fps, "bare_fps": bare["bare_fps"], "model_fps": bare["model_fps"],
         "ratio": ratio, "offered_fps": offered, "latency_ms": lat,
+        "worker_stages_ms": {k: {q: v[q] for q in ("p50", "p99")} for k, v in stages.items()},
         "sent_fps": tally.sent / load.seconds, "dropped": tally.dropped,
         "errors": tally.errors, "problem": tally.problem, "sender_cores": tally.sender_cores,
     }, plot, folder=args.out)  # fmt: skip

@@ -35,11 +35,15 @@ def _gpu_present() -> bool:
 
 @pytest.mark.integration
 def test_the_cpu_run_prints_and_writes_its_figures_and_says_no_gpu(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "bench/gpu.py", *TINY, "--out", str(tmp_path)],
+    frames = tmp_path / "frames.npz"  # made (PyAV) and kept: a GPU box without PyAV reads it
+    args = [*TINY, "--out", str(tmp_path), "--frames-file", str(frames)]
+    run = subprocess.run([sys.executable, "bench/gpu.py", *args],
                          cwd=ROOT, capture_output=True, text=True,
                          timeout=120 * TIMEOUT_FACTOR)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     out = run.stdout
+    assert f"JPEGs written to {frames}" in out and frames.stat().st_size > 10_000
+    assert re.search(r"in the worker, p50/p99 ms: decode [\d.]+/[\d.]+, queue", out), out
     assert "model yolox_nano_416.onnx (416x416); batch 1" in out
     assert "providers CPUExecutionProvider" in out
     tunnel = re.search(r"tunnel \(end to end\)\s+([\d.]+) frames/s", out)
@@ -53,6 +57,7 @@ def test_the_cpu_run_prints_and_writes_its_figures_and_says_no_gpu(tmp_path: Pat
     assert results["tunnel_fps"] > 0 and results["bare_fps"] > 0 and results["model_fps"] > 0
     assert results["ratio"] == pytest.approx(results["tunnel_fps"] / results["bare_fps"])
     assert results["errors"] == 0 and results["latency_ms"]["p99"] >= results["latency_ms"]["p50"]
+    assert set(results["worker_stages_ms"]) >= {"decode", "queue", "infer", "track", "worker"}
     model = (results["model"], results["input"], results["batch"])
     assert model == ("yolox_nano_416.onnx", [416, 416], 1)
     if not _gpu_present():  # never a GPU claim without one
@@ -113,3 +118,14 @@ def test_unknown_arguments_are_refused() -> None:
     run = subprocess.run([str(SCRIPT), "--bogus"], cwd=ROOT, capture_output=True, text=True,
                          timeout=30)  # fmt: skip
     assert run.returncode == 2 and "unknown argument '--bogus'" in run.stderr
+
+
+def test_stored_frames_read_back_the_same(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.gpu import stored_frames
+
+    path = tmp_path / "frames.npz"
+    made, lb = stored_frames(path, 5, (416, 416))
+    read, lb2 = stored_frames(path, 5, (416, 416))
+    assert read == made and len(read) == 5 and lb2 == lb
+    assert stored_frames(path, 2, (416, 416))[0] == made[:2]
