@@ -129,6 +129,11 @@ class Batcher:
         self._decode_executor = ThreadPoolExecutor(1, thread_name_prefix="decode-stage")
         self.faults = faults or FaultInjector(None)  # test-only hook (gpu_worker/faults.py)
 
+    @property
+    def inference_thread(self) -> ThreadPoolExecutor:
+        """The one thread that runs the detector (warm-ups belong there too)."""
+        return self._executor
+
     def open_lane(self) -> int:
         """A lane for a new tunnel; its frames carry the key in ``WorkItem.lane``."""
         return self._lanes.open()

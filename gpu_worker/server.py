@@ -200,7 +200,11 @@ class Worker:
         )
 
     def warm_up(self) -> float:
-        """Blocking: run the model a few times; returns the last run's ms."""
+        """Blocking: the detector's own preparation (each batch shape it will see), then the
+        model a few times; returns the last run's ms. Runs on the inference thread."""
+        prepare = getattr(self.detector, "prepare", None)
+        if callable(prepare):
+            prepare()
         w, h = self.detector.input_size
         item = ModelInput(np.full((h, w, 3), 114, np.uint8), Letterbox.fit(w, h, w, h))
         elapsed = 0.0
@@ -319,7 +323,8 @@ class Worker:
 
     async def start(self) -> tuple[str, int]:
         """Warm up, then listen; returns the bound (host, port)."""
-        ms = await asyncio.to_thread(self.warm_up)
+        loop = asyncio.get_running_loop()
+        ms = await loop.run_in_executor(self.batcher.inference_thread, self.warm_up)
         self.warmup_ms = ms
         self.warm = True
         self.metrics.ready.set(1)

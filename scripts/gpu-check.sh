@@ -131,6 +131,11 @@ options = json.loads(sys.argv[2])
 started = time.perf_counter()
 det = load_detector(settings_for_model(Path(sys.argv[1]), **options))
 print(f"session in {time.perf_counter() - started:.1f} s; providers {det.providers}")
+prepare = getattr(det, "prepare", None)
+if callable(prepare):  # each batch bucket once, as the worker does on its inference thread
+    started = time.perf_counter()
+    prepare()
+    print(f"batch shapes prepared in {time.perf_counter() - started:.1f} s")
 w, h = det.input_size
 image = ModelInput(np.full((h, w, 3), 114, np.uint8), Letterbox.fit(w, h, w, h))
 for n in (1, options["max_batch"]):
@@ -244,7 +249,7 @@ PY
 }
 
 headline() {  # the figures bench/gpu.py printed
-  grep -E '^(== (bench|engine)|session in|first batch|model |engine: |GPU: |[0-9]+ tunnels|  (tunnel|bare|model only|ratio|sent|the senders|first problem))' \
+  grep -E '^(== (bench|engine)|session in|batch shapes|first batch|model |engine: |GPU: |[0-9]+ tunnels|  (tunnel|bare|model only|ratio|sent|the senders|first problem))' \
     "$OUT/bench.log" 2>/dev/null || echo "(no bench figures)"
 }
 

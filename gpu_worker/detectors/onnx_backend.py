@@ -95,7 +95,6 @@ class OnnxDetector:
         self._buckets: tuple[int, ...] = bucket_sizes(settings.max_batch) if use_buckets else ()
         self.acceleration = dataclasses.replace(self.acceleration, batch_buckets=self._buckets)
         self._pad = np.zeros((shape.height, shape.width, 3), np.uint8)
-        self._warm_buckets()
 
     def _model_shape(self) -> op.ModelShape:
         inp = self._session.get_inputs()[0]
@@ -207,8 +206,11 @@ class OnnxDetector:
                 log.warning("unreadable 'names' metadata in the model; using COCO names")
         return COCO_CLASSES
 
-    def _warm_buckets(self) -> None:
-        """Run each bucket's batch size once, so serving never prepares a new shape."""
+    def prepare(self) -> None:
+        """Run each bucket's batch size once, so serving never prepares a new shape.
+
+        Call it on the thread that will run inference (the worker does, on its inference
+        thread): the CUDA provider keeps per-thread state (cuDNN and cuBLAS handles)."""
         if not self._buckets:
             return
         started = time.perf_counter()

@@ -47,6 +47,7 @@ def test_padded_batches_find_the_same_and_use_only_bucket_sizes(
 ) -> None:
     plain = _detector(in_graph_post=post, batch_buckets="off")
     padded = _detector(in_graph_post=post, batch_buckets="on")
+    padded.prepare()  # each bucket once (the worker does it on its inference thread)
     assert padded.acceleration.batch_buckets == (1, 2, 4, 8)
     assert padded.acceleration.as_info()["batch_buckets"] == [1, 2, 4, 8]
     assert plain.acceleration.batch_buckets == ()
@@ -67,3 +68,39 @@ def test_padded_batches_find_the_same_and_use_only_bucket_sizes(
 
 def test_auto_is_off_on_the_cpu_provider() -> None:
     assert _detector().acceleration.batch_buckets == ()
+
+
+def test_the_worker_prepares_and_warms_up_on_its_inference_thread(secret: str) -> None:
+    """The CUDA provider keeps per-thread state: the thread that runs inference is the one
+    that must have seen every shape first (on the H200 the tunnel's first runs stalled)."""
+    import asyncio
+    import threading
+
+    from gpu_worker.server import Worker
+    from gpu_worker.settings import WorkerSettings
+
+    det = _detector(batch_buckets="on")
+    threads: list[str] = []
+    prepare, infer = det.prepare, det.infer
+
+    def spy_prepare() -> None:
+        threads.append(f"prepare:{threading.current_thread().name}")
+        prepare()
+
+    def spy_infer(batch: Any) -> list[Detections]:
+        threads.append(f"infer:{threading.current_thread().name}")
+        return infer(batch)
+
+    det.prepare, det.infer = spy_prepare, spy_infer  # type: ignore[method-assign]
+    settings = WorkerSettings(host="127.0.0.1", port=0, worker_id="w", token_secrets=secret,
+                              detector=settings_for_model(MODEL), warmup_runs=1)  # fmt: skip
+
+    async def start() -> None:
+        worker = Worker(settings, detector=det)
+        await worker.start()
+        stop = asyncio.Event()
+        stop.set()
+        await worker.serve_forever(stop)
+
+    asyncio.run(start())
+    assert threads[:2] == ["prepare:infer_0", "infer:infer_0"], threads
