@@ -157,6 +157,14 @@ step_tests() {
   "$VPY" -m pytest -m gpu -q -rA -p no:cacheprovider -o filterwarnings=default $files
 }
 
+step_profile() {  # one batch's breakdown, first runs in a new thread, nvImageCodec backends
+  set -uo pipefail
+  local providers
+  providers=$(echo "$BENCH_ARGS" | sed -n 's/.*--providers \([a-z]*\).*/\1/p')
+  "$VPY" bench/gpu_profile.py --providers "${providers:-auto}" --batch 64 --runs 10 \
+    $(echo "$BENCH_ARGS" | grep -o -- '--frames-file [^ ]*' || true)
+}
+
 bench() {  # NAME FPS: one bench/gpu.py run, its results in bench/results
   set -uo pipefail
   local start=$(( STEP_LIMIT - 60 ))
@@ -167,8 +175,8 @@ bench() {  # NAME FPS: one bench/gpu.py run, its results in bench/results
 }
 step_bench() { bench gpu 5; }
 step_bench_flat() { bench gpu-flat 0; }
-export -f step_gpu step_venv step_install step_versions step_engine step_tests bench step_bench \
-  step_bench_flat
+export -f step_gpu step_venv step_install step_versions step_engine step_tests step_profile \
+  bench step_bench step_bench_flat
 
 # -- the runner -------------------------------------------------------------------------
 
@@ -249,7 +257,7 @@ PY
 }
 
 headline() {  # the figures bench/gpu.py printed
-  grep -E '^(== (bench|engine)|session in|batch shapes|first batch|model |engine: |GPU: |[0-9]+ tunnels|  (tunnel|bare|model only|ratio|sent|the senders|first problem))' \
+  grep -E '^(== (bench|engine)|session in|batch shapes|first batch|one batch|  new thread|prepare|nvImageCodec|model |engine: |GPU: |[0-9]+ tunnels|  (tunnel|bare|model only|ratio|sent|the senders|first problem))' \
     "$OUT/bench.log" 2>/dev/null || echo "(no bench figures)"
 }
 
@@ -324,6 +332,7 @@ fi
 run_step versions 45 env.txt "versions, available providers, the providers a CUDA session really uses"
 run_step engine 150 bench.log "build the bench's TensorRT engine (batch 1 and max) into $CACHE, timed"
 run_step tests 90 tests.log "pytest -m gpu on the test files with gpu tests"
+run_step profile 60 bench.log "bench/gpu_profile.py: one batch's breakdown, first runs per thread, nvImageCodec"
 run_step bench-flat 100 bench.log "bench/gpu.py $BENCH_ARGS --fps 0 (flat out: capacity, ratio to bare)"
 run_step bench 100 bench.log "the same, each stream paced at 5 fps"
 if $DRY_RUN; then

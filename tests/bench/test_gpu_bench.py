@@ -22,7 +22,8 @@ from tests.conftest import TIMEOUT_FACTOR
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
-STEPS = ("gpu", "venv", "install", "versions", "engine", "tests", "bench-flat", "bench", "summary")
+STEPS = ("gpu", "venv", "install", "versions", "engine", "tests", "profile", "bench-flat", "bench",
+         "summary")  # fmt: skip
 TINY = ["--providers", "cpu", "--tunnels", "1", "--streams", "2", "--seconds", "2",
         "--warmup", "0.5", "--frames", "20", "--decode-threads", "1"]  # fmt: skip
 
@@ -129,3 +130,16 @@ def test_stored_frames_read_back_the_same(tmp_path: Path) -> None:
     read, lb2 = stored_frames(path, 5, (416, 416))
     assert read == made and len(read) == 5 and lb2 == lb
     assert stored_frames(path, 2, (416, 416))[0] == made[:2]
+
+
+def test_the_profile_runs_on_the_cpu_and_says_what_it_measured(tmp_path: Path) -> None:
+    args = ["--providers", "cpu", "--batch", "2", "--runs", "1", "--out", str(tmp_path)]
+    run = subprocess.run([sys.executable, "bench/gpu_profile.py", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120 * TIMEOUT_FACTOR)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "new thread, batch 2: first run" in run.stdout
+    assert re.search(r"one batch, ms: infer [\d.]+, stack [\d.]+, upload", run.stdout)
+    results = json.loads((tmp_path / "gpu-profile.json").read_text())
+    assert results["providers"] == ["CPUExecutionProvider"]
+    assert set(results["breakdown_ms"]) == {"infer", "stack", "upload", "graph_on_device"}
+    assert "skipped" in results["nvimgcodec"] or results["nvimgcodec"]
