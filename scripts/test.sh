@@ -17,7 +17,9 @@ mypy
 echo "== lint-imports (layering, pyproject.toml [tool.importlinter])" >&2
 lint-imports
 echo "== pytest" >&2
+DURATIONS=()
 if [ "${CI:-}" = "true" ]; then
   export FRAMERELAY_TIMEOUT_FACTOR=${FRAMERELAY_TIMEOUT_FACTOR:-2}
+  DURATIONS=(--durations=25)  # the suite must stay under 15 minutes: show where it goes
 fi
-exec python -m pytest "$@"
+exec python -m pytest "${DURATIONS[@]}" "$@"
