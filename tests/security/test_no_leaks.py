@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import InvalidMessage, InvalidStatus
 from websockets.sync.client import connect
 
 from bench.rig.runpod_contract import ContractState, running_contract_server
@@ -267,9 +267,12 @@ def _provoke_auth(w: World, pod_http: str) -> None:
         for ws in (w.ingest.url.replace("http", "ws") + "/v1/results",
                    pod_http.replace("https", "wss") + "/v1/tunnel"):  # fmt: skip
             with pytest.raises(InvalidStatus) as refused:
-                connect(ws, additional_headers=auth, ssl=w.tls() if "wss" in ws else None,
-                        server_hostname=w.pod_name if "wss" in ws else None,
-                        open_timeout=20, proxy=None).close()  # fmt: skip
+                try:  # a refusal is an HTTP answer (401/403), never a silent close
+                    connect(ws, additional_headers=auth, ssl=w.tls() if "wss" in ws else None,
+                            server_hostname=w.pod_name if "wss" in ws else None,
+                            open_timeout=20 * TIMEOUT_FACTOR, proxy=None).close()  # fmt: skip
+                except InvalidMessage as exc:
+                    raise AssertionError(f"{ws}: no HTTP answer to a bad token: {exc!r}") from exc
             w.evidence.add(f"{ws} bad token", bytes(refused.value.response.body or b""))
 
 
