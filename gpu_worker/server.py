@@ -201,7 +201,9 @@ class Worker:
 
     def warm_up(self) -> float:
         """Blocking: the detector's own preparation (each batch shape it will see), then the
-        model a few times; returns the last run's ms. Runs on the inference thread."""
+        model a few times on a full batch (``batcher.max_batch`` images); returns the last
+        run's ms. Runs on the inference thread. The capacity reported in ``/info`` is that
+        batch's frames per second, the rate the worker serves at when loaded."""
         prepare = getattr(self.detector, "prepare", None)
         if callable(prepare):
             prepare()
@@ -210,7 +212,7 @@ class Worker:
         elapsed = 0.0
         for _ in range(self.settings.warmup_runs):
             t0 = time.perf_counter()
-            self.detector.infer([item])
+            self.detector.infer([item] * self.batcher.max_batch)
             elapsed = (time.perf_counter() - t0) * 1000
         return elapsed
 
@@ -252,7 +254,8 @@ class Worker:
             "input_h": h,
             "ready": self.ready,
             "ms_per_inference": round(self.warmup_ms, 3),
-            "capacity_fps": round(1000.0 / self.warmup_ms, 2) if self.warmup_ms > 0 else 0.0,
+            "capacity_batch": self.batcher.max_batch,
+            "capacity_fps": self.capacity_fps,
             "gpus": read_gpus().as_info(),
         }
         return _ok(conn, json.dumps(info).encode(), "application/json")
@@ -296,6 +299,13 @@ class Worker:
         return None
 
     @property
+    def capacity_fps(self) -> float:
+        """Frames/s the warm-up measured: a full batch (``capacity_batch``) per run."""
+        if self.warmup_ms <= 0:
+            return 0.0
+        return round(self.batcher.max_batch * 1000.0 / self.warmup_ms, 2)
+
+    @property
     def scheme(self) -> str:
         return "wss" if self.tls else "ws"
 
@@ -328,7 +338,9 @@ class Worker:
         self.warmup_ms = ms
         self.warm = True
         self.metrics.ready.set(1)
-        log.info("warm-up done: %.1f ms per inference on %s", ms, ",".join(self.detector.providers))
+        on = ",".join(self.detector.providers)
+        batch, fps = self.batcher.max_batch, self.capacity_fps
+        log.info("warm-up done: %.1f ms per batch of %d on %s (%.0f frames/s)", ms, batch, on, fps)
         ssl_ctx = server_ssl_context(self.settings)
         self.tls = ssl_ctx is not None
         self._batch_task = asyncio.create_task(self.batcher.run(), name="batcher")

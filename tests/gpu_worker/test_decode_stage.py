@@ -68,6 +68,9 @@ def test_a_real_worker_decodes_in_batches_and_fails_bad_images_alone(secret: str
             info = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
                                    + "/info", token(secret))).json()  # fmt: skip
             assert info["jpeg_decoder"] == "cpu-batch"
+            # the capacity is measured on a full batch (issue 14: "for the chosen batch")
+            assert info["capacity_batch"] == 4
+            assert info["capacity_fps"] == pytest.approx(4000 / info["ms_per_inference"], 0.01)
             async with open_tunnel(url, token(secret)) as tunnel:
                 a, b = await tunnel.open_stream("a"), await tunnel.open_stream("b")
                 for seq in range(6):
