@@ -96,7 +96,7 @@ class WorkerSettings(ServiceSettings):
         "decode_threads, each frame as it arrives), cpu-batch (the same threads, a whole "
         "batch at a time in a stage before inference), nvimgcodec (one nvImageCodec call per "
         "batch on the GPU in that stage; refused at start where it cannot run), auto = "
-        "nvimgcodec where it imports and a GPU is seen, else cpu.",
+        "cpu-batch where a GPU is seen, else cpu.",
     )
     max_bad_frames_per_s: int = Field(
         20,
