@@ -1,0 +1,78 @@
+"""A memory probe for a soaked process: put this folder on its PYTHONPATH.
+
+    bench/soak.py --minutes 40 --name X \\
+        --ingest-env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 \\
+        --ingest-env MALLOC_CONF=prof:true,lg_prof_sample:15,prof_accum:false \\
+        --ingest-env PYTHONPATH=bench/rig/heap_probe
+
+Every minute it appends one line to ``$FRAMERELAY_HEAP_PROBE_OUT/probe.log`` (default
+``/tmp/heap-probe``): RssAnon, the Python memory tracemalloc traces (numpy buffers
+included) and how many of the ingest's per-stream objects are alive; where jemalloc with
+profiling is preloaded it dumps a heap profile (``ingest.NNN.heap``; compare two with
+``jeprof --text --base=A.heap $(readlink -f .venv/bin/python) B.heap``). With
+``FRAMERELAY_HEAP_PROBE_TRACEMALLOC=1`` it also traces allocations (8 frames, which costs
+memory of its own) and saves a snapshot every 5 minutes (``tm.NNN.snap``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import tempfile
+import threading
+import time
+import tracemalloc
+
+DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "heap-probe")
+OUT = os.environ.get("FRAMERELAY_HEAP_PROBE_OUT") or DEFAULT_OUT
+WATCHED = ("Preparer", "IngestStream", "AVSource", "InputContainer", "Subscription", "Task")
+
+
+def _jemalloc() -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL("libjemalloc.so.2", mode=os.RTLD_NOLOAD)  # only if preloaded
+    except OSError:
+        return None
+    return lib if hasattr(lib, "mallctl") else None
+
+
+def _counts() -> dict[str, int]:
+    out = dict.fromkeys(WATCHED, 0)
+    for obj in gc.get_objects():
+        name = type(obj).__name__
+        if name in out:
+            out[name] += 1
+    return out
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon"))
+
+
+def _loop(jemalloc: ctypes.CDLL | None, traced: bool) -> None:
+    k = 0
+    while True:
+        time.sleep(60)
+        if jemalloc is not None:
+            name = ctypes.c_char_p(f"{OUT}/ingest.{k:03d}.heap".encode())
+            jemalloc.mallctl(b"prof.dump", None, None, ctypes.byref(name), ctypes.sizeof(name))
+        if traced and k % 5 == 0:
+            tracemalloc.take_snapshot().dump(f"{OUT}/tm.{k:03d}.snap")
+        traced_kb = tracemalloc.get_traced_memory()[0] // 1024 if traced else -1
+        with open(f"{OUT}/probe.log", "a") as f:
+            f.write(f"{k} {time.time():.0f} rss_kb={_rss_kb()} traced_kb={traced_kb} {_counts()}\n")
+        k += 1
+
+
+def _start() -> None:
+    os.makedirs(OUT, exist_ok=True)
+    traced = os.environ.get("FRAMERELAY_HEAP_PROBE_TRACEMALLOC") == "1"
+    if traced:
+        tracemalloc.start(8)
+    args = (_jemalloc(), traced)
+    threading.Thread(target=_loop, args=args, daemon=True, name="heap-probe").start()
+
+
+_start()
