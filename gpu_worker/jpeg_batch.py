@@ -213,7 +213,6 @@ def stage_decoder(
     nvImageCodec, whose decoded images go back to the host and up again (a device-resident
     batch would change that; ask for ``nvimgcodec`` explicitly meanwhile)."""
     if choice in ("cpu", "auto"):
-        make_decoder("cpu", pool)  # the same validation
         if choice == "cpu" or gpu_missing() is not None:
             return None
         return CpuBatchDecoder(pool)

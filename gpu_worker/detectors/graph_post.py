@@ -26,7 +26,7 @@ boxes to source pixels (:func:`split_detections`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import onnx
@@ -36,10 +36,11 @@ from onnx import TensorProto, helper, numpy_helper
 from framerelay.detections import Detections
 from framerelay.errors import ModelError
 from framerelay.geometry import Letterbox
+from gpu_worker.detectors.graph_edit import Format, checked_bytes, open_model
 from gpu_worker.detectors.postprocess import PostprocessSettings, yolox_grid
 
-Format = Literal["yolox", "ultralytics"]
 P = "framerelay_post_"
+WHAT = "post-processing"
 OUTPUTS = ("framerelay_det_batch", "framerelay_det_boxes", "framerelay_det_scores",
            "framerelay_det_class")  # fmt: skip
 """The rewritten model's outputs: image index, xyxy box, score, class id (one row each)."""
@@ -83,18 +84,7 @@ class _Builder:
 def with_nms(model_bytes: bytes, fmt: Format, input_wh: tuple[int, int],
              settings: PostprocessSettings) -> bytes:  # fmt: skip
     """The model with post-processing appended: outputs :data:`OUTPUTS` (module doc)."""
-    if fmt not in ("yolox", "ultralytics"):
-        raise ModelError(f"in-graph post-processing knows 'yolox' and 'ultralytics', not {fmt!r}")
-    try:
-        proto = onnx.load_from_string(model_bytes)
-    except Exception as exc:  # protobuf raises DecodeError and others
-        raise ModelError(f"not an ONNX model: {exc}") from None
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < MIN_OPSET:
-        raise ModelError(
-            f"in-graph post-processing needs ONNX opset >= {MIN_OPSET}, the model has "
-            f"{opset}; re-export it with a newer opset"
-        )
+    proto, opset = open_model(model_bytes, fmt, WHAT, MIN_OPSET)
     graph = proto.graph
     if len(graph.output) != 1:
         raise ModelError(f"expected one raw output, the model has {len(graph.output)}")
@@ -108,11 +98,7 @@ def with_nms(model_bytes: bytes, fmt: Format, input_wh: tuple[int, int],
     graph.initializer.extend(b.inits)
     graph.output.remove(raw)
     graph.output.extend(_outputs())
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as exc:
-        raise ModelError(f"in-graph post-processing made an invalid model: {exc}") from None
-    return bytes(proto.SerializeToString())
+    return checked_bytes(proto, WHAT)
 
 
 def _anchors(raw: onnx.ValueInfoProto, fmt: Format) -> int:

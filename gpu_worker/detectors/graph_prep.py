@@ -21,16 +21,17 @@ so the caller feeds it under the same name.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from framerelay.errors import ModelError
+from gpu_worker.detectors.graph_edit import Format, checked_bytes, open_model
 
-Format = Literal["yolox", "ultralytics"]
 PREFIX = "framerelay_prep_"
+WHAT = "pre-processing"
 FLOAT_TYPES: dict[int, type[np.floating[Any]]] = {
     TensorProto.FLOAT: np.float32,
     TensorProto.FLOAT16: np.float16,
@@ -40,13 +41,7 @@ MIN_OPSET = 7  # Mul with broadcasting; Cast, Transpose and Gather are older
 
 def with_uint8_input(model_bytes: bytes, fmt: Format) -> bytes:
     """The model with a uint8 NHWC BGR input and its pre-processing in the graph."""
-    if fmt not in ("yolox", "ultralytics"):
-        raise ModelError(f"in-graph pre-processing knows 'yolox' and 'ultralytics', not {fmt!r}")
-    try:
-        proto = onnx.load_from_string(model_bytes)
-    except Exception as exc:  # protobuf raises DecodeError and others
-        raise ModelError(f"not an ONNX model: {exc}") from None
-    _check_opset(proto)
+    proto, _ = open_model(model_bytes, fmt, WHAT, MIN_OPSET)
     graph = proto.graph
     original = _single_input(graph)
     elem = original.type.tensor_type.elem_type
@@ -59,20 +54,7 @@ def with_uint8_input(model_bytes: bytes, fmt: Format) -> bytes:
     graph.initializer.extend(inits)
     for node in reversed(nodes):
         graph.node.insert(0, node)
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as exc:
-        raise ModelError(f"in-graph pre-processing made an invalid model: {exc}") from None
-    return bytes(proto.SerializeToString())
-
-
-def _check_opset(proto: onnx.ModelProto) -> None:
-    version = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if version < MIN_OPSET:
-        raise ModelError(
-            f"in-graph pre-processing needs ONNX opset >= {MIN_OPSET}, the model has "
-            f"{version}; re-export it with a newer opset"
-        )
+    return checked_bytes(proto, WHAT)
 
 
 def _single_input(graph: onnx.GraphProto) -> onnx.ValueInfoProto:

@@ -32,7 +32,7 @@ from gpu_worker.detectors import ort_providers as op
 from gpu_worker.detectors.base import Acceleration, ModelInput, OnnxDetectorSettings
 from gpu_worker.detectors.batch_axis import dynamic_batch_model
 from gpu_worker.detectors.buckets import bucket_for, bucket_sizes
-from gpu_worker.detectors.graph_post import Format as GraphFormat
+from gpu_worker.detectors.graph_edit import Format as GraphFormat
 from gpu_worker.detectors.graph_post import split_detections, with_nms
 from gpu_worker.detectors.graph_prep import with_uint8_input
 from gpu_worker.detectors.io_binding import BoundRunner
@@ -83,17 +83,17 @@ class OnnxDetector:
         self._session, cache = self._accelerate(model_bytes, settings, shape)
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
         self._runner = self._bound_runner(settings)
+        self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
+        use_buckets = self._batched and self._wants(settings.batch_buckets, settings)
+        self._buckets: tuple[int, ...] = bucket_sizes(settings.max_batch) if use_buckets else ()
         self.acceleration = Acceleration(
             fp16=settings.fp16 and op.TENSORRT in self.providers,
             io_binding=self._runner is not None,
             engine_cache_dir=cache if op.TENSORRT in self.providers else None,
             in_graph_prep=self._uint8,
             in_graph_post=self._in_graph_post,
+            batch_buckets=self._buckets,
         )
-        self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
-        use_buckets = self._batched and self._wants(settings.batch_buckets, settings)
-        self._buckets: tuple[int, ...] = bucket_sizes(settings.max_batch) if use_buckets else ()
-        self.acceleration = dataclasses.replace(self.acceleration, batch_buckets=self._buckets)
         self._pad = np.zeros((shape.height, shape.width, 3), np.uint8)
 
     def _model_shape(self) -> op.ModelShape:
