@@ -132,10 +132,15 @@ def stored_frames(path: Path | None, limit: int, size: tuple[int, int]
     """:func:`encode_frames`, kept in ``path`` (``.npz``: the JPEGs end to end, their
     ends, the letterbox) when one is given: read when it holds frames of ``size``."""
     if path is not None and path.is_file():
-        with np.load(path) as data:
-            ends = [int(e) for e in data["ends"]]
-            blob, box = data["jpegs"].tobytes(), [int(v) for v in data["letterbox"]]
-            scale = float(data["scale"])
+        try:
+            with np.load(path) as data:
+                ends = [int(e) for e in data["ends"]]
+                blob, box = data["jpegs"].tobytes(), [int(v) for v in data["letterbox"]]
+                scale = float(data["scale"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(
+                f"--frames-file {path}: not a frames file of bench/gpu.py ({exc})"
+            ) from None
         if (box[2], box[3]) == size and ends:
             jpegs = [blob[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)][:limit]
             print(f"frames: {len(jpegs)} JPEGs from {path}")
@@ -369,6 +374,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--name: letters, digits, '-' and '_' only, got {args.name!r}")
     if not args.model.is_file():
         ap.error(f"--model: no such file: {args.model}")
+    frames = args.frames_file
+    if frames is not None and not frames.is_file() and not frames.parent.is_dir():
+        ap.error(f"--frames-file: {frames} does not exist and its folder is missing")
     args.options = options(args)
     try:
         worker_settings("x" * 32, args.options)

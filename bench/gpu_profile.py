@@ -122,6 +122,9 @@ def main() -> int:
     args = ap.parse_args()
     if not (1 <= args.batch <= 256 and 1 <= args.runs <= 1000):
         ap.error("--batch must be 1-256 and --runs 1-1000")
+    frames = args.frames_file
+    if frames is not None and not frames.is_file() and not frames.parent.is_dir():
+        ap.error(f"--frames-file: {frames} does not exist and its folder is missing")
     det = load_detector(settings_for_model(MODEL, providers=args.providers, max_batch=args.batch))
     assert isinstance(det, OnnxDetector)  # the sample model is ONNX
     w, h = det.input_size

@@ -75,6 +75,7 @@ def test_the_cpu_run_prints_and_writes_its_figures_and_says_no_gpu(tmp_path: Pat
         (["--tunnels", "0"], "--tunnels: 0 is outside 1..64"),
         (["--worker-option", "decode_threads=0"], "decode_threads: Input should be greater"),
         (["--detector-option", "no_such=1"], "no_such: Extra inputs are not permitted"),
+        (["--frames-file", "/nonexistent/dir/x.npz"], "--frames-file: /nonexistent/dir/x.npz"),
     ],
 )
 def test_bad_settings_are_one_usage_line(args: list[str], says: str) -> None:
@@ -130,6 +131,10 @@ def test_stored_frames_read_back_the_same(tmp_path: Path) -> None:
     read, lb2 = stored_frames(path, 5, (416, 416))
     assert read == made and len(read) == 5 and lb2 == lb
     assert stored_frames(path, 2, (416, 416))[0] == made[:2]
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not numpy")
+    with pytest.raises(SystemExit, match="not a frames file of bench"):
+        stored_frames(junk, 2, (416, 416))
 
 
 def test_the_profile_runs_on_the_cpu_and_says_what_it_measured(tmp_path: Path) -> None:
