@@ -55,7 +55,15 @@ class CreditWindow:
         return max(0, self.limit - len(self.inflight))
 
     def can_send(self) -> bool:
-        return self.available > 0
+        return len(self.inflight) < self.limit
+
+    def take(self, seq: int, now: float) -> bool:
+        """Take a credit for frame ``seq`` sent at ``now`` if one is free; False (and
+        nothing taken) if not. :meth:`can_send` and :meth:`sent` in one step."""
+        if len(self.inflight) >= self.limit:
+            return False
+        self.inflight[seq] = now
+        return True
 
     def sent(self, seq: int, now: float) -> None:
         """Record that frame ``seq`` left; the caller must check ``can_send``."""

@@ -37,7 +37,6 @@ whose header is invalid but still names a valid stream and seq raises
 from __future__ import annotations
 
 import json
-import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -49,6 +48,9 @@ from msgspec import Meta, Struct
 
 from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
+from framerelay.stream_ids import KNOWN as _KNOWN_IDS
+from framerelay.stream_ids import STREAM_ID as STREAM_ID  # re-exported: the one pattern
+from framerelay.stream_ids import STREAM_ID_RE, is_valid, reason
 from framerelay.wire_diagnose import frame_identity, lenient_reason, readable
 
 VERSION = 2
@@ -59,7 +61,6 @@ PREFIX = struct.Struct(">BBI")
 _PREFIX_SIZE = PREFIX.size
 _unpack_prefix = PREFIX.unpack_from
 _pack_prefix = PREFIX.pack
-STREAM_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_SCALE = 64.0
 """The largest letterbox scale a FRAME carries."""
 MAX_SIDE = 16_384
@@ -70,7 +71,6 @@ MAX_CAPTURED_AT = 1e11
 """``captured_at`` is Unix time in seconds: 0 <= t < 1e11 (the year 5138)."""
 MAX_CLOCK_S = 1e30
 """Bound of a session clock's seconds (PTS times reach about 1e28: 2**62 x 2**31)."""
-_STREAM_ID_RE = re.compile(STREAM_ID)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +129,9 @@ class FrameError(ProtocolError):
         self.seq = seq
 
 
-_SID = Annotated[str, Meta(pattern=STREAM_ID.removesuffix("$") + r"\Z")]
-"""A stream id (``msgspec`` matches with Python's ``re``, where ``$`` also matches
-before a final newline: a ``\\Z`` anchor does not)."""
+_SID = Annotated[str, Meta(min_length=1, max_length=128)]
+"""A stream id: its length here, its pattern (:data:`STREAM_ID`) by :func:`decode` and
+:func:`build` after msgspec (:mod:`framerelay.stream_ids`: cached, a lookup per header)."""
 _U63 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 _TB = Annotated[int, Meta(gt=0, le=2**31)]
 
@@ -339,9 +339,13 @@ def build(cls: type[_H], **fields: Any) -> _H:
 
 def _checked(cls: type[_H], fields: dict[str, Any]) -> _H:
     try:
-        return msgspec.convert(fields, cls)
+        built = msgspec.convert(fields, cls)
     except msgspec.ValidationError as exc:
         raise InvalidMessage(f"invalid {cls.__name__}: {readable(exc)}") from None
+    sid = getattr(built, "stream_id", None)
+    if sid is not None and not is_valid(sid):
+        raise InvalidMessage(f"invalid {cls.__name__}: {reason(sid)}")
+    return built
 
 
 def encode(
@@ -408,6 +412,9 @@ def _decode(data: bytes, limits: Limits, version: int) -> tuple[Header, int]:
         header: Header = decoder.decode(data[_PREFIX_SIZE:end])
     except (msgspec.DecodeError, RecursionError) as exc:
         _refuse_header(mtype, data[_PREFIX_SIZE:end], exc)
+    sid = getattr(header, "stream_id", None)
+    if sid is not None and sid not in _KNOWN_IDS and not is_valid(sid):
+        raise ProtocolError(f"invalid {type(header).__name__} header: {reason(sid)}")
     return header, end
 
 
@@ -443,7 +450,7 @@ def _refuse_header(mtype: int, raw: bytes, exc: Exception) -> NoReturn:
         message = f"invalid {model.__name__} header: nested too deeply"
     else:
         message = f"invalid {model.__name__} header: {lenient_reason(model, raw) or exc}"
-    ident = frame_identity(raw, _STREAM_ID_RE) if model is Frame else None
+    ident = frame_identity(raw, STREAM_ID_RE) if model is Frame else None
     if ident is not None:
         raise FrameError(message, stream_id=ident[0], seq=ident[1])
     raise ProtocolError(message)

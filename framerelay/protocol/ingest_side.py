@@ -154,17 +154,17 @@ class IngestProtocol:
 
     def send_frame(self, frame: wire.Frame, payload: bytes, now: float) -> bytes:
         """FRAME of an open stream; takes a credit (the caller checks ``can_send``)."""
-        self._hello("FRAME")
+        if self.state is not IngestState.OPEN:
+            self._hello("FRAME")
         window = self._windows.get(frame.stream_id)
         if window is None:
             raise InvalidState(f"stream {frame.stream_id}: send OPEN before FRAME")
-        if not window.can_send():
+        data = self._encode(frame, payload)
+        if not window.take(frame.seq, now):
             raise InvalidState(
                 f"stream {frame.stream_id}: no credit for frame {frame.seq} "
                 f"({len(window.inflight)}/{window.limit} in flight)"
             )
-        data = self._encode(frame, payload)
-        window.sent(frame.seq, now)
         return data
 
     def close_stream(self, stream_id: str) -> bytes:

@@ -124,10 +124,11 @@ class WorkerProtocol:
         sid = frame.stream_id
         if sid not in self._open:
             return self._refuse("unknown_stream", "send OPEN before frames", sid, frame.seq)
-        if self.inflight(sid) >= self.max_inflight:
+        inflight = self._inflight.get(sid, 0)
+        if inflight >= self.max_inflight:
             message = f"at most {self.max_inflight} frames in flight per stream"
             return self._refuse("credit_exceeded", message, sid, frame.seq)
-        self._inflight[sid] = self.inflight(sid) + 1
+        self._inflight[sid] = inflight + 1
         return FrameReceived(frame, payload)
 
     def _on_open(self, header: wire.Open, payload: bytes) -> WorkerEvent:

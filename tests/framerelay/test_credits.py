@@ -81,3 +81,12 @@ def test_expire_and_abandon_return_credits() -> None:
 def test_invalid_cap() -> None:
     with pytest.raises(ValueError, match="cap"):
         CreditWindow(cap=0)
+
+
+def test_take_is_can_send_and_sent_in_one_step() -> None:
+    w = CreditWindow(cap=4, limit=2)
+    assert w.take(1, 10.0) and w.take(2, 11.0)
+    assert not w.take(3, 12.0)  # no credit: nothing taken
+    assert w.inflight == {1: 10.0, 2: 11.0} and not w.can_send()
+    assert w.completed(1, 10.5) == 0.5
+    assert w.can_send() and w.take(3, 12.0)
