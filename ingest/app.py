@@ -8,6 +8,8 @@
   (``streams:read`` / ``streams:write``).
 * the routing API (:mod:`ingest.routing`): ``PUT /v1/streams/{id}/worker``
   (``routing:write``), ``GET /v1/routing`` (``streams:read``).
+* ``GET /v1/history`` (:mod:`ingest.history`): the last hour of fps, drops and
+  latency, per stream and in total (``streams:read``).
 * the result hub (:mod:`ingest.hub`): ``WS /v1/results?stream=ID``
   (``results:<id>``).
 * ``GET /metrics`` - Prometheus: streams (:mod:`ingest.metrics`), hub, Redis
@@ -45,6 +47,7 @@ from framerelay.startup import bind_error
 from framerelay.web_limits import BodyLimit
 from ingest import api_docs
 from ingest.auth import api_guard
+from ingest.history import HistorySampler, history_router
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
 from ingest.metrics import register_stream_metrics
@@ -66,6 +69,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
     *,
     guard: AuthGuard | None = None,
+    history: HistorySampler | None = None,
 ) -> FastAPI:
     """The ingest API. ``guard`` checks every token (default: the hub's, else one built
     from the settings); ConfigError when there are no keys to verify tokens with."""
@@ -101,6 +105,8 @@ def create_app(
 
     app.include_router(streams_router(service, api))
     app.include_router(routing_router(service, api))
+    history = history if history is not None else HistorySampler()  # sampled by serve_ingest
+    app.include_router(history_router(history, service.streams, api))
     app.include_router(results_router(hub))
     return app
 
@@ -136,8 +142,10 @@ async def serve_ingest(settings: IngestSettings) -> int:
     durable = publisher.read_after if publisher else None
     hub = build_hub(service.bus, settings, registry, durable, guard=guard)
     stop = asyncio.Event()
+    history = HistorySampler()  # the last hour, for GET /v1/history (sampled while we run)
     try:
-        server, sock = api_server(create_app(service, hub, registry, guard=guard), settings)
+        app = create_app(service, hub, registry, guard=guard, history=history)
+        server, sock = api_server(app, settings)
     except OSError as exc:
         where = "--api-port / FRAMERELAY_INGEST_API_PORT"
         raise bind_error(exc, settings.api_host, settings.api_port, where) from None
@@ -150,6 +158,7 @@ async def serve_ingest(settings: IngestSettings) -> int:
     prime = publisher.prime if publisher is not None else None
     started = ready_once(settings, sock, store, prime)  # the ready line: once all loaded
     run = asyncio.create_task(service.run(stop, before_streams=started), name="ingest-service")
+    sampling = asyncio.create_task(history.run(service.streams, stop), name="ingest-history")
     flushed = asyncio.Event()  # the publisher stops after the last results came in
     redis = asyncio.create_task(publisher.run(flushed)) if publisher is not None else None
     try:
@@ -158,7 +167,7 @@ async def serve_ingest(settings: IngestSettings) -> int:
     finally:
         stop.set()
         server.should_exit = True
-        await asyncio.gather(api, run, return_exceptions=True)
+        await asyncio.gather(api, run, sampling, return_exceptions=True)
         flushed.set()
         if redis is not None and publisher is not None:
             await asyncio.gather(redis, return_exceptions=True)

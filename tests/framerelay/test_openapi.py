@@ -44,6 +44,7 @@ OWN_ERRORS = {  # (service, method, path) -> the route's own error codes
     ("ingest", "DELETE", "/v1/streams/{stream_id}"): {"404", "503"},
     ("ingest", "PUT", "/v1/streams/{stream_id}/worker"): {"404"},
     ("ingest", "DELETE", "/v1/streams/{stream_id}/worker"): {"404"},
+    ("ingest", "GET", "/v1/history"): {"404"},
     ("ingest", "GET", "/readyz"): {"503"},
     ("ingest", "GET", "/v1/results"): {"400", "503"},
     ("orchestrator", "POST", "/v1/pods"): {"404"},

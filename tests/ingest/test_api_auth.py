@@ -46,6 +46,7 @@ SCOPES = {
     ("DELETE", "/v1/streams/{stream_id}/worker"): "routing:write",
     ("GET", "/v1/routing"): "streams:read",
     ("GET", "/v1/workers"): "streams:read",
+    ("GET", "/v1/history"): "streams:read",
     ("WS", "/v1/results"): None,  # the hub checks results:<id> itself, before the upgrade
 }
 
