@@ -72,8 +72,9 @@ class NullIngestLink:
 
 
 def stream_config(stream: StreamSpec) -> dict[str, object]:
-    """The ingest's stream definition for a spec (ingest.settings.StreamConfig fields)."""
-    return {
+    """The ingest's stream definition for a spec (ingest.settings.StreamConfig fields;
+    ``latency_slo_ms`` only when set, so that the digests of older definitions hold)."""
+    out: dict[str, object] = {
         "id": stream.id,
         "url": stream.url,
         "fps": stream.fps,
@@ -81,6 +82,9 @@ def stream_config(stream: StreamSpec) -> dict[str, object]:
         "loop": stream.loop,
         "tracker": stream.tracker,
     }
+    if stream.latency_slo_ms is not None:
+        out["latency_slo_ms"] = stream.latency_slo_ms
+    return out
 
 
 def definition_key(stream: StreamSpec) -> str:

@@ -42,6 +42,10 @@ class StreamSpec(BaseModel):
     tracker: str = Field("default", max_length=64)
     realtime: bool = True
     loop: bool = False
+    latency_slo_ms: float | None = Field(
+        None, gt=0, le=600_000,
+        description="Latency objective in ms, passed to the ingest (null: none).",
+    )  # fmt: skip
 
 
 class PodStatus(enum.StrEnum):

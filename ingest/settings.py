@@ -123,6 +123,15 @@ class StreamConfig(BaseModel):
         "(corrupt_timestamps) and frames are sampled in decode order.",
     )
 
+    latency_slo_ms: float | None = Field(
+        None,
+        gt=0,
+        le=600_000,
+        description="Latency objective in ms (null: none): a result later than this after "
+        "capture (RTSP: the camera's clock from RTCP sender reports; else the decode time) "
+        "counts as a breach (framerelay_ingest_slo_breaches_total).",
+    )
+
     @field_validator("options")
     @classmethod
     def _check_options(cls, value: dict[str, str]) -> dict[str, str]:

@@ -239,6 +239,24 @@ class Decoded:
     raw_pts: int | None
     time_base: Fraction
     captured_at: float
+    capture_time: float | None = None
+    """When the source says it captured the frame (Unix time, its clock): see
+    :func:`capture_time`; None where it does not say."""
+
+
+def capture_time(
+    container: av.container.InputContainer, pts: int | None, tb: Fraction
+) -> float | None:
+    """A frame's capture time on the camera's clock, where the source says it.
+
+    FFmpeg's RTSP demuxer sets ``start_time_realtime`` (microseconds since the
+    Unix epoch at PTS 0) from the NTP time of the first RTCP sender report;
+    it is unset before that report arrives and for every other source.
+    """
+    realtime = container.start_time_realtime
+    if realtime is None or pts is None:
+        return None
+    return realtime / 1_000_000 + float(pts * tb)
 
 
 class AVSource:
@@ -374,7 +392,10 @@ class AVSource:
                 sizes.check(frame)
                 if pacer is not None and frame.pts is not None:
                     pacer.wait(float(frame.pts * tb), stop)
-                if not on_frame(Decoded(frame, frame.pts, tb, time.time())):
+                found = Decoded(
+                    frame, frame.pts, tb, time.time(), capture_time(container, frame.pts, tb)
+                )
+                if not on_frame(found):
                     return False
         return False
 

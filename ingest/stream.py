@@ -61,6 +61,7 @@ from framerelay.timeline import (
 )
 from framerelay.wire import Timing
 from ingest.handoff import LatestSlot, SlotClosed
+from ingest.latency import StreamLatency
 from ingest.prepare import Prepared, Preparer, Unsendable
 from ingest.reconnect import SourceRunner
 from ingest.settings import StreamConfig
@@ -74,10 +75,8 @@ from ingest.source import (
     SourceSpec,
     SourceStalled,
 )
-from ingest.window import FloatWindow
 
 log = logging.getLogger(__name__)
-LATENCY_WINDOW = 4096
 HISTORY = 32
 NO_PTS_WARN_AFTER = 50
 CORRUPT_TIMESTAMPS = "corrupt_timestamps"
@@ -136,7 +135,8 @@ class IngestStream:
         """What is wrong now (RECONNECTING, FAILED); cleared when frames flow again."""
         self.last_error: str | None = None
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.latency_ms = FloatWindow(LATENCY_WINDOW)
+        self.latency = StreamLatency(config.latency_slo_ms)
+        self.latency_ms = self.latency.window
         self.window = CreditWindow(cap=max_inflight, limit=max_inflight if self.lossless else 1)
         self.credit = asyncio.Event()
         self.credit.set()
@@ -406,6 +406,7 @@ class IngestStream:
             return
         self._count("prepared")
         out = Outgoing(timing, prepared)
+        self.latency.sent(timing, item.capture_time)
         self._seq += 1
         if self.slot.put(out) is not None:
             self._count("replaced")
@@ -495,5 +496,6 @@ class IngestStream:
             "lag_s": None if self.lag_s is None else round(self.lag_s, 3),
             "credits": self.window.limit,
             "inflight": len(self.window.inflight),
+            **self.latency.describe(),
             **self.counters,
         }

@@ -71,6 +71,17 @@ class StreamStatus(BaseModel):
     lag_s: float | None = Field(description="Live: how far decoding is behind the source.")
     credits: int
     inflight: int
+    latency_slo_ms: float | None = Field(None, description="The stream's latency objective.")
+    latency_from: str = Field(
+        "decode",
+        description="The clock the last result's latency was measured from: 'capture' (the "
+        "camera's, from RTCP sender reports: RTSP) or 'decode' (the ingest's, at decode).",
+    )
+    latency_p50_ms: float | None = Field(
+        None, description="Median end-to-end latency of the last 256 results."
+    )
+    latency_p99_ms: float | None = Field(None, description="99th percentile of the same.")
+    slo_breaches: int = Field(0, description="Results later than latency_slo_ms.")
     decoded: int
     no_pts: int
     sampled_out: int

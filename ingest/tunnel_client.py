@@ -458,7 +458,7 @@ class TunnelClient:
             extra_timings={"roundtrip_ms": rtt * 1000} if rtt is not None else None,
         )
         stream.counters["results"] += 1
-        stream.latency_ms.append(record.latency_ms)
+        stream.latency.observe(record)
         self._on_result(record)
 
     def _on_error_msg(self, header: FrameFailed) -> None:

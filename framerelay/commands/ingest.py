@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--fps", type=float, default=5.0, help="sampling target for --source streams")
     p.add_argument("--realtime", action="store_true", help="pace files like live cameras")
     p.add_argument("--loop", action="store_true", help="loop file sources")
+    p.add_argument(
+        "--latency-slo-ms",
+        type=float,
+        metavar="MS",
+        help="latency objective of --source streams (results later than this count as breaches)",
+    )
     p.add_argument("--tls-ca", type=Path, help="CA bundle to verify the worker")
     p.add_argument("--tls-client-cert", type=Path, help="client certificate (mTLS)")
     p.add_argument("--tls-client-key", type=Path, help="client key (mTLS)")
@@ -85,7 +91,12 @@ def _build_settings(args: argparse.Namespace) -> Any:
     over: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     streams = [
         StreamConfig(
-            id=f"stream-{i + 1}", url=url, fps=args.fps, realtime=args.realtime, loop=args.loop
+            id=f"stream-{i + 1}",
+            url=url,
+            fps=args.fps,
+            realtime=args.realtime,
+            loop=args.loop,
+            latency_slo_ms=args.latency_slo_ms,
         )
         for i, url in enumerate(args.source)
     ]

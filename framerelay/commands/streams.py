@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("--model", default="yolox_nano")
     add.add_argument("--tracker", default="default")
     add.add_argument("--loop", action="store_true", help="loop a file source")
+    add.add_argument("--latency-slo-ms", type=float, metavar="MS", help="latency objective")
     add_url(add)
     add.set_defaults(func=_add)
     rm = verbs.add_parser("remove", aliases=["rm"], help="remove a stream")
@@ -51,6 +52,8 @@ def _add(args: argparse.Namespace) -> int:
         "id": args.id, "url": args.source, "priority": args.priority, "fps": args.fps,
         "model": args.model, "tracker": args.tracker, "loop": args.loop,
     }  # fmt: skip
+    if args.latency_slo_ms is not None:
+        body["latency_slo_ms"] = args.latency_slo_ms
     out = call(args, "POST", "/v1/streams", body)
     return emit(args, out, f"added {out['id']} ({out['priority']}, {out['fps']} fps)")
 

@@ -61,9 +61,9 @@ CASES = [
 
 
 def test_every_request_model_with_numbers_is_in_the_table() -> None:
-    assert numeric_fields(StreamSpec) == ["fps"]
+    assert numeric_fields(StreamSpec) == ["fps", "latency_slo_ms"]
     assert numeric_fields(NewPod) == numeric_fields(Move) == []
-    assert len(CASES) == len(BAD_NUMBERS)
+    assert len(CASES) == 2 * len(BAD_NUMBERS)
 
 
 def _body(valid: dict[str, Any], field: str, raw: str) -> bytes:
