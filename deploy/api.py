@@ -7,6 +7,8 @@
 * ``GET /v1/streams``; ``POST /v1/streams`` (a StreamSpec);
   ``DELETE /v1/streams/{id}``; ``POST /v1/streams/{id}/move`` ``{"worker": ..}``
 * ``GET /v1/fleet``: tiers, pods, streams, cost, recent events
+* ``GET /v1/history``: the last hour of cost and fleet size; ``GET /v1/events``
+  ``?since=<unix time>``: the fleet's event log (:mod:`deploy.history_api`)
 * ``GET /openapi.json``, ``/docs`` (Swagger UI), ``/redoc``: open, served
   offline (:mod:`framerelay.openapi_docs`)
 
@@ -36,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.cost import CostTotals
+from deploy.history_api import history_router
 from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
@@ -189,6 +192,7 @@ def create_app(orch: Orchestrator) -> FastAPI:
     app.include_router(_fleet_router(orch, auth))
     app.include_router(_pods_router(orch, auth))
     app.include_router(_streams_router(orch, auth))
+    app.include_router(history_router(orch, auth.requires(READ)))
     return app
 
 
@@ -252,7 +256,7 @@ def _pods_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
         if rec.provider_id is not None:
             await orch.provider.terminate(rec.provider_id)
         await store.del_pod(name)
-        orch.fleet.event("terminated_by_operator", name)
+        orch.fleet.event("terminated_by_operator", name, "DELETE /v1/pods by an operator")
         return {"terminated": name}
 
     return router

@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 
 from deploy.clock import Clock
 from deploy.cost import PaidPod, accrue
+from deploy.events import EventLog
 from deploy.health import Probe, Prober
 from deploy.ingest_link import IngestLink, definition_key
 from deploy.models import (
@@ -51,7 +52,6 @@ from deploy.store import Store
 from framerelay.backoff import Backoff
 
 log = logging.getLogger(__name__)
-EVENTS = 500
 
 
 @dataclass
@@ -64,9 +64,7 @@ class Fleet:
     clock: Clock
     worker_env: dict[str, str] = field(default_factory=dict)
     trust: PodTrust | None = None  # keys and certificates for new pods (None: simulations)
-    events: collections.deque[dict[str, object]] = field(
-        default_factory=lambda: collections.deque(maxlen=EVENTS)
-    )
+    events: EventLog = field(default_factory=EventLog)
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     prices: dict[str, GpuPrice] = field(default_factory=dict)
     targets: dict[str, int] = field(default_factory=dict)
@@ -84,10 +82,13 @@ class Fleet:
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.settings.timezone)
 
-    def event(self, kind: str, pod: str = "", **detail: object) -> None:
+    def event(
+        self, kind: str, pod: str, reason: str, stream: str | None = None, **detail: object
+    ) -> None:
+        """Count and log one fleet event (:mod:`deploy.events`)."""
         self.counters[kind] += 1
-        self.events.append({"t": self.clock.now(), "kind": kind, "pod": pod, **detail})
-        log.info("fleet: %s %s %s", kind, pod, detail or "")
+        self.events.record(self.clock.now(), kind, pod, reason, stream, **detail)
+        log.info("fleet: %s %s %s (%s) %s", kind, pod, stream or "", reason, detail or "")
 
     async def tick(self) -> None:
         """One reconcile pass."""
@@ -117,12 +118,12 @@ class Fleet:
             rec = pods.get(name)
             if rec is None:
                 for info in infos:
-                    await self._terminate(info.id, name, "orphan")
+                    await self._terminate(info.id, name, "orphan", "a pod of this fleet unknown")
                 continue
             keep = next((i for i in infos if i.id == rec.provider_id), infos[0])
             for info in infos:
                 if info is not keep:
-                    await self._terminate(info.id, name, "duplicate")
+                    await self._terminate(info.id, name, "duplicate", "a second pod of one name")
             actual[name] = [keep]
         for name, rec in list(pods.items()):
             found = actual.get(name)
@@ -137,15 +138,17 @@ class Fleet:
                     await self._create(pods, rec)  # an intent that never reached the provider
                 return
             kind = "preempted" if rec.spot else "vanished"
-            await self._lose(pods, rec, now, kind, count_failure=not rec.spot)
+            why = f"{'spot ' if rec.spot else ''}pod {rec.provider_id} gone from the provider"
+            await self._lose(pods, rec, now, kind, why, count_failure=not rec.spot)
             return
         if info.status in (PodStatus.EXITED, PodStatus.TERMINATED):
             kind = "preempted" if rec.spot and info.status is PodStatus.EXITED else "exited"
-            await self._terminate(info.id, rec.name, kind)
-            await self._lose(pods, rec, now, kind, count_failure=kind == "exited")
+            why = f"the provider says {info.status.value}{' (spot)' if rec.spot else ''}"
+            await self._terminate(info.id, rec.name, kind, why)
+            await self._lose(pods, rec, now, kind, why, count_failure=kind == "exited")
             return
         if rec.provider_id != info.id:
-            self.event("adopted", rec.name, id=info.id)
+            self.event("adopted", rec.name, "found at the provider by its name", id=info.id)
         rec.provider_id = info.id
         rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type or rec.gpu_type
         rec.ondemand_per_hr = self._ondemand(rec)
@@ -164,24 +167,25 @@ class Fleet:
         rec: PodRecord,
         now: float,
         kind: str,
+        reason: str,
         *,
         count_failure: bool,
     ) -> None:
         """Forget a dead pod; its streams become unassigned (re-homed by placement)."""
-        self.event(kind, rec.name, tier=rec.tier, spot=rec.spot)
+        self.event(kind, rec.name, reason, tier=rec.tier, spot=rec.spot)
         if count_failure:
             await self.store.add_replacement(rec.tier, now, rec.name)
         await self.store.del_pod(rec.name)
         pods.pop(rec.name, None)
 
-    async def _terminate(self, pod_id: str, name: str, why: str) -> None:
+    async def _terminate(self, pod_id: str, name: str, why: str, reason: str) -> None:
         try:
             await self.provider.terminate(pod_id)
         except ProviderError as exc:
             log.warning("could not terminate %s (%s): %s", name, why, exc)
             return
         if why in ("orphan", "duplicate", "drained", "unhealthy"):
-            self.event(f"terminated_{why}", name, id=pod_id)
+            self.event(f"terminated_{why}", name, reason, id=pod_id)
 
     # -- health ----------------------------------------------------------------
 
@@ -227,17 +231,16 @@ class Fleet:
             # a worker that says it is not ready (/readyz) loses its streams on this pass
             if rec.ready and (rec.fails >= self.settings.unhealthy_after or probe.ready is False):
                 rec.ready = False
-                self.event("unhealthy", rec.name, error=rec.last_error, healthz_ok=probe.alive,
-                           readyz_ok=probe.ready)  # fmt: skip
+                self.event("unhealthy", rec.name, rec.last_error, error=rec.last_error,
+                           healthz_ok=probe.alive, readyz_ok=probe.ready)  # fmt: skip
             elif not rec.ready:
                 self.counters["canary_not_ready"] += 1
             return
         rec.fails, rec.last_ok, rec.last_error = 0, now, None
         if probe.canary_ok and not rec.ready:
             rec.ready, rec.ready_since = True, now
-            self.event(
-                "ready", rec.name, canary_ms=round(probe.canary_ms, 1), persons=probe.persons
-            )
+            self.event("ready", rec.name, "the canary inference passed",
+                       canary_ms=round(probe.canary_ms, 1), persons=probe.persons)  # fmt: skip
 
     def _unhealthy(self, rec: PodRecord, now: float) -> bool:
         if rec.ready or (rec.state == "creating" and rec.provider_id is None):
@@ -250,11 +253,13 @@ class Fleet:
         since = now - self.settings.replacement_window_s
         if await self.store.replacements_since(rec.tier, since) >= self.settings.max_replacements:
             if self.counters["budget_exhausted"] == 0 or rec.fails % 10 == 0:
-                self.event("budget_exhausted", rec.name, tier=rec.tier)
+                why = f"{self.settings.max_replacements} replacements in the window already"
+                self.event("budget_exhausted", rec.name, why, tier=rec.tier)
             return
+        why = rec.last_error or "not ready within startup_grace_s"
         if rec.provider_id is not None:
-            await self._terminate(rec.provider_id, rec.name, "unhealthy")
-        await self._lose(pods, rec, now, "replaced", count_failure=True)
+            await self._terminate(rec.provider_id, rec.name, "unhealthy", why)
+        await self._lose(pods, rec, now, "replaced", why, count_failure=True)
 
     # -- scaling ---------------------------------------------------------------
 
@@ -315,7 +320,8 @@ class Fleet:
         order = sorted(active, key=lambda r: (r.ready, load[r.name], -r.slot))
         for rec in order[:n]:
             rec.state, rec.draining_since = "draining", now
-            self.event("draining", rec.name, tier=rec.tier)
+            why = f"tier {rec.tier} needs {self.targets.get(rec.tier, 0)} workers"
+            self.event("draining", rec.name, why, tier=rec.tier)
             await self.store.put_pod(rec)
 
     async def _finish_drains(
@@ -327,8 +333,9 @@ class Fleet:
         for rec in draining:
             expired = now - (rec.draining_since or now) >= self.settings.drain_timeout_s
             if load[rec.name] == 0 or expired:
+                why = "drain timed out" if load[rec.name] else "drained: no stream left"
                 if rec.provider_id is not None:
-                    await self._terminate(rec.provider_id, rec.name, "drained")
+                    await self._terminate(rec.provider_id, rec.name, "drained", why)
                 await self.store.del_pod(rec.name)
                 pods.pop(rec.name, None)
 
@@ -361,7 +368,8 @@ class Fleet:
             wait = self._backoff(rec.create_failures)
             rec.retry_at, rec.last_error = now + wait, str(exc)[:500]
             await self.store.put_pod(rec)
-            self.event("create_failed", rec.name, error=rec.last_error, retry_in_s=wait)
+            self.event("create_failed", rec.name, rec.last_error, error=rec.last_error,
+                       retry_in_s=wait)  # fmt: skip
             return
         self.blocked.pop(rec.tier, None)
         rec.create_failures, rec.retry_at, rec.last_error = 0, None, None
@@ -370,7 +378,9 @@ class Fleet:
         rec.ondemand_per_hr = self._ondemand(rec)
         rec.set_endpoint(info)
         await self.store.put_pod(rec)
-        self.event("created", rec.name, id=info.id, gpu=info.gpu_type, usd_hr=info.cost_per_hr)
+        why = f"tier {rec.tier} needs {self.targets.get(rec.tier, 0)} workers"
+        self.event("created", rec.name, why, id=info.id, gpu=info.gpu_type,
+                   usd_hr=info.cost_per_hr, tier=rec.tier)  # fmt: skip
 
     async def _no_capacity(
         self, pods: dict[str, PodRecord], rec: PodRecord, now: float, exc: NoCapacityError
@@ -380,7 +390,8 @@ class Fleet:
         failures = self.blocked.get(rec.tier, (0.0, 0))[1] + 1
         wait = self._backoff(failures)
         self.blocked[rec.tier] = (now + wait, failures)
-        self.event("no_capacity", rec.name, tier=rec.tier, error=str(exc)[:500], retry_in_s=wait)
+        error = str(exc)[:500]
+        self.event("no_capacity", rec.name, error, tier=rec.tier, error=error, retry_in_s=wait)
         await self.store.del_pod(rec.name)
         pods.pop(rec.name, None)
 
@@ -413,10 +424,12 @@ class Fleet:
             batch_pinned=batch_pinned, pins=pins,
         )  # fmt: skip
         self.unplaced = sorted(result.unplaced)
+        ready = {s.name for s in self._slots(pods)}
         for sid, (old, new) in result.moves(current).items():
             await self.store.set_assignment(sid, new)
             if sid in streams:
-                self.event("moved", new or "", stream=sid, old=old, new=new)
+                why = move_reason(old, new, ready, pins.get(sid))
+                self.event("moved", new or "", why, sid, old=old, new=new)
         for sid in set(self._acked) - set(streams):
             if await self.ingest.unassign(sid):
                 self._acked.pop(sid, None)
@@ -439,7 +452,7 @@ class Fleet:
         if acked is not None and acked[0] is not None and acked[1] != rev:
             if not await self.ingest.unassign(sid):
                 return
-            self.event("redefined", acked[0], stream=sid)
+            self.event("redefined", acked[0], "its definition changed", sid)
             self._acked[sid] = (None, acked[1])
         if want is None:
             ok = await self.ingest.unassign(sid)
@@ -463,3 +476,18 @@ class Fleet:
 
     def burn_rate(self, pods: dict[str, PodRecord]) -> float:
         return sum(r.cost_per_hr for r in pods.values() if r.provider_id is not None)
+
+
+def move_reason(old: str | None, new: str | None, ready: set[str], pin: str | None) -> str:
+    """Why placement moved a stream from ``old`` to ``new`` (``ready``: the workers that
+    take streams now; ``pin``: the operator's choice)."""
+    if old is not None and old not in ready:
+        where = f"re-homed on {new}" if new else "no other allowed worker has room yet"
+        return f"worker {old} is lost or not ready: {where}"
+    if new is None:
+        return "unplaced: no allowed worker has room"
+    if old is None:
+        return "placed"
+    if pin == new:
+        return "moved by an operator (pin)"
+    return f"moved from {old}: cheaper, or {old} is over capacity or not allowed"

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from deploy.clock import Clock, SystemClock
 from deploy.fleet import Fleet
 from deploy.health import Canary, Prober, WorkerProber
+from deploy.history import FleetHistory
 from deploy.ingest_link import HttpIngestLink, IngestLink, NullIngestLink
 from deploy.pod_trust import PodTrust, make_trust
 from deploy.providers.base import Provider
@@ -92,6 +93,7 @@ class Orchestrator:
             settings, self.provider, self.store, self._prober, link, clock or SystemClock(),
             trust=self.trust,
         )  # fmt: skip
+        self.history = FleetHistory([t.name for t in settings.tiers])
         self.auth_refused: collections.Counter[str] = collections.Counter()
         self.owner = secrets.token_hex(6)
         self.leader = False
@@ -113,10 +115,17 @@ class Orchestrator:
         self.ticks += 1
         return True
 
+    async def sample_history(self) -> None:
+        """A point of the fleet's last hour, when one is due (:mod:`deploy.history`)."""
+        now = self.fleet.clock.now()
+        if self.history.due(now):
+            self.history.sample(now, await self.store.pods(), await self.store.assignments())
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await self.step()
+                await self.sample_history()
                 self.last_error = None
             except (FramerelayError, RedisError, OSError) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"[:500]

@@ -49,6 +49,8 @@ EXPECTED_SCOPES = {
     ("POST", "/v1/streams"): WRITE,
     ("DELETE", "/v1/streams/{stream_id}"): WRITE,
     ("POST", "/v1/streams/{stream_id}/move"): WRITE,
+    ("GET", "/v1/history"): READ,
+    ("GET", "/v1/events"): READ,
 }
 ROUTES: list[tuple[str, str, Any]] = [
     ("GET", "/v1/fleet", None),
@@ -59,6 +61,8 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/v1/streams", {"id": "evil", "url": "rtsp://attacker/x"}),
     ("DELETE", "/v1/streams/cam-1", None),
     ("POST", "/v1/streams/cam-1/move", {"worker": "fr-ondemand-0-g0"}),
+    ("GET", "/v1/history", None),
+    ("GET", "/v1/events?since=0", None),
 ]
 
 

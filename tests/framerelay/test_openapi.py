@@ -125,7 +125,7 @@ def test_every_ingest_operation_is_documented(tmp_path: Path) -> None:
 def test_every_orchestrator_operation_is_documented(tmp_path: Path) -> None:
     spec = orch_spec(tmp_path)
     ops = list(operations(spec))
-    assert len(ops) == 10
+    assert len(ops) == 12
     for method, path, op in ops:
         check_operation("orchestrator", method, path, op)
     description = spec["components"]["securitySchemes"]["bearerAuth"]["description"]
