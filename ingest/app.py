@@ -12,6 +12,8 @@
   latency, per stream and in total (``streams:read``).
 * the result hub (:mod:`ingest.hub`): ``WS /v1/results?stream=ID``
   (``results:<id>``).
+* the operator console (:mod:`ingest.console`): ``GET /console`` (open, no data),
+  its event streams under ``/v1/console/`` (``streams:read``, ``results:<id>``).
 * ``GET /metrics`` - Prometheus: streams (:mod:`ingest.metrics`), hub, Redis
   publisher, ``framerelay_ingest_auth_refused_total{reason}``. Open unless
   ``metrics_auth`` (then ``metrics:read``).
@@ -47,6 +49,7 @@ from framerelay.startup import bind_error
 from framerelay.web_limits import BodyLimit
 from ingest import api_docs
 from ingest.auth import api_guard
+from ingest.console import console_router
 from ingest.history import HistorySampler, history_router
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
@@ -108,6 +111,7 @@ def create_app(
     history = history if history is not None else HistorySampler()  # sampled by serve_ingest
     app.include_router(history_router(history, service.streams, api))
     app.include_router(results_router(hub))
+    app.include_router(console_router(service, api))
     return app
 
 

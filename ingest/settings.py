@@ -132,6 +132,14 @@ class StreamConfig(BaseModel):
         "counts as a breach (framerelay_ingest_slo_breaches_total).",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @field_validator("options")
     @classmethod
     def _check_options(cls, value: dict[str, str]) -> dict[str, str]:
@@ -180,6 +188,29 @@ class StreamConfig(BaseModel):
         if self.password is not None:
             data["password"] = self.password.get_secret_value()
         return data
+
+
+URL_SCHEMES = (
+    "rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "srt", "udp", "tcp", "rtp", "ftp", "file",
+)  # fmt: skip
+"""Network schemes a stream URL may use (anything else is a file path, without ``://``)."""
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a stream's source, without echoing it (it may hold a password)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        return "contains a control character (a newline or tab?)"
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None  # a file path
+    if scheme.lower() not in URL_SCHEMES:
+        shown = scheme if len(scheme) <= 16 and scheme.isascii() else scheme[:16] + "..."
+        return (f"unknown scheme {shown!r}: use {', '.join(s + '://' for s in URL_SCHEMES)} or "
+                "a file path")  # fmt: skip
+    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    if scheme.lower() != "file" and not host:
+        return f"no host after {scheme}://"
+    return None
 
 
 def url_has_userinfo(url: str) -> bool:

@@ -60,6 +60,7 @@ from framerelay.timeline import (
     frame_ticks,
 )
 from framerelay.wire import Timing
+from ingest.console_frames import SentFrames
 from ingest.handoff import LatestSlot, SlotClosed
 from ingest.latency import StreamLatency
 from ingest.prepare import Prepared, Preparer, Unsendable
@@ -167,6 +168,8 @@ class IngestStream:
         self._source: AVSource | None = None
         self.stalled: str | None = None
         """Why the worker serving this stream stopped answering (None: it answers)."""
+        self.sent_frames: SentFrames | None = None
+        """The frames sent lately, kept while the console's live view watches this stream."""
         self._failure: str | None = None
         """Why :meth:`fail` failed this stream (the decode thread must not undo it)."""
         self._record(StreamState.STARTING, "created")

@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
 from framerelay.protocol import IngestProtocol, IngestState
+from ingest.console_frames import SentFrame
 from ingest.handoff import SlotClosed
 from ingest.stream import IngestStream, Outgoing
 
@@ -55,6 +56,9 @@ async def send_stream(
         async with asyncio.timeout(SEND_TIMEOUT_S):
             await ws.send(message)
         stream.counters["sent"] += 1
+        kept = stream.sent_frames  # the console's live view draws results on these
+        if kept is not None:
+            kept.remember(SentFrame(out.timing.epoch, out.timing.seq, out.timing.pts, out.prepared))
     await _drain(stream, frame_timeout_s)
     _check_open(proto)
     await ws.send(proto.close_stream(stream.id))

@@ -44,5 +44,7 @@ class FloatWindow:
 
     def last(self, n: int) -> list[float]:
         """The newest ``n`` values (fewer when fewer are held), oldest first."""
-        values = list(self)
-        return values[max(0, len(values) - n) :]
+        n = max(0, min(n, self._count))
+        size = len(self._values)
+        start = (self._next - n) % size
+        return [self._values[(start + i) % size] for i in range(n)]

@@ -53,6 +53,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--max-batch", type=int, default=0, help="worker batch limit (0 = default)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--console-port",
+        type=int,
+        default=8080,
+        help="serve the operator console at http://127.0.0.1:PORT/console "
+        "(0 = any free port; a taken port falls back to a free one)",
+    )
+    p.add_argument("--no-console", action="store_true", help="do not serve the console")
     p.set_defaults(func=run)
 
 
@@ -96,6 +104,11 @@ def check_args(args: argparse.Namespace) -> None:
     ):
         if not 0 <= value <= high:
             raise ConfigError(f"{name} must be between 0 and {high} (0 = default), not {value}")
+    if not 0 <= args.console_port <= 65535:
+        raise ConfigError(
+            f"--console-port must be between 0 and 65535 (0 = any free port), not "
+            f"{args.console_port}"
+        )
     try:
         _settings(args, "ws://127.0.0.1:1/v1/tunnel", "check")  # the streams' own rules
     except ValidationError as exc:
@@ -136,6 +149,7 @@ def _settings(args: argparse.Namespace, url: str, secret: str) -> Any:
 
 
 async def _run_ingest(args: argparse.Namespace, url: str, secret: str) -> int:
+    from framerelay.commands.demo_console import serving_console
     from framerelay.results import ResultRecord
     from ingest.jsonl import JsonlWriter
     from ingest.service import IngestService
@@ -155,7 +169,11 @@ async def _run_ingest(args: argparse.Namespace, url: str, secret: str) -> int:
     started = time.monotonic()
     watcher = asyncio.create_task(_watch(service, stop, args, Progress()))
     try:
-        await service.run(stop, until_finished=True)
+        async with contextlib.AsyncExitStack() as console:
+            if not args.no_console:
+                await console.enter_async_context(serving_console(service, secret,
+                                                                  args.console_port))  # fmt: skip
+            await service.run(stop, until_finished=True)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -13,9 +13,8 @@ unresolvable, and no request leaves 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +33,7 @@ from ingest.store import FileStore
 from tests.deploy.orch_support import orch_settings, serving_here
 from tests.ingest.api_rig import running_ingest, settings_for
 from tests.support.auth import ed_keys
+from tests.support.browser import chromium, requested_urls
 
 pytestmark = pytest.mark.integration
 REFUSALS = {"401", "403", "429"}
@@ -45,6 +45,8 @@ OWN_ERRORS = {  # (service, method, path) -> the route's own error codes
     ("ingest", "PUT", "/v1/streams/{stream_id}/worker"): {"404"},
     ("ingest", "DELETE", "/v1/streams/{stream_id}/worker"): {"404"},
     ("ingest", "GET", "/v1/history"): {"404"},
+    ("ingest", "GET", "/v1/console/streams"): {"503"},
+    ("ingest", "GET", "/v1/console/streams/{stream_id}/live"): {"404", "503"},
     ("ingest", "GET", "/readyz"): {"503"},
     ("ingest", "GET", "/v1/results"): {"400", "503"},
     ("orchestrator", "POST", "/v1/pods"): {"404"},
@@ -168,44 +170,6 @@ def test_docs_and_assets_are_served_open(tmp_path: Path) -> None:
 
 
 # --- real Chromium, offline -------------------------------------------------------------
-
-
-@contextmanager
-def chromium() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver_bin is None:
-        pytest.fail("chromium/chromedriver missing: run scripts/services.sh")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync"):  # fmt: skip
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(driver_bin))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def requested_urls(driver: Any) -> list[str]:
-    """Every URL the page requested, less those the page's CSP blocked before sending."""
-    import json
-
-    sent, blocked = {}, set()
-    for entry in driver.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        params = message["params"]
-        if message["method"] == "Network.requestWillBeSent":
-            sent[params["requestId"]] = params["request"]["url"]
-        elif message["method"] == "Network.loadingFailed" and params.get("blockedReason") == "csp":
-            blocked.add(params["requestId"])
-    return [url for rid, url in sent.items() if rid not in blocked]
 
 
 def render(base: str, spec_paths: set[str]) -> tuple[set[str], str, list[str]]:

@@ -35,7 +35,9 @@ from tests.support.media import Media
 
 DOCS = {("GET", p) for p in ("/openapi.json", "/docs", "/redoc", "/docs/assets/{name}")}
 """Open: the API's description (framerelay.openapi_docs), no data."""
-OPEN = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), *DOCS}
+CONSOLE = {("GET", "/console"), ("GET", "/console/assets/{name}")}
+"""Open: the console's page and assets (ingest.console), no data: the page asks for a token."""
+OPEN = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), *DOCS, *CONSOLE}
 SCOPES = {
     ("GET", "/v1/streams"): "streams:read",
     ("POST", "/v1/streams"): "streams:write",
@@ -48,6 +50,9 @@ SCOPES = {
     ("GET", "/v1/workers"): "streams:read",
     ("GET", "/v1/history"): "streams:read",
     ("WS", "/v1/results"): None,  # the hub checks results:<id> itself, before the upgrade
+    ("GET", "/v1/console/session"): "streams:read",
+    ("GET", "/v1/console/streams"): "streams:read",
+    ("GET", "/v1/console/streams/{stream_id}/live"): "results:{stream_id}",
 }
 
 

@@ -1,0 +1,253 @@
+"""The operator console: a web page served by the ingest, and the live data it reads.
+
+* ``GET /console`` - the page (open: it holds no data). It asks for a token,
+  keeps it in the browser tab (``sessionStorage``) and sends it as
+  ``Authorization: Bearer`` on every request; nothing is stored server-side.
+* ``GET /console/assets/{name}`` - its script and style sheet, from the package
+  (no CDN, no build step).
+* ``GET /v1/console/session`` (``streams:read``, the viewer's scope) - who the
+  token names, its scopes and expiry, and whether it may change streams (the
+  page shows add/edit/remove only then).
+* ``GET /v1/console/streams`` (``streams:read``) - server-sent events: a
+  ``streams`` event every :data:`EVERY_S` (one row per stream, see
+  :mod:`ingest.console_summary`, and the worker tunnels).
+* ``GET /v1/console/streams/{stream_id}/live`` (``results:<id>``, checked before
+  anything else, like the results WebSocket) - server-sent ``frame`` events: each
+  result of the stream with the JPEG the ingest sent for that very frame
+  (matched by epoch and seq: :mod:`ingest.console_frames`).
+
+Both event streams end with an ``expired`` event when the token expires (the
+page asks for a new one), and are capped at :data:`MAX_VIEWERS` open at once
+(503 beyond). Browsers' ``EventSource`` cannot send headers, so the page reads
+them with ``fetch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi.responses import HTMLResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from framerelay.auth import Claims
+from framerelay.auth.web import SCOPE_ATTR, ApiAuth, AuthFirstRoute, http_error, peer_of
+from framerelay.errors import AuthError
+from framerelay.openapi_docs import errors
+from ingest.bus import Published
+from ingest.console_frames import SentFrame, SentFrames
+from ingest.console_summary import Rates, snapshot
+from ingest.service import IngestService
+from ingest.stream import IngestStream
+
+EVERY_S = 1.0
+"""The streams table's refresh period."""
+KEEPALIVE_S = 15.0
+"""A comment line this often on a quiet live view keeps proxies from closing it."""
+MAX_VIEWERS = 32
+"""Console event streams open at once (both kinds together)."""
+ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data: blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+WORKER_FIELDS = ("url", "worker_id", "state", "stall_reason", "rtt_p95_ms", "stalls")
+EVENT_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+class ConsoleSession(BaseModel):
+    """Who the console's token names, and what the page may show."""
+
+    subject: str
+    scopes: list[str]
+    expires_at: int = Field(description="Unix time the token expires.")
+    can_write: bool = Field(description="The token grants streams:write (add, edit, remove).")
+
+
+def event(name: str, data: str) -> str:
+    """One server-sent event (``data`` is one line of JSON)."""
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+class Viewers:
+    """How many console event streams are open (bounded by :data:`MAX_VIEWERS`)."""
+
+    def __init__(self, limit: int = MAX_VIEWERS) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def check(self) -> None:
+        """503 when :attr:`limit` are open (the stream counts itself once it starts: a
+        response the client left before it started never held a place)."""
+        if self.open >= self.limit:
+            raise HTTPException(503, f"{self.limit} console views are open; close one first")
+
+
+def console_router(service: IngestService, api: ApiAuth) -> APIRouter:
+    router = APIRouter(route_class=AuthFirstRoute, tags=["console"])
+    read = api.requires("streams:read")
+    results = _results_scope(api)
+    viewers = Viewers()
+
+    @router.get("/console", include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(_asset("console.html").decode(), headers=PAGE_HEADERS)
+
+    @router.get("/console/assets/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise HTTPException(404, f"no asset {name!r}")
+        return Response(
+            _asset(name), media_type=ASSETS[name], headers={"Cache-Control": "no-cache"}
+        )
+
+    @router.get("/v1/console/session", summary="The console's session")
+    async def session(claims: Claims = read) -> ConsoleSession:
+        """Who the token names, its scopes and expiry; whether it may change streams."""
+        can_write = claims.allows("streams:write")
+        return ConsoleSession(
+            subject=claims.sub,
+            scopes=list(claims.scope),
+            expires_at=claims.exp,
+            can_write=can_write,
+        )
+
+    @router.get("/v1/console/streams", summary="Streams table (server-sent events)",
+                responses=errors(503), response_class=StreamingResponse)  # fmt: skip
+    async def streams(claims: Claims = read) -> StreamingResponse:
+        """A ``streams`` event every second: one row per stream (state, epoch, fps in and
+        out, drops by reason, latency p50/p99 and SLO, worker) and the worker tunnels."""
+        viewers.check()
+        return StreamingResponse(_table(service, claims, viewers), media_type="text/event-stream",
+                                 headers=EVENT_HEADERS)  # fmt: skip
+
+    @router.get("/v1/console/streams/{stream_id}/live", responses=errors(404, 503),
+                summary="Live view of one stream (server-sent events)",
+                response_class=StreamingResponse)  # fmt: skip
+    async def live(stream_id: str, claims: Claims = results) -> StreamingResponse:
+        """``frame`` events: each result of the stream with the JPEG the ingest sent for
+        that frame (base64) and its letterbox. Needs ``results:<stream_id>``."""
+        if stream_id not in service.streams:
+            raise HTTPException(404, f"no stream {stream_id!r}")
+        viewers.check()
+        frames = _live(service, stream_id, claims, viewers)
+        return StreamingResponse(frames, media_type="text/event-stream", headers=EVENT_HEADERS)
+
+    return router
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("ingest.console_assets").joinpath(name).read_bytes()
+
+
+def _results_scope(api: ApiAuth) -> Any:
+    """The dependency of a route under ``/{stream_id}`` that needs ``results:<stream_id>``
+    (checked before anything else, as the results WebSocket does)."""
+
+    async def check(request: Request) -> Claims:
+        scope = f"results:{request.path_params.get('stream_id', '')}"
+        try:
+            return api.guard.check(request.headers.get("authorization"), scope, peer_of(request))
+        except AuthError as exc:
+            raise http_error(exc) from None
+
+    setattr(check, SCOPE_ATTR, "results:{stream_id}")  # the path's id
+    return Depends(check)
+
+
+def _workers(service: IngestService) -> list[dict[str, Any]]:
+    """The worker tunnels: name, worker, state (and why stalled), streams, RTT, stalls."""
+    rows = []
+    for name, tunnel in list(service.registry.clients.items()):
+        info = tunnel.describe()
+        row = {k: info.get(k) for k in WORKER_FIELDS}
+        row["name"], row["streams"] = name, len(tunnel.streams)
+        rows.append(row)
+    return rows
+
+
+async def _table(service: IngestService, claims: Claims, viewers: Viewers) -> AsyncIterator[str]:
+    rates = Rates()
+    viewers.open += 1
+    try:
+        while time.time() < claims.exp:
+            rows = snapshot(service.streams, service.registry.where, service.registry.default,
+                            rates)  # fmt: skip
+            body = {"at": time.time(), "streams": rows, "workers": _workers(service)}
+            yield event("streams", json.dumps(body, allow_nan=False, default=str))
+            await asyncio.sleep(EVERY_S)
+        yield event("expired", '{"reason":"the token expired: sign in again"}')
+    finally:
+        viewers.open -= 1
+
+
+async def _live(
+    service: IngestService, stream_id: str, claims: Claims, viewers: Viewers
+) -> AsyncIterator[str]:
+    viewers.open += 1
+    sub = service.bus.subscribe(maxsize=8, streams=frozenset({stream_id}))
+    watched: IngestStream | None = None
+    try:
+        yield ": live view of " + stream_id + "\n\n"
+        while time.time() < claims.exp:
+            stream = service.streams.get(stream_id)
+            if stream is None:
+                yield event("gone", json.dumps({"reason": f"stream {stream_id} was removed"}))
+                return
+            if stream is not watched:  # a new definition is a new stream object
+                _unwatch(watched)
+                watched = _watch(stream)
+            try:
+                item = await asyncio.wait_for(sub.get(), timeout=KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            kept = watched.sent_frames
+            frame = kept.take(item.record.epoch, item.record.seq) if kept is not None else None
+            if frame is not None:
+                yield event("frame", frame_event(item, frame))
+        yield event("expired", '{"reason":"the token expired: sign in again"}')
+    finally:
+        sub.close()
+        _unwatch(watched)
+        viewers.open -= 1
+
+
+def _watch(stream: IngestStream) -> IngestStream:
+    if stream.sent_frames is None:
+        stream.sent_frames = SentFrames()
+    stream.sent_frames.viewers += 1
+    return stream
+
+
+def _unwatch(stream: IngestStream | None) -> None:
+    kept = stream.sent_frames if stream is not None else None
+    if stream is None or kept is None:
+        return
+    kept.viewers -= 1
+    if kept.viewers <= 0:
+        stream.sent_frames = None
+
+
+def frame_event(item: Published, frame: SentFrame) -> str:
+    """The ``frame`` event: the result as the API gives it (its shared JSON) and the JPEG
+    it was found on, with the part of the JPEG that holds the source (top-left)."""
+    lb = frame.prepared.letterbox
+    meta = {
+        "epoch": frame.epoch, "seq": frame.seq, "pts": frame.pts, "src_w": lb.src_w,
+        "src_h": lb.src_h, "new_w": lb.new_w, "new_h": lb.new_h, "pad_x": lb.pad_x,
+        "pad_y": lb.pad_y, "jpeg": base64.b64encode(frame.prepared.data).decode("ascii"),
+    }  # fmt: skip
+    return f'{{"result":{item.json()},"frame":{json.dumps(meta)}}}'
