@@ -237,6 +237,11 @@ StreamQuery = Annotated[
     Query(pattern=STREAM_ID_PATTERN, description="Only this stream's series (and the totals)."),
 ]
 
+TotalsQuery = Annotated[
+    bool,
+    Query(description="Only the totals, no stream's series (what the console's charts read)."),
+]
+
 
 def history_router(
     sampler: HistorySampler, streams: Mapping[str, object], api: ApiAuth
@@ -247,12 +252,12 @@ def history_router(
     @router.get("/v1/history", tags=["streams"], dependencies=[api.requires("streams:read")],
                 summary="The last hour of fps, drops and latency",
                 responses=errors(404, e404="No stream with this id"))  # fmt: skip
-    async def history(stream: StreamQuery = None) -> History:
+    async def history(stream: StreamQuery = None, totals_only: TotalsQuery = False) -> History:
         """A point every 10 s over the last hour, for all streams together and per stream:
         fps in (decoded) and out (results), frames dropped, latency p50/p99 of the results
         of each interval. Kept by the ingest (no Prometheus needed)."""
         if stream is None:
-            return sampler.read()
+            return sampler.read([] if totals_only else None)
         if stream not in streams:
             raise HTTPException(404, f"no stream {stream!r}")
         return sampler.read([stream])

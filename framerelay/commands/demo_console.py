@@ -65,21 +65,27 @@ async def serving_console(service: Any, secret: str, port: int) -> AsyncIterator
 
     from ingest.app import create_app
     from ingest.auth import api_guard
+    from ingest.history import HistorySampler
     from ingest.hub import build_hub
 
     settings = service.settings
     registry = CollectorRegistry()
     guard = api_guard(settings, registry)
     hub = build_hub(service.bus, settings, registry, guard=guard)
-    server, sock = _bind(create_app(service, hub, registry, guard=guard), settings, port)
+    history = HistorySampler()  # the console's last-hour charts
+    app = create_app(service, hub, registry, guard=guard, history=history)
+    server, sock = _bind(app, settings, port)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/console"
     task = asyncio.create_task(server.serve(sockets=[sock]), name="demo-console")
+    stop = asyncio.Event()
+    sampling = asyncio.create_task(history.run(service.streams, stop), name="demo-history")
     token = write_token(secret)
     _say(f"console: {url} (sign in with the token in {token}; it is valid 12 h)")
     try:
         yield url
     finally:
+        stop.set()
         server.should_exit = True
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, STOP_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.gather(task, sampling), STOP_TIMEOUT_S)
         shutil.rmtree(token.parent, ignore_errors=True)

@@ -132,6 +132,7 @@ function showApp() {
 async function followTable() {
   const control = new AbortController();
   state.table = control;
+  followHistory(control);
   while (!control.signal.aborted) {
     try {
       await readEvents("/v1/console/streams", onTableEvent, control.signal);
@@ -234,6 +235,72 @@ function renderWorkers(workers) {
     return tr;
   });
   $("workers").tBodies[0].replaceChildren(...rows);
+}
+
+// -- the last hour (GET /v1/history: a point every 10 s, kept by the ingest) ---------
+
+const HISTORY_MS = 10000;
+const COLOURS = { in: "#58a6ff", out: "#3fb950", p50: "#58a6ff", p99: "#f0883e", drops: "#f85149" };
+
+async function followHistory(control) {
+  while (!control.signal.aborted) {
+    const id = state.live ? state.live.id : null;
+    const query = id ? `?stream=${encodeURIComponent(id)}` : "?totals_only=true";
+    try {
+      const history = await api("GET", `/v1/history${query}`);
+      const series = id ? history.streams[id] : history.total;
+      $("history-of").textContent = id ? `stream ${id}` : "all streams";
+      drawHistory(history.timestamps, series);
+      $("history-note").textContent = history.timestamps.length
+        ? "" : "no point yet: the ingest keeps one every 10 s";
+    } catch (error) {
+      if (control.signal.aborted) return;
+      $("history-note").textContent = `history unavailable: ${error.message}`;
+    }
+    await new Promise((resolve) => setTimeout(resolve, HISTORY_MS));
+  }
+}
+
+function drawHistory(times, s) {
+  chart($("chart-fps"), times, [[s.fps_in, COLOURS.in], [s.fps_out, COLOURS.out]]);
+  chart($("chart-latency"), times, [[s.latency_p50_ms, COLOURS.p50], [s.latency_p99_ms, COLOURS.p99]]);
+  chart($("chart-drops"), times, [[s.drops, COLOURS.drops]]);
+}
+
+// One small line chart: the last hour on x, 0..max on y (nulls are gaps).
+function chart(canvas, times, lines) {
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, top = 14, bottom = h - 14;
+  ctx.clearRect(0, 0, w, h);
+  const values = lines.flatMap(([v]) => v || []).filter((v) => v !== null && isFinite(v));
+  const max = Math.max(1, ...values);
+  const end = Date.now() / 1000, start = end - 3600;
+  const x = (t) => ((t - start) / 3600) * w;
+  const y = (v) => bottom - (v / max) * (bottom - top);
+  ctx.strokeStyle = "#2a3240";
+  ctx.beginPath();
+  ctx.moveTo(0, bottom + 0.5);
+  ctx.lineTo(w, bottom + 0.5);
+  ctx.stroke();
+  ctx.fillStyle = "#8b95a5";
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillText(`${max.toFixed(max < 10 ? 1 : 0)}`, 2, top - 3);
+  ctx.fillText("-60 min", 2, h - 2);
+  ctx.fillText("now", w - 22, h - 2);
+  ctx.lineWidth = 1.5;
+  for (const [line, colour] of lines) {
+    if (!line) continue;
+    ctx.strokeStyle = colour;
+    ctx.beginPath();
+    let open = false;
+    line.forEach((v, i) => {
+      if (v === null || times[i] === null || !isFinite(v)) { open = false; return; }
+      if (open) ctx.lineTo(x(times[i]), y(v));
+      else ctx.moveTo(x(times[i]), y(v));
+      open = true;
+    });
+    ctx.stroke();
+  }
 }
 
 // -- adding, editing, removing -----------------------------------------------------

@@ -318,3 +318,34 @@ def test_without_a_token_the_console_shows_only_its_login(demo: Demo) -> None:
         wait.until(lambda d: error.text)
         assert "Not signed in" in error.text
         assert not driver.find_element(By.ID, "app").is_displayed()
+
+
+def test_the_last_hour_charts_draw_what_the_ingest_kept(demo: Demo) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with chromium() as driver:
+        sign_in(driver, demo)
+        wait_row(driver, "demo-1")
+        # the ingest keeps a point every 10 s; the page reads them every 10 s
+        wait = WebDriverWait(driver, 45 * TIMEOUT_FACTOR)
+        history = demo.get("/v1/history?totals_only=true")
+        assert history["streams"] == {}, "totals only"
+        wait.until(lambda d: demo.get("/v1/history?totals_only=true")["timestamps"])
+        driver.refresh()  # read now rather than at the page's next 10 s (the tab keeps the token)
+        wait.until(lambda d: d.execute_script(COLOURED, "chart-fps", [63, 185, 80]) > 0)
+        print(f"\n  fps chart: {driver.execute_script(COLOURED, 'chart-fps', [63, 185, 80])} px")
+        assert driver.find_element(By.ID, "history-of").text == "all streams"
+        assert not console_errors(driver)
+
+
+COLOURED = """
+const c = document.getElementById(arguments[0]);
+const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+let n = 0;
+for (let i = 0; i < d.length; i += 4) {
+  if (Math.abs(d[i] - arguments[1][0]) < 8 && Math.abs(d[i + 1] - arguments[1][1]) < 8
+      && Math.abs(d[i + 2] - arguments[1][2]) < 8 && d[i + 3] > 200) n++;
+}
+return n;
+"""
