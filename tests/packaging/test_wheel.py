@@ -29,6 +29,9 @@ DATA = {
     "framerelay/_data/yolox_nano_416.onnx",
     "framerelay/_data/TUD-Stadtmitte.mp4",
     "framerelay/_data/frame-000001.jpg",
+    "ingest/console_assets/console.html",  # the operator console (ingest/console.py)
+    "ingest/console_assets/console.js",
+    "ingest/console_assets/console.css",
 }
 
 
@@ -52,6 +55,7 @@ def test_demo_runs_from_the_wheel_as_nobody(installed_wheel: InstalledWheel) -> 
     assert "Traceback" not in proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["demo-1"])
     assert row[1] == "STOPPED" and int(row[5]) == 25, proc.stdout  # 25 results
+    assert "console: http://127.0.0.1:" in proc.stderr  # served from the wheel's assets
 
 
 def test_default_worker_gets_ready_from_the_wheel_as_nobody(
