@@ -216,7 +216,7 @@ async def _live(
                 continue
             kept = watched.sent_frames
             frame = kept.take(item.record.epoch, item.record.seq) if kept is not None else None
-            if frame is not None:
+            if frame is not None and frame.pts == item.record.pts:  # the same frame, twice over
                 yield event("frame", frame_event(item, frame))
         yield event("expired", '{"reason":"the token expired: sign in again"}')
     finally:
