@@ -64,9 +64,12 @@ class Move(BaseModel):
     worker: str = Field(min_length=1, max_length=200)
 
 
-def _pod_view(rec: PodRecord, assigned: dict[str, str]) -> dict[str, Any]:
+def _pod_view(rec: PodRecord, assigned: dict[str, str], now: float) -> dict[str, Any]:
+    """A pod as the API shows it: its record, the streams it serves, its uptime (since the
+    orchestrator created it; None for a record without a creation time)."""
     view = rec.model_dump(exclude={"fails", "last_canary"})
     view["streams"] = sorted(s for s, p in assigned.items() if p == rec.name)
+    view["uptime_s"] = round(max(0.0, now - rec.created_at), 1) if rec.created_at else None
     return view
 
 
@@ -74,10 +77,11 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
     store, fleet = orch.store, orch.fleet
     pods, streams, assigned = await store.pods(), await store.streams(), await store.assignments()
     cost = CostTotals.from_flat(await store.cost())
+    now = fleet.clock.now()
     tiers = []
     for t in orch.settings.tiers:
         mine = [p for p in pods.values() if p.tier == t.name]
-        held = fleet.held_until(t.name) - fleet.clock.now()
+        held = fleet.held_until(t.name) - now
         tiers.append({
             "name": t.name, "spot": t.spot, "target": fleet.targets.get(t.name, 0),
             "pods": len(mine), "ready": sum(p.ready for p in mine),
@@ -88,7 +92,7 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
         "leader": orch.leader,
         "provider": orch.provider.name,
         "tiers": tiers,
-        "pods": [_pod_view(p, assigned) for p in sorted(pods.values(), key=lambda p: p.name)],
+        "pods": [_pod_view(p, assigned, now) for p in sorted(pods.values(), key=lambda p: p.name)],
         "streams": [
             {**_stream_view(s), "worker": assigned.get(s.id)}
             for s in sorted(streams.values(), key=lambda s: s.id)

@@ -237,6 +237,8 @@ class Fleet:
                 self.counters["canary_not_ready"] += 1
             return
         rec.fails, rec.last_ok, rec.last_error = 0, now, None
+        if probe.canary_ok:
+            rec.canary_ms = round(probe.canary_ms, 1)
         if probe.canary_ok and not rec.ready:
             rec.ready, rec.ready_since = True, now
             self.event("ready", rec.name, "the canary inference passed",

@@ -117,6 +117,7 @@ class PodRecord(BaseModel):
     fails: int = 0
     last_ok: float | None = None
     last_canary: float | None = None
+    canary_ms: float | None = Field(None, description="Round trip of the last passed canary.")
     last_error: str | None = Field(None, max_length=500)
     draining_since: float | None = None
     create_failures: int = Field(0, ge=0)

@@ -6,19 +6,8 @@ import ssl
 from pathlib import Path
 
 from framerelay.errors import ConfigError
-
-
-def verify_context(cafile: Path | str | None, what: str) -> ssl.SSLContext:
-    """A client context that verifies peers against ``cafile`` (None: the system's CAs)."""
-    try:
-        ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
-    except (OSError, ssl.SSLError) as exc:
-        reason = (
-            getattr(exc, "strerror", None) or getattr(exc, "reason", None) or type(exc).__name__
-        )
-        raise ConfigError(f"cannot load the CA file for {what} ({cafile}): {reason}") from None
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    return ctx
+from framerelay.net import describe_http_error as describe_http_error  # shared with the ingest
+from framerelay.net import verify_context as verify_context
 
 
 def api_ssl_options(
@@ -34,13 +23,3 @@ def api_ssl_options(
     if client_ca is not None:
         opts |= {"ssl_ca_certs": str(client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     return opts
-
-
-def describe_http_error(exc: BaseException) -> str:
-    """``ConnectError`` - or, when a certificate was refused, why (httpx -> httpcore -> ssl)."""
-    cause: BaseException | None = exc
-    for _ in range(6):
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return f"{type(exc).__name__}: TLS verification failed: {cause.verify_message}"
-        cause = None if cause is None else (cause.__cause__ or cause.__context__)
-    return type(exc).__name__

@@ -1,8 +1,12 @@
-"""Address helpers shared by the services."""
+"""Address and TLS-client helpers shared by the services."""
 
 from __future__ import annotations
 
 import ipaddress
+import ssl
+from pathlib import Path
+
+from framerelay.errors import ConfigError
 
 
 def is_loopback(host: str | None) -> bool:
@@ -15,3 +19,26 @@ def is_loopback(host: str | None) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def describe_http_error(exc: BaseException) -> str:
+    """``ConnectError`` - or, when a certificate was refused, why (httpx -> httpcore -> ssl)."""
+    cause: BaseException | None = exc
+    for _ in range(6):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"{type(exc).__name__}: TLS verification failed: {cause.verify_message}"
+        cause = None if cause is None else (cause.__cause__ or cause.__context__)
+    return type(exc).__name__
+
+
+def verify_context(cafile: Path | str | None, what: str) -> ssl.SSLContext:
+    """A client context that verifies peers against ``cafile`` (None: the system's CAs)."""
+    try:
+        ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+    except (OSError, ssl.SSLError) as exc:
+        reason = (
+            getattr(exc, "strerror", None) or getattr(exc, "reason", None) or type(exc).__name__
+        )
+        raise ConfigError(f"cannot load the CA file for {what} ({cafile}): {reason}") from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx

@@ -1,0 +1,60 @@
+"""Issue 15: the orchestrator's pod view (``GET /v1/pods``, ``/v1/fleet``) says each pod's
+last canary round trip and uptime, which the console's fleet panel shows. The real fleet
+logic against the RunPod contract server and a real Redis, with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import secrets
+
+import httpx
+import pytest
+
+from bench.rig.runpod_contract import ContractState
+from deploy.api import create_app
+from deploy.clock import FakeClock
+from deploy.health import Probe, StatusProber
+from tests.deploy.orch_support import serving_here
+from tests.deploy.test_events_api import TIERS, passes
+from tests.deploy.test_fleet_no_capacity import GPU, TICK_S, fleet_on_contract
+from tests.support.auth import mint
+
+pytestmark = pytest.mark.integration
+CANARY_MS = 42.5
+
+
+class TimedProber(StatusProber):
+    """The provider's status, with a canary round trip of :data:`CANARY_MS`."""
+
+    def __init__(self) -> None:
+        super().__init__(20)
+
+    async def probe(
+        self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
+        tls_name: str | None = None,
+    ) -> Probe:  # fmt: skip
+        probe = await super().probe(name, tunnel_url, http_url, canary=canary)
+        return dataclasses.replace(probe, canary_ms=CANARY_MS) if probe.canary_ok else probe
+
+
+def test_pods_show_their_canary_round_trip_and_uptime() -> None:
+    async def main() -> list[dict[str, object]]:
+        clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
+        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        async with fleet_on_contract(state, clock, TIERS) as orch:
+            orch.fleet.prober = TimedProber()
+            await passes(orch, clock, 3)  # the warm on-demand pod: created at 0 s, now 6 s
+            async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
+                token = mint(orch.keys, ["fleet:read"], "orchestrator")
+                resp = await http.get(
+                    url + "/v1/pods", headers={"Authorization": f"Bearer {token}"}
+                )
+                pods: list[dict[str, object]] = resp.json()
+        return pods
+
+    (pod,) = asyncio.run(main())
+    assert pod["ready"] and pod["gpu_type"] == GPU
+    assert pod["canary_ms"] == CANARY_MS and pod["uptime_s"] == 3 * TICK_S
+    assert "fails" not in pod and "last_canary" not in pod
