@@ -50,6 +50,7 @@ from framerelay.web_limits import BodyLimit
 from ingest import api_docs
 from ingest.auth import api_guard
 from ingest.console import console_router
+from ingest.console_fleet import fleet_router
 from ingest.history import HistorySampler, history_router
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
@@ -112,6 +113,7 @@ def create_app(
     app.include_router(history_router(history, service.streams, api))
     app.include_router(results_router(hub))
     app.include_router(console_router(service, api))
+    app.include_router(fleet_router(service.settings, api))  # the console's fleet panel
     return app
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -17,6 +18,7 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
+from framerelay.net import is_loopback
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.wire import STREAM_ID
 
@@ -213,6 +215,32 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+ORCHESTRATOR_TOKEN_ENV = "FRAMERELAY_INGEST_ORCHESTRATOR_TOKEN"  # noqa: S105 - a name
+
+
+def orchestrator_url_problem(url: str) -> str | None:
+    """Why the ingest must not read the orchestrator API at ``url`` (None: it may), without
+    echoing the URL. ``https://`` always; plain ``http://`` only to this host (loopback)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        return "contains a control character (a newline or tab?)"
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname or "", parts.port
+    except ValueError:
+        return "not a valid URL; expected https://host[:port]"
+    if parts.scheme not in ("http", "https") or not host:
+        return "must be https://host[:port] (http:// only to this host)"
+    if "@" in parts.netloc:
+        return f"must not hold credentials (user:password@): set {ORCHESTRATOR_TOKEN_ENV}"
+    if parts.query or parts.fragment:
+        return "must not have a query or fragment; expected https://host[:port][/path]"
+    if parts.scheme == "http" and not is_loopback(host):
+        return (f"refusing plain http:// to orchestrator host {host!r}: its token would cross "
+                "the network unencrypted; use https:// (verified with "
+                "FRAMERELAY_INGEST_ORCHESTRATOR_CA, else the system's CAs)")  # fmt: skip
+    return None
+
+
 def url_has_userinfo(url: str) -> bool:
     _, sep, rest = url.partition("://")
     return bool(sep) and "@" in rest.split("/", 1)[0]
@@ -396,6 +424,46 @@ class IngestSettings(ServiceSettings):
         max_length=200,
         description="Redis hash holding this ingest's stream definitions.",
     )
+
+    orchestrator_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="The orchestrator's API (https://host:port; http:// only to this host), "
+        "read for the console's fleet panel (GET /v1/console/fleet); unset: no panel.",
+    )
+    orchestrator_token: SecretStr | None = Field(
+        None,
+        description="A token for the orchestrator (audience orchestrator, scope fleet:read); "
+        "unset: the ingest mints short-lived ones with the private FRAMERELAY_SIGNING_KEYS.",
+    )
+    orchestrator_ca: Path | None = Field(
+        None, description="CA bundle to verify an https:// orchestrator (default: the system's)."
+    )
+
+    @field_validator("orchestrator_url")
+    @classmethod
+    def _check_orchestrator_url(cls, value: str | None) -> str | None:
+        problem = orchestrator_url_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value.rstrip("/") if value is not None else None
+
+    @model_validator(mode="after")
+    def _check_orchestrator(self) -> IngestSettings:
+        url = self.orchestrator_url
+        if url is None and (self.orchestrator_token or self.orchestrator_ca):
+            raise ValueError("FRAMERELAY_INGEST_ORCHESTRATOR_TOKEN and _CA need "
+                             "FRAMERELAY_INGEST_ORCHESTRATOR_URL")  # fmt: skip
+        if url is not None and self.orchestrator_ca and not url.startswith("https://"):
+            raise ValueError("FRAMERELAY_INGEST_ORCHESTRATOR_CA needs an https:// orchestrator")
+        keys = self.orchestrator_token or self.signing_keys or self.token_secrets
+        if url is not None and keys is None:
+            raise ValueError(
+                f"FRAMERELAY_INGEST_ORCHESTRATOR_URL needs credentials: {ORCHESTRATOR_TOKEN_ENV} "
+                "(audience orchestrator, scope fleet:read) or FRAMERELAY_SIGNING_KEYS_FILE (the "
+                "private key set, to mint one)"
+            )
+        return self
 
     @field_validator("redis_url")
     @classmethod

@@ -53,6 +53,7 @@ SCOPES = {
     ("GET", "/v1/console/session"): "streams:read",
     ("GET", "/v1/console/streams"): "streams:read",
     ("GET", "/v1/console/streams/{stream_id}/live"): "results:{stream_id}",
+    ("GET", "/v1/console/fleet"): "streams:read",
 }
 
 
