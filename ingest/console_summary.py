@@ -3,8 +3,8 @@
 Rates are differences of the stream's counters between two reads (the console
 reads once a second); latency (its SLO, the clock it is measured from,
 percentiles of recent results, breaches) is the stream's own
-(:class:`ingest.latency.StreamLatency`). A row is a plain dict, encoded once per read and sent
-as is to every console watching (:mod:`ingest.console`).
+(:class:`ingest.latency.StreamLatency`). A row is a plain dict; the rows are built and encoded
+once per second and shared by every console watching (:class:`ingest.console.TableFeed`).
 """
 
 from __future__ import annotations

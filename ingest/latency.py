@@ -82,6 +82,10 @@ class StreamLatency:
         self._lags: collections.OrderedDict[tuple[int, int], float] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._warned = False
+        self._observed = 0
+        self._percentiles: tuple[int, float | None, float | None] = (0, None, None)
+        """(results seen, p50, p99) when last computed: a console reads every stream every
+        second, and the percentiles only change when a result came."""
 
     def sent(self, timing: Timing, capture_time: float | None) -> None:
         """A frame goes out: remember how long after its capture it was decoded."""
@@ -103,6 +107,7 @@ class StreamLatency:
         self.source = LatencyFrom.DECODE if lag is None else LatencyFrom.CAPTURE
         ms = record.latency_ms + (0.0 if lag is None else lag * 1000)
         self.window.append(ms)
+        self._observed += 1
         self._counts[bisect.bisect_left(BUCKETS_S, ms / 1000)] += 1
         self.sum_s += ms / 1000
         if self.slo_ms is not None and ms > self.slo_ms:
@@ -120,11 +125,7 @@ class StreamLatency:
 
     def describe(self) -> dict[str, object]:
         """For the stream's status: the SLO, the clock, breaches and recent percentiles."""
-        recent = self.window.last(RECENT)
-        p50 = p99 = None
-        if recent:
-            q = np.percentile(np.asarray(recent, dtype=np.float64), (50, 99))
-            p50, p99 = round(float(q[0]), 3), round(float(q[1]), 3)
+        p50, p99 = self._recent_percentiles()
         return {
             "latency_slo_ms": self.slo_ms,
             "latency_from": self.source.value,
@@ -132,6 +133,18 @@ class StreamLatency:
             "latency_p99_ms": p99,
             "slo_breaches": self.breaches,
         }
+
+    def _recent_percentiles(self) -> tuple[float | None, float | None]:
+        seen, p50, p99 = self._percentiles
+        if seen == self._observed:
+            return p50, p99
+        recent = self.window.last(RECENT)
+        p50 = p99 = None
+        if recent:
+            q = np.percentile(np.asarray(recent, dtype=np.float64), (50, 99))
+            p50, p99 = round(float(q[0]), 3), round(float(q[1]), 3)
+        self._percentiles = (self._observed, p50, p99)
+        return p50, p99
 
     def _distrust(self, lag: float) -> None:
         if not self._warned:
