@@ -13,7 +13,7 @@ const RETRY_MS = 2000;
 const $ = (id) => document.getElementById(id);
 const state = {
   token: null, session: null, rows: [], sort: { key: "id", dir: 1 }, filter: "",
-  table: null, live: null, editing: null,
+  table: null, live: null, editing: null, fleet: null,
 };
 
 class HttpError extends Error {
@@ -106,6 +106,7 @@ function signOut(reason = "") {
   state.token = null;
   state.session = null;
   state.rows = [];
+  state.fleet = null;
   if (state.table) state.table.abort();
   closeLive();
   $("app").hidden = true;
@@ -133,6 +134,7 @@ async function followTable() {
   const control = new AbortController();
   state.table = control;
   followHistory(control);
+  followFleet(control);
   while (!control.signal.aborted) {
     try {
       await readEvents("/v1/console/streams", onTableEvent, control.signal);
@@ -192,7 +194,8 @@ function renderStreams() {
     const slo = element("td", r.latency_slo_ms ?? "–", "num");
     if (r.slo_breaches) slo.append(element("span", `${r.slo_breaches} over`, "reason"));
     tr.append(element("td", number(r.latency_p99_ms, 0), breach ? "num breach" : "num"), slo,
-      element("td", r.latency_from ?? "–"), element("td", r.worker ?? "–"));
+      element("td", r.latency_from ?? "–"), element("td", r.worker ?? "–"),
+      element("td", tierOf(r.id) ?? "–"));
     tr.append(actions(r));
     return tr;
   });
@@ -274,7 +277,9 @@ function chart(canvas, times, lines) {
   ctx.clearRect(0, 0, w, h);
   const values = lines.flatMap(([v]) => v || []).filter((v) => v !== null && isFinite(v));
   const max = Math.max(1, ...values);
-  const end = Date.now() / 1000, start = end - 3600;
+  const known = times.filter((t) => t !== null);
+  const end = known.length ? known[known.length - 1] : Date.now() / 1000; // the server's clock
+  const start = end - 3600;
   const x = (t) => ((t - start) / 3600) * w;
   const y = (v) => bottom - (v / max) * (bottom - top);
   ctx.strokeStyle = "#2a3240";
@@ -301,6 +306,92 @@ function chart(canvas, times, lines) {
     });
     ctx.stroke();
   }
+}
+
+// -- workers and fleet (GET /v1/console/fleet: the orchestrator, through the ingest) ---
+
+const FLEET_MS = 2000;
+
+async function followFleet(control) {
+  while (!control.signal.aborted) {
+    try {
+      renderFleet(await api("GET", "/v1/console/fleet"));
+    } catch (error) {
+      if (control.signal.aborted) return;
+      $("fleet-note").textContent = `fleet unavailable: ${error.message}`;
+    }
+    await new Promise((resolve) => setTimeout(resolve, FLEET_MS));
+  }
+}
+
+function money(value, digits = 2) {
+  return value === null || value === undefined ? "–" : `$${Number(value).toFixed(digits)}`;
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 120) return `${Math.round(seconds)} s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function renderFleet(fleet) {
+  state.fleet = fleet;
+  if (!fleet.configured) {
+    $("fleet-body").hidden = true;
+    $("fleet-cost").textContent = "";
+    $("fleet-note").textContent = "No orchestrator is configured for this ingest "
+      + "(FRAMERELAY_INGEST_ORCHESTRATOR_URL): the worker tunnels below are what it knows.";
+    return;
+  }
+  $("fleet-body").hidden = false;
+  $("fleet-source").textContent = `${fleet.provider ?? ""} · ${fleet.orchestrator}`;
+  const c = fleet.cost || {};
+  $("fleet-cost").textContent = `${money(c.usd_per_hr)}/h now · `
+    + `${money(c.usd_per_stream_hr, 3)} per stream-hour (${c.streams_placed ?? 0} streams) · `
+    + `saves ${money(c.savings_usd_per_hr)}/h (${number(c.savings_pct, 0)} %) against all `
+    + `on-demand`;
+  const note = $("fleet-note");
+  note.textContent = fleet.error ? `${fleet.stale ? "stale data: " : ""}${fleet.error}` : "";
+  note.className = fleet.stale ? "stale" : "muted";
+  $("pods").tBodies[0].replaceChildren(...fleet.pods.map(podRow));
+  const events = [...fleet.events].reverse().map((e) => {
+    const li = element("li");
+    li.append(element("span", new Date(e.t * 1000).toLocaleTimeString(), "muted"), " ",
+      element("span", e.kind, "kind"), ` ${[e.pod, e.stream].filter(Boolean).join(" · ")}: `,
+      element("span", e.reason));
+    return li;
+  });
+  $("events").replaceChildren(...events);
+  const h = fleet.history;
+  if (h) {
+    chart($("chart-cost"), h.t, [[h.usd_per_hr, COLOURS.out],
+      [h.ondemand_usd_per_hr, COLOURS.p99]]);
+  }
+}
+
+function podRow(p) {
+  const tr = element("tr");
+  tr.dataset.pod = p.name;
+  const stateCell = element("td", p.ready ? `${p.state} · ready` : p.state,
+    p.ready ? "state-UP" : "state-STALLED");
+  if (p.error) stateCell.append(element("span", p.error, "reason"));
+  tr.append(element("td", p.name), element("td", p.provider), element("td", tierName(p)),
+    element("td", p.gpu ?? "–"), stateCell,
+    element("td", number(p.canary_ms, 0), "num"), element("td", duration(p.uptime_s), "num"),
+    element("td", money(p.usd_per_hr, 3), "num"), element("td", p.streams.length, "num"));
+  return tr;
+}
+
+// The tier of the pod serving a stream, when the orchestrator placed it.
+function tierOf(streamId) {
+  const pods = state.fleet && state.fleet.configured ? state.fleet.pods : [];
+  const pod = pods.find((p) => p.streams.includes(streamId));
+  return pod ? tierName(pod) : null;
+}
+
+function tierName(pod) {
+  return pod.spot && !pod.tier.includes("spot") ? `${pod.tier} (spot)` : pod.tier;
 }
 
 // -- adding, editing, removing -----------------------------------------------------

@@ -111,7 +111,7 @@ def sign_in(driver: Any, demo: Demo, token: str | None = None) -> None:
 
 
 COLUMNS = ("id", "state", "epoch", "fps_in", "fps_out", "results", "drops", "p50", "p99", "slo",
-           "from", "worker")  # fmt: skip
+           "from", "worker", "tier")  # fmt: skip
 
 
 def row_text(driver: Any, stream_id: str) -> str:
