@@ -113,6 +113,7 @@ function signOut(reason = "") {
   $("signout").hidden = true;
   $("who").textContent = "";
   $("streams").tBodies[0].replaceChildren();
+  rowNodes.clear();
   $("login").hidden = false;
   $("login-error").textContent = reason;
 }
@@ -177,33 +178,58 @@ function number(value, digits = 1) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
+// Rows are kept by stream id and updated in place: a button under the pointer is never
+// replaced between press and release by the next second's update.
+const rowNodes = new Map();
+
 function renderStreams() {
   const body = $("streams").tBodies[0];
-  const rows = visibleRows().map((r) => {
-    const tr = element("tr");
-    tr.dataset.stream = r.id;
-    tr.append(element("td", r.id));
-    const stateCell = element("td", r.state, `state-${r.state}`);
-    if (r.error) stateCell.append(element("span", r.error, "reason"));
-    tr.append(stateCell, element("td", r.epoch, "num"), element("td", number(r.fps_in), "num"),
-      element("td", number(r.fps_out), "num"), element("td", r.results, "num"));
-    const drops = element("td", r.dropped, "num");
-    drops.title = Object.entries(r.drops).map(([k, v]) => `${k}: ${v}`).join("\n") || "none";
-    tr.append(drops, element("td", number(r.latency_p50_ms, 0), "num"));
-    const breach = r.latency_slo_ms && r.latency_p99_ms > r.latency_slo_ms;
-    const slo = element("td", r.latency_slo_ms ?? "–", "num");
-    if (r.slo_breaches) slo.append(element("span", `${r.slo_breaches} over`, "reason"));
-    tr.append(element("td", number(r.latency_p99_ms, 0), breach ? "num breach" : "num"), slo,
-      element("td", r.latency_from ?? "–"), element("td", r.worker ?? "–"),
-      element("td", tierOf(r.id) ?? "–"));
-    tr.append(actions(r));
-    return tr;
+  const rows = visibleRows();
+  const shown = new Set(rows.map((r) => r.id));
+  for (const [id, tr] of rowNodes) {
+    if (!shown.has(id)) { tr.remove(); rowNodes.delete(id); }
+  }
+  rows.forEach((r, i) => {
+    let tr = rowNodes.get(r.id);
+    if (!tr) {
+      tr = element("tr");
+      tr.dataset.stream = r.id;
+      for (let c = 0; c < 13; c++) tr.append(element("td"));
+      tr.append(actions(r));
+      rowNodes.set(r.id, tr);
+    }
+    fillRow(tr.cells, r);
+    if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
   });
-  body.replaceChildren(...rows);
   for (const th of $("streams").tHead.rows[0].cells) {
     th.classList.toggle("sorted", th.dataset.key === state.sort.key);
     th.classList.toggle("desc", th.dataset.key === state.sort.key && state.sort.dir < 0);
   }
+}
+
+function cell(td, text, className = "", extra = null) {
+  td.className = className;
+  td.textContent = text === null || text === undefined ? "–" : String(text);
+  if (extra) td.append(extra);
+}
+
+function fillRow(cells, r) {
+  const breach = r.latency_slo_ms && r.latency_p99_ms > r.latency_slo_ms;
+  cell(cells[0], r.id);
+  cell(cells[1], r.state, `state-${r.state}`, r.error ? element("span", r.error, "reason") : null);
+  cell(cells[2], r.epoch, "num");
+  cell(cells[3], number(r.fps_in), "num");
+  cell(cells[4], number(r.fps_out), "num");
+  cell(cells[5], r.results, "num");
+  cell(cells[6], r.dropped, "num");
+  cells[6].title = Object.entries(r.drops).map(([k, v]) => `${k}: ${v}`).join("\n") || "none";
+  cell(cells[7], number(r.latency_p50_ms, 0), "num");
+  cell(cells[8], number(r.latency_p99_ms, 0), breach ? "num breach" : "num");
+  cell(cells[9], r.latency_slo_ms, "num",
+    r.slo_breaches ? element("span", `${r.slo_breaches} over`, "reason") : null);
+  cell(cells[10], r.latency_from);
+  cell(cells[11], r.worker);
+  cell(cells[12], tierOf(r.id));
 }
 
 function actions(row) {

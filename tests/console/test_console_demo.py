@@ -280,6 +280,20 @@ def test_adding_a_stream_in_the_page(demo: Demo) -> None:
         wait.until(lambda d: demo.get("/v1/streams/cam-2")["results"] > 0)
         wait_row(driver, "cam-2")
 
+        # edit: the form opens with the stream's definition; the change goes through PUT
+        driver.find_element(By.CSS_SELECTOR, '#streams tr[data-stream="cam-2"] '
+                                             'button[data-action="edit"]').click()  # fmt: skip
+        form = driver.find_element(By.ID, "stream-form")
+        wait.until(lambda d: form.find_element(By.NAME, "url").get_attribute("value"))
+        assert form.find_element(By.NAME, "id").get_attribute("readonly") is not None
+        fps = form.find_element(By.NAME, "fps")
+        assert fps.get_attribute("value") == "5"
+        fps.clear()
+        fps.send_keys("3")
+        form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: demo.get("/v1/streams/cam-2")["config"]["fps"] == 3)
+        assert demo.get("/v1/streams/cam-2")["config"]["loop"] is True  # the rest is kept
+
         driver.find_element(By.CSS_SELECTOR, '#streams tr[data-stream="cam-2"] '
                                              'button[data-action="remove"]').click()  # fmt: skip
         driver.switch_to.alert.accept()
