@@ -5,7 +5,8 @@
         --ingest-env MALLOC_CONF=prof:true,lg_prof_sample:15,prof_accum:false \\
         --ingest-env PYTHONPATH=bench/rig/heap_probe
 
-Every minute it appends one line to ``$FRAMERELAY_HEAP_PROBE_OUT/probe.log`` (default
+Every minute (``FRAMERELAY_HEAP_PROBE_EVERY_S``) it appends one line to
+``$FRAMERELAY_HEAP_PROBE_OUT/probe.log`` (default
 ``/tmp/heap-probe``): RssAnon, the Python memory tracemalloc traces (numpy buffers
 included) and how many of the ingest's per-stream objects are alive; where jemalloc with
 profiling is preloaded it dumps a heap profile (``ingest.NNN.heap``; compare two with
@@ -32,6 +33,8 @@ import tracemalloc
 
 DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "heap-probe")
 OUT = os.environ.get("FRAMERELAY_HEAP_PROBE_OUT") or DEFAULT_OUT
+EVERY_S = float(os.environ.get("FRAMERELAY_HEAP_PROBE_EVERY_S") or 60)
+"""Seconds between two lines (and heap profiles)."""
 WATCHED = ("Preparer", "IngestStream", "AVSource", "InputContainer", "Subscription", "Task")
 
 
@@ -125,7 +128,7 @@ def _rss_kb() -> int:
 def _loop(jemalloc: ctypes.CDLL | None, traced: bool) -> None:
     k = 0
     while True:
-        time.sleep(60)
+        time.sleep(EVERY_S)
         if jemalloc is not None and _profiling(jemalloc):
             name = ctypes.c_char_p(f"{OUT}/ingest.{k:03d}.heap".encode())
             jemalloc.mallctl(b"prof.dump", None, None, ctypes.byref(name), ctypes.sizeof(name))
