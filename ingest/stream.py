@@ -200,7 +200,8 @@ class IngestStream:
     @property
     def lag_s(self) -> float | None:
         """Live sources: how far decoding is behind the source's own clock."""
-        catchup = self._source.catchup if self._source is not None else None
+        source = self._source  # the decode thread drops it when it ends
+        catchup = source.catchup if source is not None else None
         return None if catchup is None else catchup.lag_s
 
     @property
@@ -309,8 +310,11 @@ class IngestStream:
             log.error("stream %s crashed:\n%s", self.id, trace)
         finally:
             self.slot.close()
-            if self._source is not None:
-                self._source.release()
+            # the source's callbacks point back at this stream: drop it (no cycle left for
+            # the collector) and the scaler and canvases now, not at the next full pass
+            source, self._source, self._preparer = self._source, None, None
+            if source is not None:
+                source.release()
 
     def _stopped(self, reason: str) -> None:
         if self._failure is None:
