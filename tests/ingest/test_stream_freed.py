@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import weakref
+from functools import partial
 from pathlib import Path
 
 from framerelay.data import DEFAULT_CLIP
@@ -21,6 +21,11 @@ from ingest.service import IngestService
 from ingest.settings import StreamConfig
 from tests.ingest.api_rig import settings_for
 from tests.support.auth import ed_keys
+from tests.support.harness import wait_for
+
+
+def decoded(counters: dict[str, int]) -> bool:
+    return counters["decoded"] >= 5
 
 
 def test_a_removed_stream_is_freed_without_the_cyclic_collector(tmp_path: Path) -> None:
@@ -35,10 +40,7 @@ def test_a_removed_stream_is_freed_without_the_cyclic_collector(tmp_path: Path) 
         try:
             for _ in range(3):
                 stream = await service.create_stream(config)
-                deadline = time.monotonic() + 10
-                while stream.counters["decoded"] < 5 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                assert stream.counters["decoded"] >= 5
+                await wait_for(partial(decoded, stream.counters), 10, "frames decoded")
                 ref = weakref.ref(stream)
                 del stream
                 await service.remove_stream("cam-1")
