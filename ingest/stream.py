@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import logging
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from framerelay import wire
 from framerelay.backoff import Backoff
@@ -76,37 +74,14 @@ from ingest.source import (
     SourceSpec,
     SourceStalled,
 )
+from ingest.stream_state import COUNTERS as COUNTERS  # re-exported: the stream's vocabulary
+from ingest.stream_state import Outgoing as Outgoing
+from ingest.stream_state import StreamState as StreamState
 
 log = logging.getLogger(__name__)
 HISTORY = 32
 NO_PTS_WARN_AFTER = 50
 CORRUPT_TIMESTAMPS = "corrupt_timestamps"
-
-
-class StreamState(enum.StrEnum):
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    RECONNECTING = "RECONNECTING"
-    STALLED = "STALLED"
-    AUTH_FAILED = "AUTH_FAILED"
-    STOPPED = "STOPPED"
-    FAILED = "FAILED"
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A prepared frame waiting for a credit, with its timing (what FRAME carries)."""
-
-    timing: Timing
-    prepared: Prepared
-
-
-COUNTERS = (
-    "decoded", "no_pts", "sampled_out", "no_credit", "prepared", "sent", "results", "replaced",
-    "decode_error", "encode_error", "disconnected", "timeout", "worker_error",
-    "corrupt", "behind", "open_error", "stall", "source_lost", "reconnects",
-    "auth_failed", "size_refused", "corrupt_timestamps", "out_of_range",
-)  # fmt: skip
 
 
 class IngestStream:
