@@ -52,7 +52,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +72,7 @@ import httpx  # noqa: E402
 
 from bench._progress import Progress  # noqa: E402
 from bench._results import write_results  # noqa: E402
+from bench.rig.browser import start_chromium  # noqa: E402
 from bench.rig.common import ffmpeg, free_port, mint  # noqa: E402
 
 TARGET_PCT = 5.0
@@ -266,21 +266,10 @@ class Browser:
         self._start = 0.0
 
     def __enter__(self) -> Browser:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-        if browser is None or driver_bin is None:
-            raise SystemExit("chromium/chromedriver missing: run scripts/services.sh")
-        options = webdriver.ChromeOptions()
-        options.binary_location = browser
-        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    "--window-size=1280,800"):  # fmt: skip
-            options.add_argument(arg)
-        self.driver = webdriver.Chrome(options=options, service=Service(driver_bin))
+        try:
+            self.driver = start_chromium(1280, 800)
+        except FileNotFoundError as exc:
+            raise SystemExit(str(exc)) from None
         self.driver.set_script_timeout(30)
         return self
 

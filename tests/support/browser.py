@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,27 +15,17 @@ from typing import Any
 
 import pytest
 
+from bench.rig.browser import start_chromium
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
 def chromium(width: int = 1280, height: int = 800) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver_bin is None:
-        pytest.fail("chromium/chromedriver missing: run scripts/services.sh")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync",
-                f"--window-size={width},{height}"):  # fmt: skip
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(driver_bin))
+    try:
+        driver = start_chromium(width, height, logs=True)
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
     try:
         yield driver
     finally:
