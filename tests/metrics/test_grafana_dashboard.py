@@ -14,9 +14,7 @@ NVML's. Every expression, with Grafana's variables filled in, must pass
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -30,17 +28,11 @@ import pytest
 from framerelay.launcher import LocalWorker
 from gpu_worker.gpu_stats import GpuStats, GpuStatus
 from gpu_worker.metrics import WorkerMetrics
-from tests.conftest import CLIP, ROOT
+from tests.conftest import ROOT
 from tests.metrics.test_promtool import (
-    BASE_ENV,
-    _drop_keys,
-    _end,
-    _receive_results,
-    _spawn,
-    _wait_http,
     orchestrator,  # noqa: F401 - fixture
+    running_ingest,
 )
-from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 DASHBOARD = ROOT / "deploy" / "grafana" / "framerelay.json"
@@ -84,24 +76,10 @@ def exposed(text: str) -> set[str]:
 def ingest_with_slo(
     local_worker: LocalWorker, secret: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    port, prefix = free_port(), f"test-grafana-{os.getpid()}"
-    env = {**BASE_ENV, "FRAMERELAY_TOKEN_SECRETS": secret,
-           "FRAMERELAY_REDIS_URL": "redis://127.0.0.1:6379/0",
-           "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix}  # fmt: skip
-    log = tmp_path_factory.mktemp("ingest") / "ingest.log"
-    proc = _spawn(
-        ["ingest", "--worker-url", local_worker.url, "--worker-id", "test-worker", "--source",
-         str(CLIP), "--fps", "5", "--realtime", "--loop", "--latency-slo-ms", "50",
-         "--api-port", str(port)], env, log,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(f"{base}/readyz", "the ingest", log)
-        asyncio.run(_receive_results(base, secret))
+    folder = tmp_path_factory.mktemp("ingest")
+    with running_ingest(local_worker.url, secret, folder, "grafana", "--latency-slo-ms",
+                        "50") as base:  # fmt: skip
         yield base
-    finally:
-        _end(proc)
-        _drop_keys(prefix)
 
 
 def test_the_dashboard_is_importable() -> None:

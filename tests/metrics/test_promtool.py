@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -90,28 +91,40 @@ def _drop_keys(prefix: str) -> None:
     redis.close()
 
 
-@pytest.fixture(scope="module")
-def ingest(
-    local_worker: LocalWorker, secret: str, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def running_ingest(
+    worker_url: str, secret: str, folder: Path, name: str, *extra: str
 ) -> Iterator[str]:
-    port, prefix = free_port(), f"test-promtool-{os.getpid()}"
+    """A ``framerelay ingest`` process on the sample clip (Redis on, results received);
+    yields its base URL. ``extra``: more options (e.g. ``--latency-slo-ms 50``)."""
+    port, prefix = free_port(), f"test-{name}-{os.getpid()}"
     env = {**BASE_ENV, "FRAMERELAY_TOKEN_SECRETS": secret,
            "FRAMERELAY_REDIS_URL": "redis://127.0.0.1:6379/0",
            "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix}  # fmt: skip
-    log = tmp_path_factory.mktemp("ingest") / "ingest.log"
+    log = folder / "ingest.log"
     proc = _spawn(
-        ["ingest", "--worker-url", local_worker.url, "--worker-id", "test-worker", "--source",
-         str(CLIP), "--fps", "5", "--realtime", "--loop", "--api-port", str(port)], env, log,
+        ["ingest", "--worker-url", worker_url, "--worker-id", "test-worker", "--source",
+         str(CLIP), "--fps", "5", "--realtime", "--loop", *extra, "--api-port", str(port)],
+        env, log,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{base}/readyz", "the ingest", log)
         asyncio.run(_receive_results(base, secret))
-        httpx.get(f"{base}/v1/streams")  # one refusal: auth_refused has a sample
         yield base
     finally:
         _end(proc)
         _drop_keys(prefix)
+
+
+@pytest.fixture(scope="module")
+def ingest(
+    local_worker: LocalWorker, secret: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("ingest")
+    with running_ingest(local_worker.url, secret, folder, "promtool") as base:
+        httpx.get(f"{base}/v1/streams")  # one refusal: auth_refused has a sample
+        yield base
 
 
 async def _receive_results(base: str, secret: str, count: int = 2) -> None:
