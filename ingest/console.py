@@ -32,13 +32,12 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import HTMLResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from framerelay.auth import Claims
-from framerelay.auth.web import SCOPE_ATTR, ApiAuth, AuthFirstRoute, http_error, peer_of
-from framerelay.errors import AuthError
+from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.openapi_docs import errors
 from ingest.bus import Published
 from ingest.console_frames import SentFrame, SentFrames
@@ -98,7 +97,7 @@ class Viewers:
 def console_router(service: IngestService, api: ApiAuth) -> APIRouter:
     router = APIRouter(route_class=AuthFirstRoute, tags=["console"])
     read = api.requires("streams:read")
-    results = _results_scope(api)
+    results = api.requires("results:{stream_id}")  # the stream the path names
     viewers = Viewers()
     table = TableFeed(service)
 
@@ -151,21 +150,6 @@ def console_router(service: IngestService, api: ApiAuth) -> APIRouter:
 
 def _asset(name: str) -> bytes:
     return resources.files("ingest.console_assets").joinpath(name).read_bytes()
-
-
-def _results_scope(api: ApiAuth) -> Any:
-    """The dependency of a route under ``/{stream_id}`` that needs ``results:<stream_id>``
-    (checked before anything else, as the results WebSocket does)."""
-
-    async def check(request: Request) -> Claims:
-        scope = f"results:{request.path_params.get('stream_id', '')}"
-        try:
-            return api.guard.check(request.headers.get("authorization"), scope, peer_of(request))
-        except AuthError as exc:
-            raise http_error(exc) from None
-
-    setattr(check, SCOPE_ATTR, "results:{stream_id}")  # the path's id
-    return Depends(check)
 
 
 def _workers(service: IngestService) -> list[dict[str, Any]]:

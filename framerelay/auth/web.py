@@ -53,10 +53,15 @@ class ApiAuth:
         self.guard = guard
 
     def requires(self, scope: str) -> Any:
+        """The dependency that demands ``scope``; ``{name}`` in it is the route's path
+        parameter (``results:{stream_id}``: the stream the path names)."""
+        templated = "{" in scope
+
         async def check(request: Request) -> Claims:
+            wanted = scope.format_map(request.path_params) if templated else scope
             try:
                 return self.guard.check(
-                    request.headers.get("authorization"), scope, peer_of(request)
+                    request.headers.get("authorization"), wanted, peer_of(request)
                 )
             except AuthError as exc:
                 raise http_error(exc) from None
