@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from framerelay.commands._types import finite_float
+
 HELP = "render a clip from recorded segments with boxes, track ids and labels drawn"
 
 
@@ -20,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--hold-s",
-        type=float,
+        type=finite_float,
         help="keep a track's box this long without a new result for it (default: twice the "
         "interval between results; 0: each box on its own frame only)",
     )

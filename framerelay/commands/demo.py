@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from framerelay.commands._types import finite_float
 from framerelay.data import DEFAULT_CLIP, DEFAULT_MODEL
 
 HELP = "run the whole pipeline locally on a sample clip (no Redis, no GPU needed)"
@@ -35,7 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--max-frames", type=int, default=0, help="stop each stream after N decoded frames"
     )
-    p.add_argument("--fps", type=float, default=0.0, help="sampling target by PTS; 0 = every frame")
+    p.add_argument(
+        "--fps", type=finite_float, default=0.0, help="sampling target by PTS; 0 = every frame"
+    )
     p.add_argument("--out", type=Path, help="write every result as JSON Lines to this file")
     p.add_argument(
         "--realtime",
@@ -44,7 +47,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--loop", action="store_true", help="loop the source (new epoch each pass)")
     p.add_argument(
-        "--duration", type=float, default=0.0, help="stop after this many seconds (0 = at the end)"
+        "--duration",
+        type=finite_float,
+        default=0.0,
+        help="stop after this many seconds (0 = at the end)",
     )
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="detector model")
     p.add_argument("--tracker", default="default", help="tracker name")

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from framerelay.commands._types import finite_float
 from framerelay.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gt", type=Path, required=True, help="MOTChallenge gt.txt")
     p.add_argument("--tracker", default="default", help="registered tracker name")
     p.add_argument("--every", type=int, default=1, help="keep every K-th frame")
-    p.add_argument("--confidence", type=float, default=0.1, help="detector threshold")
+    p.add_argument("--confidence", type=finite_float, default=0.1, help="detector threshold")
     p.add_argument(
         "--class-id", type=int, default=0, help="class to track (-1: all); 0 = person (COCO)"
     )

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from framerelay.commands._types import finite_float
+
 HELP = "run the ingest service: decode streams, send them to a worker, serve results"
 
 
@@ -38,12 +40,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "POST /v1/streams takes, optional 'defaults'; with --source/--streams-file it replaces "
         "FRAMERELAY_INGEST_STREAMS, and a definition stored over the API wins over it",
     )
-    p.add_argument("--fps", type=float, default=5.0, help="sampling target for --source streams")
+    p.add_argument(
+        "--fps", type=finite_float, default=5.0, help="sampling target for --source streams"
+    )
     p.add_argument("--realtime", action="store_true", help="pace files like live cameras")
     p.add_argument("--loop", action="store_true", help="loop file sources")
     p.add_argument(
         "--latency-slo-ms",
-        type=float,
+        type=finite_float,
         metavar="MS",
         help="latency objective of --source streams (results later than this count as breaches)",
     )

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from framerelay.commands._types import finite_float
+
 HELP = "record a camera into MP4 segments with a PTS-aligned sidecar of its results"
 
 
@@ -22,8 +24,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--stream", dest="stream_id", help="stream id whose results to align")
     p.add_argument("--source", help="camera URL or file to record (what the ingest reads)")
     p.add_argument("--out", dest="out_dir", type=Path, help="recordings folder")
-    p.add_argument("--segment-s", type=float, help="segment length in seconds")
-    p.add_argument("--retention-s", type=float, help="delete segments older than this")
+    p.add_argument("--segment-s", type=finite_float, help="segment length in seconds")
+    p.add_argument("--retention-s", type=finite_float, help="delete segments older than this")
     p.add_argument("--max-bytes", type=int, help="keep at most this many bytes")
     p.add_argument("--group", help="Redis consumer group (default recorder)")
     p.add_argument("--consumer", help="consumer name (default record-<stream>)")

@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from framerelay.commands._orch_client import add_url, call, emit, table
+from framerelay.commands._types import finite_float
 from framerelay.errors import ConfigError
 
 HELP = "declare, remove, list, show or move streams (via the orchestrator)"
@@ -25,11 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # dest "source": "url" is --url's, the orchestrator's address (they once shared it)
     add.add_argument("source", metavar="URL", help="camera or file URL the ingest opens")
     add.add_argument("--priority", choices=["critical", "standard", "batch"], default="standard")
-    add.add_argument("--fps", type=float, default=5.0)
+    add.add_argument("--fps", type=finite_float, default=5.0)
     add.add_argument("--model", default="yolox_nano")
     add.add_argument("--tracker", default="default")
     add.add_argument("--loop", action="store_true", help="loop a file source")
-    add.add_argument("--latency-slo-ms", type=float, metavar="MS", help="latency objective")
+    add.add_argument("--latency-slo-ms", type=finite_float, metavar="MS", help="latency objective")
     add_url(add)
     add.set_defaults(func=_add)
     rm = verbs.add_parser("remove", aliases=["rm"], help="remove a stream")

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from framerelay.commands._types import finite_float
 from framerelay.commands.worker_gpus import parse_gpus
 
 log = logging.getLogger("framerelay.worker")
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--threads", type=int, help="CPU inference threads (0 = ONNX Runtime default)")
     p.add_argument("--max-batch", type=int, help="frames per inference batch (0 = auto)")
-    p.add_argument("--confidence", type=float, help="detector confidence threshold")
+    p.add_argument("--confidence", type=finite_float, help="detector confidence threshold")
     p.add_argument("--tracker", help=argparse.SUPPRESS)  # retired: warned about, no effect
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain (enables wss://)")
     p.add_argument("--tls-key", type=Path, help="PEM private key")

@@ -59,6 +59,17 @@ def _cases(tmp: Path, busy: int) -> dict[str, Case]:
     return {
         "demo --fps -3": (["demo", "--fps", "-3"], {}, 2, ("--fps", "greater than or equal to 0")),
         "demo --threads -2": (["demo", "--threads", "-2"], {}, 2, ("--threads", "-2")),
+        "demo --console-port 99999": (["demo", "--console-port", "99999"], {}, 2,
+                                      ("--console-port", "65535")),
+        "demo --duration nan": (["demo", "--duration", "nan"], {}, 2,
+                                ("--duration", "finite", "'nan'")),
+        # float() took nan, and the orchestrator client failed on it as an unexpected
+        # ValueError ("Out of range float values are not JSON compliant")
+        "streams add --fps nan": (["streams", "add", "cam-1", "rtsp://cam/x", "--fps", "nan"],
+                                  {}, 2, ("--fps", "finite", "'nan'")),
+        "streams add --latency-slo-ms inf": (
+            ["streams", "add", "cam-1", "rtsp://cam/x", "--latency-slo-ms", "inf"], {}, 2,
+            ("--latency-slo-ms", "finite", "'inf'")),
         "demo --tracker nosuch": (["demo", "--tracker", "nosuch"], {}, 2,
                                   ("'nosuch'", "bytetrack", "default")),
         "demo --model missing": (["demo", "--model", "/nonexistent.onnx"], {}, 2,
