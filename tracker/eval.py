@@ -5,39 +5,68 @@ which runs the real detector: ``tracker`` imports no service, so the detector co
 as a function (:data:`DetectFn`). Its output is cached under ``.cache/detections/`` per
 (video, model, confidence), so that tuning runs only replay the tracker.
 :func:`select_frames` with ``every=K`` keeps every K-th frame (frames 1, 1+K, ...),
-emulating a sampler; the time given to the tracker is still the frame's real PTS, and
-only the kept frames are scored.
+emulating a sampler, and :func:`drop_frames` drops a seeded random share of them, like
+a lossy link; the time given to the tracker is still the frame's real time, and only
+the kept frames are scored. :func:`retime` sets that time from the source frame number.
 
-motmetrics is imported inside the function that needs it, so ``import tracker.eval``
-never needs it. motmetrics 1.4.0 calls ``np.asfarray``, which numpy 2 removed. Pinning
-numpy < 2 is not an option (onnxruntime and the rest of the project use numpy 2), so
-:func:`_motmetrics` adds the one missing function (``np.asarray`` with a float dtype,
-which is exactly what ``asfarray`` did) before motmetrics is used, and only when numpy
-lacks it.
+Ground truth in either MOTChallenge layout (MOT15, MOT16/MOT17) is read and
+preprocessed by :mod:`tracker.mot_gt`; :func:`score` gives the CLEAR and identity
+figures (MOTA, IDF1, ...; :mod:`tracker.clear`) and HOTA (:mod:`tracker.hota`) on the
+same preprocessed frames, each as TrackEval (MOTChallenge's evaluator) defines it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from framerelay.detections import Detections
 from tracker.base import Tracker
+from tracker.clear import clear
+from tracker.hota import hota
+from tracker.mot_gt import (
+    GroundTruth,
+    GroundTruthError,
+    Layout,
+    ScoredFrame,
+    load_gt,
+    preprocess_frame,
+)
+
+__all__ = [
+    "DEFAULT_CACHE_DIR",
+    "PERSON",
+    "DetectFn",
+    "EvalResult",
+    "Frame",
+    "FrameOutput",
+    "GroundTruth",
+    "GroundTruthError",
+    "Layout",
+    "ScoredFrame",
+    "cache_path",
+    "drop_frames",
+    "evaluate_frames",
+    "load_detections",
+    "load_gt",
+    "preprocess",
+    "retime",
+    "run_tracker",
+    "score",
+    "select_frames",
+]
 
 CACHE_VERSION = 1
 DEFAULT_CACHE_DIR = Path(".cache") / "detections"
 PERSON = 0
-"""COCO class index of 'person' (the MOT15 ground truth labels pedestrians)."""
+"""COCO class index of 'person' (the MOT ground truth labels pedestrians)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +88,28 @@ class FrameOutput:
 
     index: int
     ids: NDArray[np.int64]
-    xyxy: NDArray[np.float32]
+    xyxy: NDArray[np.floating]
 
 
 @dataclass(frozen=True, slots=True)
 class EvalResult:
-    """Scores of one tracker run (MOTChallenge CLEAR and identity metrics)."""
+    """Scores of one tracker run (MOTChallenge CLEAR, identity and HOTA metrics)."""
 
     tracker: str
     every: int
     frames: int
     mota: float
     idf1: float
+    hota: float
+    deta: float
+    assa: float
+    loca: float
     id_switches: int
     precision: float
     recall: float
     false_positives: int
     misses: int
+    distractor_matches: int
     frames_per_s: float
     us_per_update: float
     us_per_update_median: float
@@ -155,6 +189,22 @@ def select_frames(
     return [Frame(f.index, f.t, f.detections[f.detections.class_id == class_id]) for f in kept]
 
 
+def drop_frames(frames: Sequence[Frame], share: float, seed: int) -> list[Frame]:
+    """Drop each frame but the first with probability ``share`` (seeded), like a lossy link."""
+    if not 0 <= share < 1:
+        raise ValueError(f"share of dropped frames must be in [0, 1), got {share}")
+    keep = np.random.default_rng(seed).random(len(frames)) >= share
+    keep[:1] = True
+    return [f for f, k in zip(frames, keep, strict=True) if k]
+
+
+def retime(frames: Sequence[Frame], fps: float) -> list[Frame]:
+    """The same frames timed from their source frame number: ``t = (index - 1) / fps``."""
+    if not (np.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps must be a positive number, got {fps}")
+    return [Frame(f.index, (f.index - 1) / fps, f.detections) for f in frames]
+
+
 # --------------------------------------------------------------------- tracking
 
 
@@ -175,53 +225,35 @@ def run_tracker(trk: Tracker, frames: Sequence[Frame]) -> tuple[list[FrameOutput
 # --------------------------------------------------------------------- scoring
 
 
-def load_gt(path: Path) -> dict[int, tuple[NDArray[np.int64], NDArray[np.float32]]]:
-    """MOTChallenge ``gt.txt``: frame -> (ids, xyxy); rows with conf 0 are ignored."""
-    rows = np.loadtxt(path, delimiter=",", ndmin=2)
-    rows = rows[rows[:, 6] != 0]
-    out: dict[int, tuple[NDArray[np.int64], NDArray[np.float32]]] = {}
-    for frame in np.unique(rows[:, 0]).astype(int):
-        r = rows[rows[:, 0] == frame]
-        xyxy = np.column_stack([r[:, 2], r[:, 3], r[:, 2] + r[:, 4], r[:, 3] + r[:, 5]])
-        out[int(frame)] = (r[:, 1].astype(np.int64), xyxy.astype(np.float32))
-    return out
+def preprocess(outputs: Sequence[FrameOutput], gt: GroundTruth) -> list[ScoredFrame]:
+    """``outputs`` against ``gt`` after the benchmark's preprocessing (:mod:`tracker.mot_gt`)."""
+    return [preprocess_frame(o.index, gt.frame(o.index), o.ids, o.xyxy) for o in outputs]
 
 
-def _motmetrics() -> ModuleType:
-    if not hasattr(np, "asfarray"):  # numpy 2 removed it; motmetrics 1.4.0 still calls it
+def score(outputs: Sequence[FrameOutput], gt: GroundTruth) -> dict[str, float]:
+    """Every metric on the frames in ``outputs`` (gt of other frames is not scored).
 
-        def asfarray(a: Any, dtype: Any = np.float64) -> NDArray[Any]:
-            return np.asarray(a, dtype=dtype)
-
-        np.asfarray = asfarray  # type: ignore[attr-defined]
-    return importlib.import_module("motmetrics")
-
-
-def _xywh(xyxy: NDArray[np.float32]) -> NDArray[np.float64]:
-    b = xyxy.astype(np.float64)
-    return np.column_stack([b[:, 0], b[:, 1], b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]])
-
-
-def score(
-    outputs: Sequence[FrameOutput],
-    gt: dict[int, tuple[NDArray[np.int64], NDArray[np.float32]]],
-) -> dict[str, float]:
-    """MOTA, IDF1, ID switches, precision, recall on the frames in ``outputs``.
-
-    Matching uses IoU >= 0.5, the MOTChallenge convention.
+    ``mota``, ``motp``, ``idf1``, ``num_switches``, ``precision``, ``recall``,
+    ``num_false_positives``, ``num_misses`` (:mod:`tracker.clear`; the count keys keep
+    motmetrics' names), ``hota``, ``deta``, ``assa``, ``loca`` (:mod:`tracker.hota`)
+    and ``distractor_matches`` (tracker boxes removed because they matched a
+    distractor; always 0 for MOT15).
     """
-    mm = _motmetrics()
-    acc = mm.MOTAccumulator(auto_id=False)
-    empty_ids = np.empty(0, np.int64)
-    empty_boxes = np.empty((0, 4), np.float32)
-    for out in outputs:
-        gt_ids, gt_boxes = gt.get(out.index, (empty_ids, empty_boxes))
-        dist = mm.distances.iou_matrix(_xywh(gt_boxes), _xywh(out.xyxy), max_iou=0.5)
-        acc.update(gt_ids.tolist(), out.ids.tolist(), dist, frameid=out.index)
-    names = ["mota", "idf1", "num_switches", "precision", "recall", "num_false_positives"]
-    summary = mm.metrics.create().compute(acc, metrics=[*names, "num_misses"], name="run")
-    row = summary.iloc[0]
-    return {k: float(row[k]) for k in [*names, "num_misses"]}
+    frames = preprocess(outputs, gt)
+    c = clear(frames)
+    out = {
+        "mota": c.mota,
+        "motp": c.motp,
+        "idf1": c.idf1,
+        "num_switches": float(c.id_switches),
+        "precision": c.precision,
+        "recall": c.recall,
+        "num_false_positives": float(c.false_positives),
+        "num_misses": float(c.misses),
+    }
+    out.update(asdict(hota(frames)))
+    out["distractor_matches"] = float(sum(f.removed for f in frames))
+    return out
 
 
 def evaluate_frames(
@@ -237,11 +269,16 @@ def evaluate_frames(
         frames=len(frames),
         mota=m["mota"],
         idf1=m["idf1"],
+        hota=m["hota"],
+        deta=m["deta"],
+        assa=m["assa"],
+        loca=m["loca"],
         id_switches=int(m["num_switches"]),
         precision=m["precision"],
         recall=m["recall"],
         false_positives=int(m["num_false_positives"]),
         misses=int(m["num_misses"]),
+        distractor_matches=int(m["distractor_matches"]),
         frames_per_s=len(frames) / total if total > 0 else float("inf"),
         us_per_update=1e6 * total / max(1, len(frames)),
         us_per_update_median=1e6 * float(np.median(seconds)) if seconds else 0.0,

@@ -52,6 +52,24 @@ def test_select_frames_rejects_bad_every() -> None:
         ev.select_frames(_frames(3), 0)
 
 
+def test_drop_frames_is_seeded_and_keeps_the_first() -> None:
+    frames = _frames(200)
+    kept = ev.drop_frames(frames, 0.2, seed=3)
+    assert kept == ev.drop_frames(frames, 0.2, seed=3)
+    assert kept != ev.drop_frames(frames, 0.2, seed=4)
+    assert kept[0].index == 1 and 140 < len(kept) < 180
+    assert [f.t for f in kept] == [(f.index - 1) / 25 for f in kept]  # times untouched
+    with pytest.raises(ValueError, match="share"):
+        ev.drop_frames(frames, 1.0, seed=0)
+
+
+def test_retime_from_the_source_frame_number() -> None:
+    kept = ev.select_frames(ev.retime(_frames(11), 10.0), 5)
+    assert [(f.index, f.t) for f in kept] == [(1, 0.0), (6, 0.5), (11, 1.0)]
+    with pytest.raises(ValueError, match="fps"):
+        ev.retime(_frames(2), 0.0)
+
+
 def _gt(tmp_path: Path) -> Path:
     path = tmp_path / "gt.txt"
     path.write_text(
@@ -66,10 +84,9 @@ def _gt(tmp_path: Path) -> Path:
 
 def test_load_gt(tmp_path: Path) -> None:
     gt = ev.load_gt(_gt(tmp_path))
-    assert sorted(gt) == [1, 2]
-    ids, boxes = gt[2]
-    assert ids.tolist() == [1, 2]
-    np.testing.assert_allclose(boxes[0], [1, 0, 11, 10])
+    assert gt.layout is ev.Layout.MOT15 and sorted(gt.frames) == [1, 2]
+    assert gt.frame(2).target_ids.tolist() == [1, 2]  # id 3 has conf 0
+    np.testing.assert_allclose(gt.frame(2).target_xyxy[0], [1, 0, 11, 10])
 
 
 @pytest.mark.parametrize(
@@ -79,8 +96,8 @@ def test_load_gt(tmp_path: Path) -> None:
 def test_score(tmp_path: Path, ids2: list[int], mota: float, switches: int) -> None:
     gt = ev.load_gt(_gt(tmp_path))
     outs = [
-        ev.FrameOutput(1, np.array([7, 8]), gt[1][1]),
-        ev.FrameOutput(2, np.array(ids2), gt[2][1]),
+        ev.FrameOutput(1, np.array([7, 8]), gt.frame(1).target_xyxy.astype(np.float32)),
+        ev.FrameOutput(2, np.array(ids2), gt.frame(2).target_xyxy.astype(np.float32)),
     ]
     m = ev.score(outs, gt)
     assert m["mota"] == pytest.approx(mota)

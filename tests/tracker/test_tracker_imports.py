@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CODE = """
 import sys
-BLOCKED = ("onnxruntime", "cv2", "av", "motmetrics", "trackers", "supervision", "gpu_worker")
+BLOCKED = ("onnxruntime", "cv2", "av", "motmetrics", "trackeval", "trackers", "supervision",
+           "gpu_worker")
 for name in BLOCKED:
     sys.modules[name] = None  # any import of these now raises ImportError
 import numpy as np
