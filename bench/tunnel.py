@@ -16,13 +16,17 @@ answer comes back).
 **protocol**: the tunnel itself with nothing behind it: the real
 ``WorkerProtocol`` (negotiation, HELLO, OPEN, FRAME header validation, credits,
 RESULT encoding) pumped over ``websockets`` in a child process, answering every
-FRAME at once with an empty RESULT, and the same ``IngestProtocol`` client. This
+FRAME at once with an empty RESULT, and the same ``IngestProtocol`` client. Both
+write as the ingest and the worker do: through the connection's
+:class:`framerelay.outbox.Outbox` (everything waiting in one write; raw
+websockets makes one write per message). This
 is the tunnel's own cost (the issue's "frames/s through the tunnel with a no-op
 detector" against raw websockets); **tunnel** adds what every real worker does
 per frame besides detecting (JPEG decode, lanes, batcher, sessions), which on
 2 shared cores is bound by the JPEG decode (printed beside it).
 
-Prints frames/s of each and protocol/raw (target >= 0.8) and tunnel/raw; writes
+Prints frames/s of each and protocol/raw (target >= 0.8) and tunnel/raw, and the
+CPU microseconds per frame of each side (client / server, from ``/proc``); writes
 ``bench/results/tunnel.json`` and ``tunnel.png`` (frames/s of each round). On a
 2-core machine both ends share the cores.
 """
@@ -33,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import secrets
 import statistics
 import sys
@@ -163,6 +168,7 @@ def _protocol_main(port_out: Any) -> None:
     from websockets.asyncio.server import ServerConnection, serve
     from websockets.exceptions import ConnectionClosed
 
+    from framerelay.outbox import CoalescingServerConnection, Outbox
     from framerelay.protocol import FrameReceived, Refused, WorkerProtocol
 
     hello = wire.Hello(worker_id=WORKER_ID, input_w=SIDE, input_h=SIDE,
@@ -170,25 +176,46 @@ def _protocol_main(port_out: Any) -> None:
                        features=list(versions.FEATURES))  # fmt: skip
 
     async def handler(ws: ServerConnection) -> None:
+        # as the worker's TunnelConnection: answers go through the connection's Outbox
         proto = WorkerProtocol(versions.accepted(ws.subprotocol), max_streams=64,
                                max_inflight=64)  # fmt: skip
+        out = Outbox(ws, 64 * 64 + 64)
+        writer = asyncio.create_task(out.run(10.0))
         with contextlib.suppress(ConnectionClosed):
             await ws.send(proto.send_hello(hello))
             async for data in ws:
                 for event in proto.receive_data(data):
                     if isinstance(event, FrameReceived):
                         result = wire.Result.of(event.frame, n=0)
-                        await ws.send(proto.send_result(result, b""))
+                        out.put(proto.send_result(result, b""))
                     elif isinstance(event, Refused):
-                        await ws.send(event.reply)
+                        out.put(event.reply)
+        writer.cancel()
 
     async def main() -> None:
         async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None,
-                         subprotocols=versions.offer()) as server:  # fmt: skip
+                         subprotocols=versions.offer(),
+                         create_connection=CoalescingServerConnection) as server:  # fmt: skip
             port_out.put(next(iter(server.sockets)).getsockname()[1])
             await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(run: Callable[[], Meter], server: BaseProcess) -> tuple[Meter, float, float]:
+    """``run()``'s meter, and the CPU microseconds per answer of this client and the
+    server (every answer of the run, warm-up included)."""
+    me, pid = os.getpid(), server.pid or 0
+    client0, server0 = cpu_s(me), cpu_s(pid)
+    meter = run()
+    n = max(1, meter.total)
+    return meter, (cpu_s(me) - client0) * 1e6 / n, (cpu_s(pid) - server0) * 1e6 / n
 
 
 def start(target: Callable[..., None], *args: object) -> tuple[BaseProcess, int]:
@@ -208,11 +235,12 @@ class Meter:
     def __init__(self, load: Load) -> None:
         now = time.monotonic()
         self.start, self.end = now + load.warmup_s, now + load.warmup_s + load.seconds
-        self.answers = self.errors = 0
+        self.answers = self.errors = self.total = 0
 
     def count(self, error: bool = False) -> bool:
         """Count one answer; False once the measurement is over."""
         now = time.monotonic()
+        self.total += 1
         if self.start <= now < self.end:
             self.answers += 1
             self.errors += error
@@ -224,19 +252,24 @@ class Meter:
 
 
 async def run_tunnel(url: str, token: str, jpeg: bytes, load: Load) -> Meter:
+    """The ingest's side, as its TunnelClient: frames go through the connection's Outbox."""
     from websockets.asyncio.client import connect
+
+    from framerelay.outbox import CoalescingClientConnection, Outbox
 
     async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
                        compression=None, max_size=None, subprotocols=versions.offer(),
-                       proxy=None) as ws:  # fmt: skip
+                       proxy=None, create_connection=CoalescingClientConnection) as ws:  # fmt: skip
         proto = IngestProtocol(versions.accepted(ws.subprotocol))
         proto.receive_data(await ws.recv(decode=False), time.monotonic())
+        out = Outbox(ws, 4096)
+        writer = asyncio.create_task(out.run(10.0))
         seqs = [0] * load.streams
         for s in range(load.streams):
             window = CreditWindow(cap=load.inflight, limit=load.inflight)
-            await ws.send(proto.open_stream(f"s{s}", window, load.tracker))
+            out.put(proto.open_stream(f"s{s}", window, load.tracker))
             for _ in range(load.inflight):
-                await ws.send(proto.send_frame(frame(s, seqs[s]), jpeg, time.monotonic()))
+                out.put(proto.send_frame(frame(s, seqs[s]), jpeg, time.monotonic()))
                 seqs[s] += 1
         meter = Meter(load)
         async for data in ws:
@@ -244,10 +277,12 @@ async def run_tunnel(url: str, token: str, jpeg: bytes, load: Load) -> Meter:
                 if not isinstance(event, ResultReceived | FrameFailed):
                     continue
                 if not meter.count(isinstance(event, FrameFailed)):
+                    writer.cancel()
                     return meter
                 s = int(event.stream_id[1:])
-                await ws.send(proto.send_frame(frame(s, seqs[s]), jpeg, time.monotonic()))
+                out.put(proto.send_frame(frame(s, seqs[s]), jpeg, time.monotonic()))
                 seqs[s] += 1
+        writer.cancel()
     return meter
 
 
@@ -297,15 +332,16 @@ def main() -> int:
     jpeg = model_input(args.image)
     sizes = frame_sizes(jpeg)
     decode = decode_fps(jpeg)
-    fps, errors = measure(args, load, jpeg, sizes)
-    report(load, sizes, fps, errors, decode)
+    fps, cpu, errors = measure(args, load, jpeg, sizes)
+    report(load, sizes, fps, cpu, errors, decode)
     return 0
 
 
 def measure(
     args: argparse.Namespace, load: Load, jpeg: bytes, sizes: dict[str, int]
-) -> tuple[dict[str, list[float]], int]:
-    """Both servers up; ``--rounds`` rounds of raw then tunnel; frames/s of each round."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+    """The servers up; ``--rounds`` rounds of raw, protocol, tunnel; frames/s of each
+    round, and CPU microseconds per frame of each side."""
     secret = secrets.token_urlsafe(32)
     token = TokenIssuer(KeySet.from_secrets([secret])).mint(
         "bench", [f"worker:{WORKER_ID}"], 3600, aud="worker"
@@ -322,27 +358,32 @@ def measure(
     raw, rport = start(_raw_main, sizes["reply"])
     proto, pport = start(_protocol_main)
     fps: dict[str, list[float]] = {"raw": [], "protocol": [], "tunnel": []}
+    cpu: dict[str, list[float]] = {f"{k}_{side}": [] for k in fps for side in ("client", "server")}
     errors = 0
     rounds = max(1, args.rounds)
+    local = "ws://127.0.0.1"
+    runs: list[tuple[str, BaseProcess, Callable[[], Meter]]] = [
+        ("raw", raw, lambda: asyncio.run(run_raw(f"{local}:{rport}/", sizes["frame"], load))),
+        ("protocol", proto,
+         lambda: asyncio.run(run_tunnel(f"{local}:{pport}/", token, jpeg, load))),
+        ("tunnel", worker,
+         lambda: asyncio.run(run_tunnel(f"{local}:{wport}/v1/tunnel", token, jpeg, load))),
+    ]  # fmt: skip
     try:
         with Progress(3 * rounds, "tunnel", "runs") as bar:
             for _ in range(rounds):
-                m = asyncio.run(run_raw(f"ws://127.0.0.1:{rport}/", sizes["frame"], load))
-                fps["raw"].append(m.fps)
-                bar.advance()
-                m = asyncio.run(run_tunnel(f"ws://127.0.0.1:{pport}/", token, jpeg, load))
-                fps["protocol"].append(m.fps)
-                errors += m.errors
-                bar.advance()
-                m = asyncio.run(run_tunnel(f"ws://127.0.0.1:{wport}/v1/tunnel", token, jpeg, load))
-                fps["tunnel"].append(m.fps)
-                errors += m.errors
-                bar.advance()
+                for name, server, run in runs:
+                    m, client_us, server_us = timed(run, server)
+                    fps[name].append(m.fps)
+                    cpu[f"{name}_client"].append(client_us)
+                    cpu[f"{name}_server"].append(server_us)
+                    errors += m.errors if name != "raw" else 0
+                    bar.advance()
     finally:
         for proc in (worker, raw, proto):
             proc.kill()
             proc.join(5)
-    return fps, errors
+    return fps, cpu, errors
 
 
 def frame_sizes(jpeg: bytes) -> dict[str, int]:
@@ -355,7 +396,12 @@ def frame_sizes(jpeg: bytes) -> dict[str, int]:
 
 
 def report(
-    load: Load, sizes: dict[str, int], fps: dict[str, list[float]], errors: int, decode: float
+    load: Load,
+    sizes: dict[str, int],
+    fps: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    errors: int,
+    decode: float,
 ) -> None:
     raw, tunnel = statistics.median(fps["raw"]), statistics.median(fps["tunnel"])
     protocol = statistics.median(fps["protocol"])
@@ -371,6 +417,10 @@ def report(
           f"{'ok' if ratio >= 0.8 else 'BELOW'}; worker/raw {worker_ratio:.2f}")  # fmt: skip
     print(f"  JPEG decode alone, one thread: {decode:.0f} frames/s (the worker decodes every "
           f"frame; raw websockets does not)")  # fmt: skip
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    print("  CPU per frame, us (client / server), median of rounds:")
+    for name in ("raw", "protocol", "tunnel"):
+        print(f"    {name:9s} {med[name + '_client']:6.1f} / {med[name + '_server']:6.1f}")
     if errors:
         print(f"  {errors} frames answered with an ERROR (counted in the tunnel's figure)")
     write_results("tunnel", {
@@ -378,7 +428,7 @@ def report(
         "frame_bytes": sizes["frame"], "reply_bytes": sizes["reply"], "tracker": load.tracker,
         "raw_fps": fps["raw"], "protocol_fps": fps["protocol"], "tunnel_fps": fps["tunnel"],
         "ratio": ratio, "worker_ratio": worker_ratio, "errors": errors,
-        "decode_fps_one_thread": decode,
+        "decode_fps_one_thread": decode, "cpu_us_per_frame": cpu,
     }, plot)  # fmt: skip
 
 

@@ -11,9 +11,10 @@ Frames are decoded in parallel across the decode pool, up to
 ``decode_threads`` per tunnel (:mod:`gpu_worker.decoding`), and reach the
 batcher in their stream's order; or, with a batch decoder (``jpeg_decoder``
 ``cpu-batch`` or ``nvimgcodec``), they go to the batcher as JPEGs and its
-decode stage decodes each batch at once. Results leave through a bounded outbound
-queue with a send timeout, so a peer that stops reading is cut off instead of
-stalling the worker.
+decode stage decodes each batch at once. Results leave through a bounded
+:class:`~framerelay.outbox.Outbox` with a send timeout, so a peer that stops
+reading is cut off instead of stalling the worker; what waits there together (a
+batch's results) goes out in one write.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
 from framerelay.errors import ConfigError, ProtocolError
+from framerelay.outbox import Outbox, OutboxFull
 from framerelay.protocol import (
     FrameReceived,
     ProtocolViolation,
@@ -97,7 +99,7 @@ class TunnelConnection:
         )
         self.sessions: dict[str, StreamSession] = {}
         bound = settings.max_streams_per_connection * settings.max_inflight + 64
-        self._out: asyncio.Queue[bytes] = asyncio.Queue(maxsize=bound)
+        self._out = Outbox(ws, bound)
         self._done = False
         self._lane = batcher.open_lane()
         size = (hello.input_w, hello.input_h)
@@ -299,8 +301,8 @@ class TunnelConnection:
         if self._done:
             return
         try:
-            self._out.put_nowait(data)
-        except asyncio.QueueFull:
+            self._out.put(data)
+        except OutboxFull:
             self.metrics.drops.labels("slow_peer").inc()
             if not self._slow:
                 self._slow = True
@@ -309,16 +311,12 @@ class TunnelConnection:
                 asyncio.get_running_loop().create_task(
                     self.ws.close(wire.CloseCode.TRY_AGAIN_LATER, "not reading results")
                 )
+        except ConnectionError:  # the writer has stopped: the tunnel is closing
+            return
 
     async def _send_loop(self) -> None:
-        while True:
-            data = await self._out.get()
-            try:
-                async with asyncio.timeout(SEND_TIMEOUT_S):
-                    await self.ws.send(data)
-            except TimeoutError:
-                self.metrics.drops.labels("slow_peer").inc()
-                await self.ws.close(
-                    wire.CloseCode.TRY_AGAIN_LATER, "send timeout: not reading results"
-                )
-                return
+        try:
+            await self._out.run(SEND_TIMEOUT_S)
+        except TimeoutError:
+            self.metrics.drops.labels("slow_peer").inc()
+            await self.ws.close(wire.CloseCode.TRY_AGAIN_LATER, "send timeout: not reading results")

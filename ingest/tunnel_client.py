@@ -40,7 +40,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from framerelay import wire
 from framerelay.backoff import Backoff
-from framerelay.errors import AuthError, ConfigError, ProtocolError
+from framerelay.errors import AuthError, ProtocolError
+from framerelay.outbox import CoalescingClientConnection, Outbox
 from framerelay.protocol import (
     FrameFailed,
     HelloReceived,
@@ -58,7 +59,14 @@ from ingest import tunnel_hints
 from ingest.heartbeat import TunnelMonitor, TunnelStalled
 from ingest.stream import IngestStream, StreamState
 from ingest.tunnel_health import TunnelHealth, TunnelState
-from ingest.tunnel_sender import CLOSE_TIMEOUT_S, TUNNEL_ERRORS, send_close, send_stream
+from ingest.tunnel_sender import (
+    CLOSE_TIMEOUT_S,
+    OUTBOX_CAPACITY,
+    SEND_TIMEOUT_S,
+    TUNNEL_ERRORS,
+    send_close,
+    send_stream,
+)
 from ingest.tunnel_supervision import first_of, sleep_unless, supervise
 
 __all__ = ["TunnelClient", "client_ssl_context", "supervise"]
@@ -95,7 +103,7 @@ class TunnelClient:
         stall_after_s: float = 3.0,
         on_state: Callable[[TunnelClient], None] | None = None,
     ) -> None:
-        _check_url(url, ssl_context, server_hostname)
+        tunnel_hints.check_url(url, ssl_context, server_hostname)
         self.url = url
         self._token = token
         self._on_result = on_result
@@ -124,7 +132,8 @@ class TunnelClient:
         self.restarts = 0
         """Times :func:`supervise` had to start ``run`` again."""
         self.last_error: str | None = None
-        self._ws: ClientConnection | None = None
+        self._outbox: Outbox | None = None
+        """The current session's writer (None between sessions)."""
         self._proto: IngestProtocol | None = None
         """The conversation of the current session (None between sessions)."""
         self._senders: set[asyncio.Task[None]] = set()
@@ -145,8 +154,8 @@ class TunnelClient:
         self.monitor.added(stream)
         if self.hello is not None:
             stream.start(self.hello.input_w, self.hello.input_h)
-        if self._ws is not None and self._proto is not None and self.hello is not None:
-            self._start_stream(self._ws, self._proto, stream)
+        if self._outbox is not None and self._proto is not None and self.hello is not None:
+            self._start_stream(self._outbox, self._proto, stream)
 
     @property
     def worker_id(self) -> str | None:
@@ -235,6 +244,7 @@ class TunnelClient:
                 close_timeout=CLOSE_TIMEOUT_S,
                 proxy=None,
                 max_queue=64,
+                create_connection=CoalescingClientConnection,
             )
         except InvalidStatus as exc:
             status = exc.response.status_code
@@ -247,26 +257,30 @@ class TunnelClient:
 
     async def _session(self, ws: ClientConnection, stop: asyncio.Event) -> None:
         proto, header = await self._handshake(ws)
-        self._up(ws, proto, header)
+        outbox = Outbox(ws, OUTBOX_CAPACITY)
+        writer = asyncio.create_task(outbox.run(SEND_TIMEOUT_S), name="tunnel-send")
+        self._up(ws, outbox, proto, header)
         self._failed = asyncio.get_running_loop().create_future()
         for stream in list(self.streams.values()):
             stream.start(header.input_w, header.input_h)
-            self._start_stream(ws, proto, stream)
+            self._start_stream(outbox, proto, stream)
         receiver = asyncio.create_task(self._receive(ws, proto), name="tunnel-receive")
         watcher = asyncio.create_task(self.monitor.watch(), name="tunnel-heartbeat")
         stopping = asyncio.create_task(stop.wait())
         try:
-            watched: set[asyncio.Future[Any]] = {receiver, watcher, stopping, self._failed}
+            watched: set[asyncio.Future[Any]] = {receiver, watcher, writer, stopping, self._failed}
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if self.state is TunnelState.STALLED:  # a frozen peer: no closing handshake
                 ws.transport.abort()
-            tasks = (receiver, watcher, stopping, *self._senders)
+            elif stop.is_set():  # a graceful stop: the CLOSEs already put go out first
+                await outbox.flush(CLOSE_TIMEOUT_S)
+            tasks = (receiver, watcher, writer, stopping, *self._senders)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._senders.clear()
-        for task in (watcher, receiver):
+        for task in (watcher, receiver, writer):
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         if self._failed.done():
@@ -298,18 +312,18 @@ class TunnelClient:
                 return proto, event.hello
         raise ProtocolError("no HELLO from the worker")  # unreachable: HELLO or a violation
 
-    def _up(self, ws: ClientConnection, proto: IngestProtocol, hello: wire.Hello) -> None:
-        self.hello, self._ws, self._proto = hello, ws, proto
+    def _up(
+        self, ws: ClientConnection, outbox: Outbox, proto: IngestProtocol, hello: wire.Hello
+    ) -> None:
+        self.hello, self._outbox, self._proto = hello, outbox, proto
         self.connects += 1
         self.connected.set()
         log.info("tunnel up to worker %s (%s)", hello.worker_id, ",".join(hello.providers))
         self.monitor.up(ws, hello.worker_id)
 
-    def _start_stream(
-        self, ws: ClientConnection, proto: IngestProtocol, stream: IngestStream
-    ) -> None:
+    def _start_stream(self, outbox: Outbox, proto: IngestProtocol, stream: IngestStream) -> None:
         if stream.state is not StreamState.FAILED:  # a failed stream has nothing to send
-            self._spawn(self._serve_stream(ws, proto, stream))
+            self._spawn(self._serve_stream(outbox, proto, stream))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -330,7 +344,7 @@ class TunnelClient:
 
     def _on_disconnect(self, *, stopping: bool) -> None:
         lost = self._proto.connection_lost() if self._proto is not None else {}
-        self._ws = self._proto = None
+        self._outbox = self._proto = None
         self.connected.clear()
         for stream in self.streams.values():
             stream.counters["disconnected"] += lost.get(stream.id, 0)
@@ -338,7 +352,7 @@ class TunnelClient:
         self.monitor.down(stopping=stopping, last_error=self.last_error)
 
     async def _serve_stream(
-        self, ws: ClientConnection, proto: IngestProtocol, stream: IngestStream
+        self, outbox: Outbox, proto: IngestProtocol, stream: IngestStream
     ) -> None:
         # Tells the stream when a sender serves it: IngestService.remove_stream/update_stream
         # wait for ``stream.sender_idle`` (last results, CLOSE sent) before forgetting it.
@@ -347,12 +361,12 @@ class TunnelClient:
         if task is not None:
             self._serving[stream.id] = task
         try:
-            await send_stream(ws, proto, stream, self.frame_timeout_s)
+            await send_stream(outbox, proto, stream, self.frame_timeout_s)
         except TUNNEL_ERRORS:
             raise
         except Exception as exc:  # this stream's bug (e.g. a frame the wire refuses)
             self._stream_crashed(stream, "sender", exc)
-            await send_close(ws, proto, stream.id)
+            send_close(outbox, proto, stream.id)
         finally:
             if self._serving.get(stream.id) is task:
                 del self._serving[stream.id]
@@ -385,9 +399,9 @@ class TunnelClient:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        ws, proto = self._ws, self._proto
-        if ws is not None and proto is not None and close:
-            await send_close(ws, proto, stream_id)
+        outbox, proto = self._outbox, self._proto
+        if outbox is not None and proto is not None and close:
+            send_close(outbox, proto, stream_id)
         elif proto is not None:
             proto.forget(stream_id)
         stream.counters["disconnected"] += stream.window.abandon()
@@ -482,13 +496,6 @@ class TunnelClient:
             header.code,
             header.message,
         )
-
-
-def _check_url(url: str, ssl_context: ssl.SSLContext | None, server_hostname: str | None) -> None:
-    if not url.startswith(("ws://", "wss://")):
-        raise ConfigError(f"worker URL must start with ws:// or wss://, got {url!r}")
-    if server_hostname is not None and (ssl_context is None or not url.startswith("wss://")):
-        raise ConfigError("a TLS server name needs a wss:// worker URL and a TLS context")
 
 
 def _short(exc: BaseException) -> str:

@@ -9,7 +9,11 @@ retrying, and the error shows in ``GET /v1/workers`` and the streams' status.
 
 from __future__ import annotations
 
+import ssl
+
 from websockets.exceptions import InvalidMessage
+
+from framerelay.errors import ConfigError
 
 WS_TO_TLS = (
     "the worker closed the connection without an HTTP answer: if it serves TLS, use "
@@ -44,3 +48,11 @@ def describe(url: str, exc: BaseException) -> str:
         return said
     hint = WS_TO_TLS if url.startswith("ws://") else MTLS_REFUSED
     return f"{said}; {hint}"
+
+
+def check_url(url: str, ssl_context: ssl.SSLContext | None, server_hostname: str | None) -> None:
+    """A worker URL the tunnel can use with this TLS setup, or a ConfigError saying why not."""
+    if not url.startswith(("ws://", "wss://")):
+        raise ConfigError(f"worker URL must start with ws:// or wss://, got {url!r}")
+    if server_hostname is not None and (ssl_context is None or not url.startswith("wss://")):
+        raise ConfigError("a TLS server name needs a wss:// worker URL and a TLS context")

@@ -16,10 +16,10 @@ import contextlib
 import logging
 import time
 
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
+from framerelay.outbox import Outbox
 from framerelay.protocol import IngestProtocol, IngestState
 from ingest.console_frames import SentFrame
 from ingest.handoff import SlotClosed
@@ -28,6 +28,8 @@ from ingest.stream import IngestStream, Outgoing
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
+OUTBOX_CAPACITY = 4096
+"""Messages waiting to be written at most (credits bound the frames: far fewer)."""
 DRAIN_POLL_S = 0.05
 TUNNEL_ERRORS = (ConnectionClosed, OSError, TimeoutError)
 """Failures of the connection itself: they end the session, never a stream."""
@@ -38,11 +40,11 @@ class TunnelClosed(ConnectionError):
 
 
 async def send_stream(
-    ws: ClientConnection, proto: IngestProtocol, stream: IngestStream, frame_timeout_s: float
+    outbox: Outbox, proto: IngestProtocol, stream: IngestStream, frame_timeout_s: float
 ) -> None:
     """OPEN, then every frame the stream offers while credits allow, then CLOSE."""
     _check_open(proto)
-    await ws.send(proto.open_stream(stream.id, stream.window, stream.config.tracker))
+    outbox.put(proto.open_stream(stream.id, stream.window, stream.config.tracker))
     while True:
         await _wait_credit(stream, frame_timeout_s)
         try:
@@ -52,16 +54,14 @@ async def send_stream(
         _check_open(proto)
         if not proto.is_open(stream.id):  # failed here meanwhile: nothing more to send
             break
-        message = proto.send_frame(frame_header(out), out.prepared.data, time.monotonic())
-        async with asyncio.timeout(SEND_TIMEOUT_S):
-            await ws.send(message)
+        outbox.put(proto.send_frame(frame_header(out), out.prepared.data, time.monotonic()))
         stream.counters["sent"] += 1
         kept = stream.sent_frames  # the console's live view draws results on these
         if kept is not None:
             kept.remember(SentFrame(out.timing.epoch, out.timing.seq, out.timing.pts, out.prepared))
     await _drain(stream, frame_timeout_s)
     _check_open(proto)
-    await ws.send(proto.close_stream(stream.id))
+    outbox.put(proto.close_stream(stream.id))
 
 
 def frame_header(out: Outgoing) -> wire.Frame:
@@ -71,13 +71,12 @@ def frame_header(out: Outgoing) -> wire.Frame:
     return wire.Frame.of(out.timing, src_w=lb.src_w, src_h=lb.src_h, scale=lb.scale)
 
 
-async def send_close(ws: ClientConnection, proto: IngestProtocol, stream_id: str) -> None:
-    """CLOSE ``stream_id`` on the worker, if the tunnel is open and takes it in time."""
+def send_close(outbox: Outbox, proto: IngestProtocol, stream_id: str) -> None:
+    """CLOSE ``stream_id`` on the worker, if the tunnel is open (behind what waits)."""
     if proto.state is not IngestState.OPEN:
         return
-    with contextlib.suppress(*TUNNEL_ERRORS):
-        async with asyncio.timeout(CLOSE_TIMEOUT_S):
-            await ws.send(proto.close_stream(stream_id))
+    with contextlib.suppress(ConnectionError):  # the writer stopped: the tunnel is closing
+        outbox.put(proto.close_stream(stream_id))
 
 
 def _check_open(proto: IngestProtocol) -> None:

@@ -1,0 +1,186 @@
+"""One writer per tunnel connection: messages in order, as many per write as are waiting.
+
+``websockets`` writes every message with its own ``send`` system call. On a
+tunnel that is most of the cost of a message: on loopback one ``send`` of a
+238-byte RESULT costs about as much CPU as decoding and checking its header
+(``bench/tunnel.py``), and each one wakes the peer. Messages come in bursts
+(a batch of results at once; the credits they return release as many frames
+at once), so the tunnel writes them together:
+
+* :class:`Outbox` takes messages without waiting (:meth:`Outbox.put`,
+  bounded: the protocol's credits bound what can be waiting) and a writer
+  task (:meth:`Outbox.run`) sends everything waiting, in order, in one write.
+  Each message stays its own WebSocket message; only the ``write`` is shared.
+* :class:`CoalescingServerConnection` and :class:`CoalescingClientConnection`
+  (give them to ``serve``/``connect`` as ``create_connection``) add
+  :meth:`Coalescing.send_batch`: several messages framed by the connection's
+  own protocol object, then one ``transport.write`` and the usual flow control.
+
+A connection of another class still works with an :class:`Outbox` (one
+``send`` per message), so a canary or a test can use a plain connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.server import ServerConnection
+
+MAX_BATCH = 64
+"""At most this many messages in one write."""
+MAX_BATCH_BYTES = 1 << 20
+"""A batch stops growing past this many bytes (one JPEG frame is tens of KB)."""
+
+
+class Coalescing:
+    """Mixin for a ``websockets`` asyncio connection: :meth:`send_batch`, and every
+    pending write joined into one ``transport.write``.
+
+    It relies on two methods of ``websockets.asyncio.connection.Connection``
+    (``send_context``, ``send_data``), present since the asyncio implementation
+    (websockets 13); ``tests/framerelay/test_outbox.py`` pins the behaviour.
+    """
+
+    protocol: Any
+    transport: Any
+
+    async def send_batch(self, messages: Sequence[bytes]) -> None:
+        """Send each of ``messages`` as one binary message, all in one write."""
+        async with self.send_context():  # type: ignore[attr-defined]
+            for data in messages:
+                self.protocol.send_binary(data)
+
+    def send_data(self) -> None:
+        """Write what the protocol has to send: one write when it is only data."""
+        chunks: list[bytes] = self.protocol.data_to_send()
+        if len(chunks) > 1 and all(chunks):
+            self.transport.write(b"".join(chunks))
+            return
+        self._send_chunks(chunks)
+
+    def _send_chunks(self, chunks: list[bytes]) -> None:
+        """``websockets``' own behaviour: an empty chunk is the end of the stream."""
+        for data in chunks:
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                try:
+                    self.transport.write_eof()
+                except Exception:  # noqa: S110 - as websockets: uvloop may raise here
+                    pass
+            else:
+                self.transport.close()
+
+
+class CoalescingServerConnection(Coalescing, ServerConnection):
+    """A server connection with :meth:`Coalescing.send_batch`."""
+
+
+class CoalescingClientConnection(Coalescing, ClientConnection):
+    """A client connection with :meth:`Coalescing.send_batch`."""
+
+
+class OutboxFull(ConnectionError):
+    """More messages are waiting than the outbox holds: the peer does not read."""
+
+
+class Outbox:
+    """The messages waiting for one connection, written in order by :meth:`run`."""
+
+    def __init__(
+        self,
+        ws: ServerConnection | ClientConnection,
+        capacity: int,
+        *,
+        max_batch: int = MAX_BATCH,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+    ) -> None:
+        if capacity < 1 or max_batch < 1:
+            raise ValueError(f"need capacity, max_batch >= 1, got {capacity}, {max_batch}")
+        self.ws = ws
+        self.capacity = capacity
+        self.max_batch = max_batch
+        self.max_batch_bytes = max_batch_bytes
+        self.writes = 0
+        """Writes so far (``messages / writes``: how much was joined)."""
+        self.messages = 0
+        self._waiting: collections.deque[bytes] = collections.deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        """Set while nothing waits and nothing is being written."""
+        self._idle.set()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def put(self, data: bytes) -> None:
+        """Queue ``data`` behind what is waiting; raises :class:`OutboxFull` when the
+        outbox holds ``capacity`` messages, :class:`ConnectionError` once closed."""
+        if self._closed:
+            raise ConnectionError("the connection's writer has stopped")
+        if len(self._waiting) >= self.capacity:
+            raise OutboxFull(f"{len(self._waiting)} messages wait for a peer that does not read")
+        self._waiting.append(data)
+        self._ready.set()
+        self._idle.clear()
+
+    def try_put(self, data: bytes) -> bool:
+        """:meth:`put`, False instead of raising."""
+        try:
+            self.put(data)
+        except ConnectionError:
+            return False
+        return True
+
+    async def run(self, send_timeout_s: float) -> None:
+        """Write until cancelled: each time, everything waiting (up to ``max_batch``
+        messages or ``max_batch_bytes``) in one write. Raises ``TimeoutError`` when a
+        write (with the peer's flow control) takes over ``send_timeout_s``, and what
+        the connection raises when it is closed."""
+        try:
+            while True:
+                await self._ready.wait()
+                batch = self._take()
+                if not self._waiting:
+                    self._ready.clear()
+                async with asyncio.timeout(send_timeout_s):
+                    await self._write(batch)
+                if not self._waiting:
+                    self._idle.set()
+        finally:
+            self._closed = True
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until everything put so far is written; True if
+        it was (e.g. the last CLOSE messages before a graceful shutdown)."""
+        if self._closed:
+            return not self._waiting
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _take(self) -> list[bytes]:
+        batch = [self._waiting.popleft()]
+        size = len(batch[0])
+        while self._waiting and len(batch) < self.max_batch and size < self.max_batch_bytes:
+            data = self._waiting.popleft()
+            batch.append(data)
+            size += len(data)
+        return batch
+
+    async def _write(self, batch: list[bytes]) -> None:
+        self.writes += 1
+        self.messages += len(batch)
+        if isinstance(self.ws, Coalescing):
+            await self.ws.send_batch(batch)
+            return
+        for data in batch:
+            await self.ws.send(data)

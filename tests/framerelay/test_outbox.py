@@ -1,0 +1,211 @@
+"""The tunnel's writer (framerelay.outbox) over real loopback WebSockets.
+
+Every message stays its own WebSocket message, in order; what waits together goes
+out in one ``transport.write``; a peer that does not read is cut off in time; the
+closing handshake still works on a coalescing connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from framerelay.outbox import (
+    CoalescingClientConnection,
+    CoalescingServerConnection,
+    Outbox,
+    OutboxFull,
+)
+
+Handler = Callable[[ServerConnection], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def server(handler: Handler, coalescing: bool = True) -> AsyncIterator[str]:
+    cls = CoalescingServerConnection if coalescing else ServerConnection
+    async with serve(handler, "127.0.0.1", 0, compression=None, create_connection=cls,
+                     close_timeout=0.5) as srv:  # fmt: skip
+        port = next(iter(srv.sockets)).getsockname()[1]
+        yield f"ws://127.0.0.1:{port}/"
+
+
+async def collect(ws: ServerConnection, into: list[bytes], n: int, done: asyncio.Event) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        async for data in ws:
+            into.append(data if isinstance(data, bytes) else data.encode())
+            if len(into) >= n:
+                done.set()
+
+
+def count_writes(ws: ClientConnection) -> list[int]:
+    """Wrap the transport's ``write``: the sizes of the writes made from now on."""
+    sizes: list[int] = []
+    transport: Any = ws.transport
+    write = transport.write
+
+    def counting(data: bytes) -> None:
+        sizes.append(len(data))
+        write(data)
+
+    transport.write = counting
+    return sizes
+
+
+def messages(n: int, size: int = 1000) -> list[bytes]:
+    return [i.to_bytes(4, "big") + bytes([i % 251]) * size for i in range(n)]
+
+
+def test_a_batch_is_one_write_of_separate_messages_in_order() -> None:
+    async def main() -> tuple[list[bytes], list[int]]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        async with server(lambda ws: collect(ws, got, 20, done)) as url:
+            async with connect(url, compression=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                assert isinstance(ws, CoalescingClientConnection)
+                sizes = count_writes(ws)
+                await ws.send_batch(messages(20))
+                writes = list(sizes)  # (the close frame is written later)
+                await asyncio.wait_for(done.wait(), 10)
+        return got, writes
+
+    got, writes = asyncio.run(main())
+    assert got == messages(20)
+    assert len(writes) == 1  # 20 messages, one write (websockets alone: 20)
+    assert writes[0] == sum(len(m) for m in messages(20)) + 20 * (4 + 4)  # header + mask
+
+
+def test_what_waits_together_goes_out_together_and_later_puts_follow_in_order() -> None:
+    async def main() -> tuple[list[bytes], Outbox]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        async with server(lambda ws: collect(ws, got, 30, done)) as url:
+            async with connect(url, compression=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                out = Outbox(ws, capacity=100)
+                batch = messages(30)
+                for data in batch[:10]:  # waiting before the writer runs: one write
+                    out.put(data)
+                writer = asyncio.create_task(out.run(send_timeout_s=10))
+                await asyncio.sleep(0.05)
+                for data in batch[10:]:
+                    out.put(data)
+                assert await out.flush(10)
+                await asyncio.wait_for(done.wait(), 10)
+                writer.cancel()
+        return got, out
+
+    got, out = asyncio.run(main())
+    assert got == messages(30)
+    assert out.messages == 30
+    assert out.writes == 2  # the first ten together, then the twenty put in one go
+
+
+def test_a_batch_stops_growing_at_its_byte_bound() -> None:
+    async def main() -> Outbox:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        async with server(lambda ws: collect(ws, got, 10, done)) as url:
+            async with connect(url, compression=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                out = Outbox(ws, capacity=100, max_batch_bytes=3000)
+                for data in messages(10):  # 1004 B each: three per write
+                    out.put(data)
+                writer = asyncio.create_task(out.run(send_timeout_s=10))
+                assert await out.flush(10)
+                await asyncio.wait_for(done.wait(), 10)
+                writer.cancel()
+        assert got == messages(10)
+        return out
+
+    out = asyncio.run(main())
+    assert out.writes == 4
+
+
+def test_a_plain_connection_works_one_send_per_message() -> None:
+    async def main() -> list[bytes]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        async with server(lambda ws: collect(ws, got, 5, done), coalescing=False) as url:
+            async with connect(url, compression=None) as ws:
+                out = Outbox(ws, capacity=10)
+                for data in messages(5):
+                    out.put(data)
+                writer = asyncio.create_task(out.run(send_timeout_s=10))
+                await asyncio.wait_for(done.wait(), 10)
+                writer.cancel()
+        return got
+
+    assert asyncio.run(main()) == messages(5)
+
+
+def test_a_full_outbox_refuses_and_a_stopped_one_says_so() -> None:
+    async def main() -> None:
+        async with server(lambda ws: ws.wait_closed()) as url:
+            async with connect(url, create_connection=CoalescingClientConnection) as ws:
+                out = Outbox(ws, capacity=2)
+                out.put(b"a")
+                out.put(b"b")
+                with pytest.raises(OutboxFull, match="2 messages wait"):
+                    out.put(b"c")
+                assert not out.try_put(b"c")
+                writer = asyncio.create_task(out.run(send_timeout_s=10))
+                assert await out.flush(10)
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+                with pytest.raises(ConnectionError, match="writer has stopped"):
+                    out.put(b"d")
+
+    asyncio.run(main())
+
+
+def test_a_peer_that_does_not_read_is_cut_off_after_the_send_timeout() -> None:
+    async def stalled(ws: ServerConnection) -> None:
+        ws.transport.pause_reading()  # TCP fills: the writer's flow control waits
+        await ws.wait_closed()
+
+    async def main() -> float:
+        async with server(stalled) as url:
+            async with connect(url, compression=None, max_size=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                out = Outbox(ws, capacity=1000)
+                for data in messages(200, size=100_000):  # 20 MB: more than the buffers hold
+                    out.put(data)
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                with pytest.raises(TimeoutError):
+                    await out.run(send_timeout_s=0.5)
+                assert not await out.flush(0.1)  # stopped with messages left
+                ws.transport.abort()
+                return loop.time() - started
+
+    took = asyncio.run(main())
+    assert took < 5
+
+
+def test_the_closing_handshake_works_on_coalescing_connections() -> None:
+    async def main() -> tuple[int | None, str | None]:
+        closed: list[tuple[int | None, str | None]] = []
+
+        async def handler(ws: ServerConnection) -> None:
+            await ws.wait_closed()
+            closed.append((ws.close_code, ws.close_reason))
+
+        async with server(handler) as url:
+            async with connect(url, create_connection=CoalescingClientConnection) as ws:
+                await ws.send_batch([b"x", b"y"])
+                await ws.close(4000, "done here")
+            for _ in range(100):
+                if closed:
+                    break
+                await asyncio.sleep(0.02)
+        return closed[0]
+
+    assert asyncio.run(main()) == (4000, "done here")
