@@ -12,6 +12,7 @@ provider's API key or a test hook).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,9 @@ from typing import IO, Any
 
 from framerelay.errors import ConfigError
 
+EXIT_WAIT_S = 10.0
+"""How long a worker that closed its stdout before announcing itself has to exit (its
+exit code says it failed at once rather than hung)."""
 INHERITED = frozenset({
     "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV",
     "LD_LIBRARY_PATH", "FRAMERELAY_TIMEOUT_FACTOR", "OMP_NUM_THREADS",
@@ -102,6 +106,9 @@ class LocalWorker:
         reader.join(timeout_s)
         if not result or not result[0].startswith("{"):
             exited = proc.poll()
+            if exited is None and result == [""]:  # stdout closed: it is exiting; its code
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    exited = proc.wait(EXIT_WAIT_S)
             self.stop()
             tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             if exited is not None:  # it failed at once: say why, in one line

@@ -47,3 +47,23 @@ def test_worker_process_environment_and_command_line(monkeypatch: pytest.MonkeyP
     assert "AWS_SECRET_ACCESS_KEY" not in names and "FRAMERELAY_WORKER_TEST_FAULT" not in names
     assert f"FRAMERELAY_TOKEN_SECRETS={secret}" in environ
     assert secret not in cmdline and "rp-api-key-value" not in cmdline
+
+
+def test_a_worker_that_closes_stdout_then_exits_is_reported_as_exited(tmp_path: Path) -> None:
+    """Regression: the reader saw EOF before the process was reaped, so a worker failing
+    at once (but slowly, on a loaded machine) was reported as 'did not become ready'."""
+    import subprocess
+    import sys
+
+    from framerelay.errors import ConfigError
+
+    log = tmp_path / "worker.log"
+    log.write_text("framerelay: error: cannot load the model: /nonexistent.onnx\n")
+    worker = LocalWorker(None, log_path=log)
+    slow_exit = "import os, sys, time; os.close(1); time.sleep(1.5); sys.exit(2)"
+    worker.proc = subprocess.Popen(
+        [sys.executable, "-c", slow_exit], stdout=subprocess.PIPE, text=True
+    )
+    with pytest.raises(ConfigError) as info:
+        worker._read_announce(timeout_s=60)
+    assert "exited (code 2) before it was ready: cannot load the model" in str(info.value)
