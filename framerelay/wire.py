@@ -175,17 +175,43 @@ class SessionClock(Struct, frozen=True, kw_only=True):
     last_captured: Annotated[float, Meta(ge=0.0, lt=MAX_CAPTURED_AT)] = 0.0
 
 
+MAX_TRACKER_S = 3600.0
+"""Bound of a per-stream tracker time setting (s); the tracker's own bounds may be tighter."""
+_TrackerSeconds = Annotated[float, Meta(ge=0.0, le=MAX_TRACKER_S)] | None
+
+
+class TrackerTimes(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A stream's own tracker time settings (seconds; see tracker/README.md). Each one
+    left out (None) keeps the worker's tracker default; only those set are written."""
+
+    max_lost_s: _TrackerSeconds = None
+    tentative_max_gap_s: _TrackerSeconds = None
+    direction_window_s: _TrackerSeconds = None
+    max_gap_s: _TrackerSeconds = None
+
+
 class Open(_Header, frozen=True, kw_only=True):
     """Ingest -> worker: start (or resume) a stream's session.
 
     With ``clock`` set, the payload is a tracker snapshot taken by a worker
     (this one or another): the session resumes from it, so track ids continue.
+    ``tracker_settings`` (optional, added within version 2: a reader that does not
+    know it ignores it) carries the stream's own tracker time settings; it is
+    written only when set, so an OPEN without it keeps its bytes, and never on a
+    v1 tunnel (a v1 reader refuses unknown fields).
     """
 
     TYPE: ClassVar[MsgType] = MsgType.OPEN
     stream_id: _SID
     tracker: Annotated[str, Meta(max_length=64)] = "default"
     clock: SessionClock | None = None
+    tracker_settings: TrackerTimes | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def times(self) -> TrackerTimes | None:
+        """``tracker_settings``, None when the OPEN has none."""
+        times = self.tracker_settings
+        return None if isinstance(times, msgspec.UnsetType) else times
 
 
 class Snapshot(_Header, frozen=True, kw_only=True):
@@ -370,6 +396,8 @@ def _too_big(head: int, payload: int, limits: Limits) -> NoReturn:
 
 
 def _header_json(header: Header, version: int) -> bytes:
+    if isinstance(header, Open) and version == 1 and header.times is not None:
+        header = msgspec.structs.replace(header, tracker_settings=msgspec.UNSET)  # not in v1
     if version == VERSION or (version in SUPPORTED_VERSIONS and not isinstance(header, Hello)):
         return _ENCODER.encode(header)
     if version not in SUPPORTED_VERSIONS:

@@ -8,19 +8,31 @@ survive a short reconnect and time never runs backwards for the tracker.
 
 Every ``snapshot_interval_s`` (of stream time) the session emits a snapshot
 (tracker state + clock) that the ingest keeps; an OPEN carrying it resumes the
-session on any worker, so track ids continue when a stream is re-homed.
+session on any worker, so track ids continue when a stream is re-homed. The
+time from the snapshot to the first frame on the new worker is an outage: the
+first frame's tracker time is handed to the tracker's ``bridge`` first
+(:mod:`tracker.gap`), so tracks are predicted over the gap instead of being
+dropped for the seconds nobody looked (up to the tracker's ``max_gap_s``).
+
+An OPEN may carry the stream's own tracker time settings
+(:class:`framerelay.wire.TrackerTimes`): they apply to a new tracker and, on
+resume, replace those in the snapshot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from framerelay import wire
 from framerelay.detections import Detections
-from framerelay.wire import Frame, SessionClock
+from framerelay.errors import ConfigError
+from framerelay.wire import Frame, SessionClock, TrackerTimes
 from tracker import Tracker, create_tracker, restore_tracker
+from tracker.gap import GapBridging
 
 _MIN_STEP_S = 1e-3
 
@@ -37,6 +49,8 @@ class StreamSession:
     _last_t: float = field(default=-1e18)
     _last_captured: float = 0.0
     _next_snapshot_t: float | None = None
+    _bridge_next: bool = False
+    """Resumed from a snapshot: the first frame's time ends an outage."""
 
     @property
     def clock(self) -> SessionClock:
@@ -51,6 +65,7 @@ class StreamSession:
     def resume(self, clock: SessionClock) -> None:
         self._epoch, self._offset = clock.epoch, clock.offset
         self._last_t, self._last_captured = clock.last_t, clock.last_captured
+        self._bridge_next = True
 
     def tracker_time(self, frame: Frame) -> float:
         """Seconds on the session's continuous clock for this frame."""
@@ -67,7 +82,12 @@ class StreamSession:
 
     def track(self, frame: Frame, detections: Detections) -> Detections:
         """Run the tracker and keep what is worth sending."""
-        tracked = self.tracker.update(detections, self.tracker_time(frame))
+        t = self.tracker_time(frame)
+        if self._bridge_next:
+            self._bridge_next = False
+            if isinstance(self.tracker, GapBridging):
+                self.tracker.bridge(t)
+        tracked = self.tracker.update(detections, t)
         self.frames += 1
         keep = (tracked.tracker_id >= 0) | (tracked.confidence >= self.min_confidence)
         return tracked if bool(keep.all()) else tracked[np.flatnonzero(keep)]
@@ -78,6 +98,7 @@ class StreamSession:
         self._epoch, self._offset = None, 0.0
         self._last_t, self._last_captured = -1e18, 0.0
         self._next_snapshot_t = None
+        self._bridge_next = False
 
     def snapshot_due(self) -> bool:
         """True (and re-armed) when a snapshot should follow the last frame."""
@@ -89,16 +110,34 @@ class StreamSession:
         return False
 
 
+def time_overrides(times: TrackerTimes | None) -> dict[str, Any]:
+    """The settings an OPEN's ``tracker_settings`` sets (those left out keep the tracker's)."""
+    if times is None:
+        return {}
+    return {k: v for k, v in msgspec.structs.asdict(times).items() if v is not None}
+
+
+def _configured(tracker: Tracker, overrides: dict[str, Any]) -> Tracker:
+    """``tracker`` with ``overrides`` applied; ConfigError for a tracker without them."""
+    if not overrides:
+        return tracker
+    configure = getattr(tracker, "configure", None)
+    if configure is None:
+        raise ConfigError(f"tracker {tracker.name!r} has no time settings to set per stream")
+    configure(**overrides)
+    return tracker
+
+
 def new_session(
     stream_id: str,
     tracker_name: str,
     min_confidence: float,
     snapshot_interval_s: float = 0.0,
+    times: TrackerTimes | None = None,
 ) -> StreamSession:
-    """Raises ConfigError for an unknown tracker name."""
-    return StreamSession(
-        stream_id, create_tracker(tracker_name), min_confidence, snapshot_interval_s
-    )
+    """Raises ConfigError for an unknown tracker name or a bad setting."""
+    tracker = _configured(create_tracker(tracker_name), time_overrides(times))
+    return StreamSession(stream_id, tracker, min_confidence, snapshot_interval_s)
 
 
 def resumed_session(
@@ -107,8 +146,10 @@ def resumed_session(
     clock: SessionClock,
     min_confidence: float,
     snapshot_interval_s: float = 0.0,
+    times: TrackerTimes | None = None,
 ) -> StreamSession:
     """A session continuing from a snapshot. Raises ConfigError for a bad one."""
-    session = StreamSession(stream_id, restore_tracker(blob), min_confidence, snapshot_interval_s)
+    tracker = _configured(restore_tracker(blob), time_overrides(times))
+    session = StreamSession(stream_id, tracker, min_confidence, snapshot_interval_s)
     session.resume(clock)
     return session

@@ -28,6 +28,7 @@ Everything is vectorised over tracks (see :mod:`tracker.tracks`).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
@@ -38,6 +39,7 @@ from pydantic import ValidationError
 
 from framerelay.detections import Detections
 from framerelay.errors import ConfigError
+from tracker import gap as gap_mod
 from tracker import kalman
 from tracker.association import assign, direction_score, height_iou, iou_matrix
 from tracker.settings import SortSettings
@@ -85,6 +87,15 @@ def _expand(xyxy: F64, ratio: float) -> F64:
     return np.concatenate([xyxy[:, 0:2] - pad, xyxy[:, 2:4] + pad], axis=1)
 
 
+def _known_settings(model: type[SortSettings], settings_json: str) -> SortSettings:
+    """A snapshot's settings; names this version does not know (a newer worker wrote
+    them) are left out, as readers of a peer's message do."""
+    values = json.loads(settings_json)
+    if not isinstance(values, dict):
+        raise TypeError(f"settings are a JSON {type(values).__name__}, not an object")
+    return model.model_validate({k: v for k, v in values.items() if k in model.model_fields})
+
+
 def _any(mask: Mask) -> bool:
     """``mask.any()``, about four times cheaper on the small arrays used here."""
     return bool(np.count_nonzero(mask))
@@ -97,7 +108,12 @@ class SortFamilyTracker:
     settings_model: ClassVar[type[SortSettings]] = SortSettings
 
     def __init__(self, settings: SortSettings | None = None, **overrides: Any) -> None:
-        base = settings.model_dump() if settings is not None else {}
+        self._configure(settings.model_dump() if settings is not None else {}, overrides)
+        self._match = np.empty(0, np.int64)
+        self._free = np.empty(0, bool)
+        self.reset()
+
+    def _configure(self, base: dict[str, Any], overrides: dict[str, Any]) -> None:
         try:
             self.settings = self.settings_model(**{**base, **overrides})
         except ValidationError as exc:
@@ -105,11 +121,12 @@ class SortFamilyTracker:
             raise ConfigError(
                 f"invalid settings for tracker {self.name!r}: {exc}\nvalid settings are: {fields}"
             ) from exc
-        settings = self.settings
-        self._noise = settings.noise()
-        self._match = np.empty(0, np.int64)
-        self._free = np.empty(0, bool)
-        self.reset()
+        self._noise = self.settings.noise()
+
+    def configure(self, **overrides: Any) -> None:
+        """Change some settings, keeping every track (e.g. a stream's own time settings
+        on a tracker restored from a snapshot). Raises ConfigError like the constructor."""
+        self._configure(self.settings.model_dump(), overrides)
 
     # ------------------------------------------------------------------ contract
 
@@ -119,6 +136,8 @@ class SortFamilyTracker:
         self._next_id = 1
         self._t = _NO_TIME
         self._updates = 0
+        self._bridged = 0.0
+        """The gap (s) bridged just before the next update; 0 when none."""
 
     def update(self, detections: Detections, t: float) -> Detections:
         """Associate one frame's detections at time ``t`` (seconds, from PTS).
@@ -128,13 +147,14 @@ class SortFamilyTracker:
         not decrease; an earlier ``t`` is treated as the latest time seen.
         """
         now = self._advance(t)
+        gap, self._bridged = self._bridged, 0.0
         if len(detections) == 0:  # nothing to associate: only age the tracks
             if len(self.tracks):
                 self._age(np.ones(len(self.tracks), bool), now)
             self._updates += 1
             return detections
         frame = _Frame.of(detections, self.settings)
-        match = self._associate(frame)
+        match = self._associate(frame, gap)
         ids = self._apply(frame, match, now)
         self._updates += 1
         return detections.with_tracker_id(ids)
@@ -159,7 +179,7 @@ class SortFamilyTracker:
                 "restore it with tracker.restore_tracker(data)"
             )
         try:
-            settings = cls.settings_model.model_validate_json(snap.settings_json)
+            settings = _known_settings(cls.settings_model, snap.settings_json)
             prefix = "tracks."
             table = TrackTable.from_arrays(
                 {k[len(prefix) :]: v for k, v in snap.arrays.items() if k.startswith(prefix)}
@@ -194,6 +214,37 @@ class SortFamilyTracker:
             tr.mean, tr.cov = kalman.predict(tr.mean, tr.cov, dt, self._noise)
         self._t = max(self._t, t)
         return self._t
+
+    def bridge(self, t: float) -> bool:
+        """The stream was not observed from the latest time seen until ``t`` (an
+        outage: its worker died and the stream was re-homed). Carries every track over
+        the gap (:mod:`tracker.gap`) instead of ageing it, and makes the next update
+        match by the grown uncertainty first. A gap over ``max_gap_s`` is not bridged
+        (the next update ages the tracks as usual). Returns whether it bridged."""
+        t = float(t)
+        if not math.isfinite(t):
+            raise ValueError(f"bridge time must be a finite number of seconds, got {t!r}")
+        gap = t - self._t
+        if not 0.0 < gap <= self.settings.max_gap_s or not len(self.tracks):  # False for NaN
+            return False
+        gap_mod.bridge_tracks(self.tracks, gap, self._noise)
+        self._t, self._bridged = t, gap
+        return True
+
+    def _gap_stage(self, f: _Frame, gap: float) -> None:
+        """First update after :meth:`bridge`: confirmed tracks vs high detections by
+        distance from the prediction (:func:`tracker.gap.gap_candidates`)."""
+        tr = self.tracks
+        rows = np.nonzero(tr.status != TENTATIVE)[0]
+        cols = np.nonzero(f.high)[0]
+        r, c, gain = gap_mod.gap_candidates(tr, rows, f.z, cols, gap)
+        if self.settings.class_aware and r.size:
+            same = tr.class_id[r] == f.cls[c]
+            r, c, gain = r[same], c[same], gain[same]
+        if r.size:
+            r, d = assign(r, c, gain)
+            self._match[d] = r
+            self._free[r] = False
 
     def _predicted_xyxy(self) -> F64:
         mean = self.tracks.mean
@@ -232,14 +283,17 @@ class SortFamilyTracker:
             pr, pc, values = pr[same], pc[same], values[same]
         return _Candidates(pr, pc, values, values)
 
-    def _associate(self, f: _Frame) -> I64:
-        """Run the stages; returns, per detection, the matched track row or -1."""
+    def _associate(self, f: _Frame, gap: float = 0.0) -> I64:
+        """Run the stages (after a bridged ``gap``, the gap stage first); returns, per
+        detection, the matched track row or -1."""
         s, tr = self.settings, self.tracks
         self._match = match = np.full(f.xyxy.shape[0], -1, np.int64)
         self._free = np.ones(len(tr), bool)
         if len(tr) == 0 or match.size == 0:
             return match
         gate = min(s.match_iou, s.low_match_iou, s.tentative_match_iou)
+        if gap > 0.0:
+            self._gap_stage(f, gap)
         predicted = self._predicted_xyxy()
         cand = self._candidates(predicted, f, gate)
         confirmed = tr.status != TENTATIVE

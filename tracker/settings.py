@@ -83,6 +83,13 @@ class SortSettings(BaseModel):
     max_lost_s: float = Field(
         1.0, ge=0.0, le=3600.0, description="A confirmed track unmatched for longer is dropped."
     )
+    max_gap_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=60.0,
+        description="An outage (stream re-homed to another worker) up to this long is "
+        "bridged: tracks are predicted over it instead of aged (0: never).",
+    )
     # --- Kalman noise (fractions of box size; see tracker.kalman)
     r_pos: float = Field(0.05, gt=0.0, le=10.0, description="Measurement std.")
     q_pos: float = Field(0.25, ge=0.0, le=100.0, description="Position noise per sqrt(s).")

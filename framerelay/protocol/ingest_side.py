@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import enum
 
+import msgspec
+
 from framerelay import wire
 from framerelay.credits import CreditWindow, waited_s
 from framerelay.errors import ProtocolError
@@ -137,18 +139,30 @@ class IngestProtocol:
 
     # -- sending ---------------------------------------------------------------------
 
-    def open_stream(self, stream_id: str, window: CreditWindow, tracker: str = "default") -> bytes:
+    def open_stream(
+        self,
+        stream_id: str,
+        window: CreditWindow,
+        tracker: str = "default",
+        times: wire.TrackerTimes | None = None,
+    ) -> bytes:
         """OPEN ``stream_id`` (resuming its cached snapshot where the worker can); its
-        frames take credits of ``window``, capped at the worker's ``max_inflight``."""
+        frames take credits of ``window``, capped at the worker's ``max_inflight``.
+        ``times``: the stream's own tracker time settings, if any."""
         hello = self._hello("OPEN")
         window.cap = min(window.cap, hello.max_inflight)
         window.limit = min(window.limit, window.cap)
         snap = self.snapshots.get(stream_id)
+        own: wire.TrackerTimes | msgspec.UnsetType = msgspec.UNSET if times is None else times
         if snap is not None and has_feature(hello, self.version, RESUME):
-            header = wire.Open(stream_id=stream_id, tracker=tracker, clock=snap[0])
+            header = wire.Open(
+                stream_id=stream_id, tracker=tracker, clock=snap[0], tracker_settings=own
+            )
             data = self._encode(header, snap[1])
         else:
-            data = self._encode(wire.Open(stream_id=stream_id, tracker=tracker))
+            data = self._encode(
+                wire.Open(stream_id=stream_id, tracker=tracker, tracker_settings=own)
+            )
         self._windows[stream_id] = window
         return data
 
