@@ -11,7 +11,10 @@ time ``t`` (tracks unseen for longer than ``max_lost_s`` are dropped first):
 3. leftover high    <-> leftover confirmed tracks: IoU with their *last
    observed* box (OC-SORT's observation-centric recovery, ``recovery``),
    plus the direction term (``recovery_direction_weight``);
-4. leftover high    <-> tentative tracks: IoU with the predicted box;
+4. leftover high    <-> tentative tracks: IoU with the predicted box, or
+   (``tentative_speed`` > 0) with the last box, both boxes grown by the
+   distance that speed covers since the track was seen (a new track has no
+   velocity yet, and at 2-6 fps a walker moves most of its width per frame);
 5. matched tracks get a Kalman update (robust to outliers with
    ``outlier_sigma``); leftover high detections above ``new_track_threshold``
    start tentative tracks; a tentative track is confirmed (and gets the next
@@ -50,6 +53,8 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 Mask = NDArray[np.bool_]
 _NO_TIME = math.nan
+_MAX_BUFFER = 1.0
+"""Stage 4 grows boxes by at most their size on every side (2 fps at 2 sizes/s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,10 +275,11 @@ class SortFamilyTracker:
         self._free[r] = False
 
     def _candidates(
-        self, boxes: F64, f: _Frame, gate: float, rows: I64 | None = None
+        self, boxes: F64, f: _Frame, gate: float, rows: I64 | None = None, dets: F64 | None = None
     ) -> _Candidates:
-        """Pairs of track ``boxes`` and detections with IoU >= ``gate`` (and same class)."""
-        iou = iou_matrix(boxes, f.xyxy)
+        """Pairs of track ``boxes`` and detections (``dets``: their boxes, grown or
+        not) with IoU >= ``gate`` (and same class)."""
+        iou = iou_matrix(boxes, f.xyxy if dets is None else dets)
         pr, pc = np.nonzero(iou >= gate)  # intp, i.e. int64 here
         values = iou[pr, pc]
         if rows is not None:
@@ -311,8 +317,27 @@ class SortFamilyTracker:
                 if s.recovery_direction_weight > 0 and back.rows.size:
                     back = self._with_direction(back, f, back.iou, s.recovery_direction_weight)
                 self._stage(back, confirmed, cols, s.recovery_iou)
-        self._stage(cand, ~confirmed, f.high, s.tentative_match_iou)
+        self._stage(self._tentative(cand, f), ~confirmed, f.high, s.tentative_match_iou)
         return match
+
+    def _tentative(self, cand: _Candidates, f: _Frame) -> _Candidates:
+        """Stage 4 candidates. A tentative track has no velocity yet, so at a low
+        frame rate its next box is searched for with both boxes grown by the
+        distance an object may move in the time since it was seen:
+        ``tentative_speed`` sizes per second (C-BIoU's buffer, scaled by time)."""
+        s, tr = self.settings, self.tracks
+        if s.tentative_speed <= 0:
+            return cand
+        rows = np.nonzero(self._free & (tr.status == TENTATIVE))[0]
+        if rows.size == 0 or not _any(f.high & (self._match < 0)):
+            return cand
+        # tentative tracks miss at most tentative_max_gap_s: the newest sets the step
+        step = self._t - float(tr.t_obs[rows].max())
+        ratio = min(s.tentative_speed * step, _MAX_BUFFER)
+        if ratio <= 0:
+            return cand
+        grown = _expand(tr.obs[rows], ratio)
+        return self._candidates(grown, f, s.tentative_match_iou, rows, _expand(f.xyxy, ratio))
 
     def _first_stage(self, c: _Candidates, predicted: F64, f: _Frame) -> _Candidates:
         """Stage 1 scores: IoU, or height-modulated IoU (which then also gates),

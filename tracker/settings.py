@@ -30,7 +30,7 @@ class SortSettings(BaseModel):
         0.6, ge=0.0, le=1.0, description="Unmatched high detections at/above this start a track."
     )
     report_threshold: float = Field(
-        0.5,
+        0.4,
         ge=0.0,
         le=1.0,
         description="Detections below this score may keep a track alive but are "
@@ -59,7 +59,13 @@ class SortSettings(BaseModel):
     recovery: bool = Field(
         True, description="Stage 3 (OC-SORT OCR): match leftover tracks by their last observed box."
     )
-    recovery_iou: float = Field(0.2, ge=0.0, le=1.0, description="Stage 3: minimum IoU.")
+    recovery_iou: float = Field(
+        0.4,
+        ge=0.0,
+        le=1.0,
+        description="Stage 3: minimum IoU (last observed boxes go stale; in crowds "
+        "a low bar hands a lost track to whoever walks past).",
+    )
     recovery_direction_weight: float = Field(
         0.2, ge=0.0, le=2.0, description="Stage 3: weight of direction agreement."
     )
@@ -71,6 +77,14 @@ class SortSettings(BaseModel):
     )
     tentative_match_iou: float = Field(
         0.3, ge=0.0, le=1.0, description="Stage 4 (tentative tracks, high detections): minimum IoU."
+    )
+    tentative_speed: float = Field(
+        2.0,
+        ge=0.0,
+        le=20.0,
+        description="Stage 4: how far (box sizes per second) a target may move; a "
+        "tentative track and the detections are grown by this x the time since it "
+        "was seen (at most by their size) before IoU (0: off).",
     )
     # --- lifecycle (time in seconds)
     min_hits: int = Field(2, ge=1, le=100, description="Matches before a track is confirmed.")
@@ -130,6 +144,7 @@ class ByteTrackSettings(SortSettings):
     recovery_direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
     recovery: bool = Field(False, description="Off for ByteTrack.")
     reupdate: bool = Field(False, description="Off for ByteTrack.")
+    tentative_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for ByteTrack.")
 
 
 class OCSortSettings(SortSettings):
@@ -147,3 +162,5 @@ class OCSortSettings(SortSettings):
     recovery_direction_weight: float = Field(
         0.0, ge=0.0, le=2.0, description="OC-SORT's recovery is IoU only."
     )
+    recovery_iou: float = Field(0.2, ge=0.0, le=1.0, description="OC-SORT's 0.2 (stage 3).")
+    tentative_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for OC-SORT.")

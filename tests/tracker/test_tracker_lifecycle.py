@@ -234,3 +234,35 @@ def test_registry() -> None:
     assert create_tracker().name == "hybrid"
     with pytest.raises(ConfigError, match="unknown tracker"):
         create_tracker("nope")
+
+
+def _newcomer(trk: Tracker, step: float, shift: float) -> list[int]:
+    """After a first update elsewhere, an object appears and moves ``shift`` px
+    (0.75 of its width) per update every ``step`` seconds; its ids."""
+    trk.update(dets([box(900)]), 0.0)
+    return [
+        int(trk.update(dets([box(900), box(100 + shift * k)]), step * (k + 1)).tracker_id[1])
+        for k in range(4)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("step", "speed", "confirmed"),
+    [
+        (0.5, 2.0, True),  # 2 fps: boxes grown by 1 size, IoU 0.6
+        (0.5, 0.0, False),  # no buffer: IoU 0.14 < tentative_match_iou
+        (0.04, 2.0, False),  # same pixels per frame at 25 fps is 750 px/s: buffer 0.08
+    ],
+)
+def test_tentative_search_scales_with_the_time_step(
+    step: float, speed: float, confirmed: bool
+) -> None:
+    trk = create_tracker("default", tentative_speed=speed)
+    ids = _newcomer(trk, step, shift=30.0)
+    assert ids[0] == -1  # tentative at first sight
+    assert all(i > 0 for i in ids[1:]) if confirmed else ids[1:] == [-1, -1, -1]
+
+
+@pytest.mark.parametrize(("name", "speed"), [("default", 2.0), ("bytetrack", 0.0), ("ocsort", 0.0)])
+def test_tentative_speed_defaults(name: str, speed: float) -> None:
+    assert create_tracker(name).settings.tentative_speed == speed  # type: ignore[attr-defined]
