@@ -73,7 +73,8 @@ class NullIngestLink:
 
 def stream_config(stream: StreamSpec) -> dict[str, object]:
     """The ingest's stream definition for a spec (ingest.settings.StreamConfig fields;
-    ``latency_slo_ms`` only when set, so that the digests of older definitions hold)."""
+    ``latency_slo_ms`` and ``tracker_settings`` only when set, so that the digests of
+    older definitions hold)."""
     out: dict[str, object] = {
         "id": stream.id,
         "url": stream.url,
@@ -84,6 +85,8 @@ def stream_config(stream: StreamSpec) -> dict[str, object]:
     }
     if stream.latency_slo_ms is not None:
         out["latency_slo_ms"] = stream.latency_slo_ms
+    if stream.tracker_settings is not None:
+        out["tracker_settings"] = stream.tracker_settings.model_dump(exclude_none=True)
     return out
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
 
 Priority = Literal["critical", "standard", "batch"]
@@ -40,6 +41,9 @@ class StreamSpec(BaseModel):
     fps: float = Field(5.0, gt=0, le=240, description="Frames per second to analyse.")
     model: str = Field("yolox_nano", max_length=64, description="Model name (demand weight).")
     tracker: str = Field("default", max_length=64)
+    tracker_settings: TrackerTimesConfig | None = Field(
+        None, description="The stream's own tracker time settings, passed to the ingest."
+    )
     realtime: bool = True
     loop: bool = False
     latency_slo_ms: float | None = Field(

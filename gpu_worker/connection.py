@@ -213,12 +213,14 @@ class TunnelConnection:
         args = (self.settings.result_min_confidence, self.settings.snapshot_interval_s)
         if msg.clock is not None and snapshot:
             try:
-                session = resumed_session(msg.stream_id, snapshot, msg.clock, *args)
+                session = resumed_session(
+                    msg.stream_id, snapshot, msg.clock, *args, times=msg.times
+                )
                 self.metrics.resumed.inc()
                 return session
             except ConfigError as exc:  # a bad snapshot must not cost the stream
                 self._reply_error("bad_snapshot", f"starting a new session: {exc}", msg.stream_id)
-        return new_session(msg.stream_id, msg.tracker, *args)
+        return new_session(msg.stream_id, msg.tracker, *args, times=msg.times)
 
     async def _on_frame(self, frame: wire.Frame, payload: bytes | memoryview) -> None:
         session = self.sessions.get(frame.stream_id)

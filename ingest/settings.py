@@ -20,6 +20,7 @@ from pydantic_settings import SettingsConfigDict
 
 from framerelay.net import is_loopback
 from framerelay.settings import ServiceSettings, redis_url_problem
+from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
@@ -58,6 +59,9 @@ class StreamConfig(BaseModel):
     )
     jpeg_quality: int = Field(90, ge=1, le=100)
     tracker: str = Field("default", max_length=64)
+    tracker_settings: TrackerTimesConfig | None = Field(
+        None, description="The stream's own tracker time settings (null: the worker's)."
+    )
     open_timeout_s: float = Field(10.0, gt=0, le=300, description="Give up opening after this.")
     read_timeout_s: float = Field(
         10.0, gt=0, le=300, description="No packet for this long: the source stalled; reconnect."

@@ -55,9 +55,11 @@ from framerelay.protocol import (
 )
 from framerelay.protocol import negotiation as versions
 from framerelay.results import ResultRecord
+from ingest import tunnel_answers as answers
 from ingest import tunnel_hints
 from ingest.heartbeat import TunnelMonitor, TunnelStalled
 from ingest.stream import IngestStream, StreamState
+from ingest.tunnel_answers import MAX_REASON
 from ingest.tunnel_health import TunnelHealth, TunnelState
 from ingest.tunnel_sender import (
     CLOSE_TIMEOUT_S,
@@ -74,10 +76,6 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 15.0
 HEALTHY_AFTER_S = 30.0
 """A session that lasted this long resets the reconnect backoff."""
-MAX_REASON = 300
-FAILING_AFTER = 3
-"""Worker errors in a row (no result between) before the stream's ``error`` says so."""
-FAILING = "the worker fails every frame"
 
 
 def client_ssl_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
@@ -441,6 +439,9 @@ class TunnelClient:
                 self._on_error_msg(event)
             elif isinstance(event, PeerError):
                 log.warning("worker error %s: %s", event.error.code, event.error.message)
+                stream = self.streams.get(event.stream_id or "")
+                if stream is not None and event.refuses_open:
+                    answers.open_refused(stream, event.error)
         except Exception as exc:
             sid = getattr(event, "stream_id", None)
             stream = self.streams.get(sid) if isinstance(sid, str) else None
@@ -453,15 +454,11 @@ class TunnelClient:
         stream = self.streams.get(header.stream_id)
         if stream is None:
             return
-        now = time.monotonic()
         if not stream.lossless:
             stream.window.resize(stream.sampling_fps)
         stream.credit.set()
-        self.monitor.answered(stream, now, rtt)
-        if self._failing.pop(stream.id, 0) >= FAILING_AFTER and (stream.error or "").startswith(
-            FAILING
-        ):
-            stream.error = None
+        self.monitor.answered(stream, time.monotonic(), rtt)
+        answers.answered(stream, self._failing)
         assert self.hello is not None  # noqa: S101 - results only follow a HELLO
         record = ResultRecord.build(
             header,
@@ -475,27 +472,13 @@ class TunnelClient:
         stream.latency.observe(record)
         self._on_result(record)
 
-    def _on_error_msg(self, header: FrameFailed) -> None:
-        stream = self.streams.get(header.stream_id)
+    def _on_error_msg(self, event: FrameFailed) -> None:
+        stream = self.streams.get(event.stream_id)
         if stream is None:
-            log.warning("worker error %s: %s", header.code, header.message)
+            log.warning("worker error %s: %s", event.code, event.message)
             return
-        now = time.monotonic()
-        stream.counters["worker_error"] += 1
-        stream.credit.set()
-        self.monitor.answered(stream, now, None)
-        said = f"worker error {header.code}: {' '.join(header.message.split())}"[:MAX_REASON]
-        stream.last_error = said
-        fails = self._failing[stream.id] = self._failing.get(stream.id, 0) + 1
-        if fails >= FAILING_AFTER:  # e.g. its inference raises: say so where it shows
-            stream.error = f"{FAILING} ({fails} in a row): {said}"
-        log.debug(
-            "stream %s frame %d: worker said %s: %s",
-            stream.id,
-            header.seq,
-            header.code,
-            header.message,
-        )
+        answers.frame_failed(stream, event, self._failing)
+        self.monitor.answered(stream, time.monotonic(), None)
 
 
 def _short(exc: BaseException) -> str:

@@ -44,7 +44,9 @@ async def send_stream(
 ) -> None:
     """OPEN, then every frame the stream offers while credits allow, then CLOSE."""
     _check_open(proto)
-    outbox.put(proto.open_stream(stream.id, stream.window, stream.config.tracker))
+    own = stream.config.tracker_settings
+    times = own.to_wire() if own is not None else None
+    outbox.put(proto.open_stream(stream.id, stream.window, stream.config.tracker, times))
     while True:
         await _wait_credit(stream, frame_timeout_s)
         try:

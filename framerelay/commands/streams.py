@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("--tracker", default="default")
     add.add_argument("--loop", action="store_true", help="loop a file source")
     add.add_argument("--latency-slo-ms", type=finite_float, metavar="MS", help="latency objective")
+    lost = "drop a track unmatched this long (the tracker's default: 1)"
+    gap = "bridge an outage (a move to another worker) up to this long (default 10)"
+    add.add_argument("--max-lost-s", type=finite_float, metavar="S", help=lost)
+    add.add_argument("--max-gap-s", type=finite_float, metavar="S", help=gap)
     add_url(add)
     add.set_defaults(func=_add)
     rm = verbs.add_parser("remove", aliases=["rm"], help="remove a stream")
@@ -55,6 +59,9 @@ def _add(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if args.latency_slo_ms is not None:
         body["latency_slo_ms"] = args.latency_slo_ms
+    times = {"max_lost_s": args.max_lost_s, "max_gap_s": args.max_gap_s}
+    if any(v is not None for v in times.values()):
+        body["tracker_settings"] = {k: v for k, v in times.items() if v is not None}
     out = call(args, "POST", "/v1/streams", body)
     return emit(args, out, f"added {out['id']} ({out['priority']}, {out['fps']} fps)")
 

@@ -16,6 +16,7 @@ connection, the orchestrator's canary) only moves bytes and acts on events.
 from __future__ import annotations
 
 from framerelay.protocol.events import (
+    OPEN_REFUSALS,
     FrameFailed,
     FrameReceived,
     HelloReceived,
@@ -35,6 +36,7 @@ from framerelay.protocol.negotiation import NoCommonVersion
 from framerelay.protocol.worker_side import WorkerProtocol, WorkerState
 
 __all__ = [
+    "OPEN_REFUSALS",
     "FrameFailed",
     "FrameReceived",
     "HelloReceived",

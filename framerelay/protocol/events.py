@@ -68,6 +68,10 @@ class FrameFailed:
     message: str
 
 
+OPEN_REFUSALS = frozenset({"bad_tracker", "too_many_streams"})
+"""ERROR codes by which a worker refuses a stream's OPEN: the stream is not open there."""
+
+
 @dataclass(frozen=True, slots=True)
 class PeerError:
     """An ERROR about no frame of an open stream (the tunnel, an OPEN, a closed stream)."""
@@ -77,6 +81,12 @@ class PeerError:
     @property
     def stream_id(self) -> str | None:
         return self.error.stream_id
+
+    @property
+    def refuses_open(self) -> bool:
+        """The worker refused the OPEN of ``stream_id`` (see :data:`OPEN_REFUSALS`)."""
+        e = self.error
+        return e.stream_id is not None and e.seq is None and e.code in OPEN_REFUSALS
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,10 @@ events; it sends what the ``*_stream``/``send_*`` methods return. The rules:
   back to a worker that supports :data:`~framerelay.protocol.negotiation.RESUME`.
 * RESULT, ERROR and SNAPSHOT of a stream that is not open here (closed or
   forgotten: late answers) are dropped, counted in ``ignored``.
+* An ERROR refusing a stream's OPEN (:data:`~framerelay.protocol.events.OPEN_REFUSALS`:
+  a tracker the worker does not have, too many streams) closes that stream here
+  too: it reports a :class:`~framerelay.protocol.events.PeerError` whose
+  ``refuses_open`` is true, and the stream's frames in flight are given up.
 * The worker never sends OPEN, CLOSE or FRAME; an undecodable message, a
   message of another version or a text message is a protocol error too. A
   protocol error is one :class:`~framerelay.protocol.events.ProtocolViolation`
@@ -121,7 +125,11 @@ class IngestProtocol:
     def _on_error(self, header: wire.Error, now: float) -> list[IngestEvent]:
         window = self._windows.get(header.stream_id or "")
         if window is None or header.seq is None or header.stream_id is None:
-            return [PeerError(header)]
+            event = PeerError(header)
+            if window is not None and event.refuses_open:  # not open there: not here either
+                window.abandon()
+                del self._windows[event.error.stream_id or ""]
+            return [event]
         window.completed(header.seq, now)
         return [FrameFailed(header.stream_id, header.seq, header.code, header.message)]
 

@@ -70,6 +70,9 @@ def _cases(tmp: Path, busy: int) -> dict[str, Case]:
         "streams add --latency-slo-ms inf": (
             ["streams", "add", "cam-1", "rtsp://cam/x", "--latency-slo-ms", "inf"], {}, 2,
             ("--latency-slo-ms", "finite", "'inf'")),
+        "streams add --max-lost-s nan": (
+            ["streams", "add", "cam-1", "rtsp://cam/x", "--max-lost-s", "nan"], {}, 2,
+            ("--max-lost-s", "finite", "'nan'")),
         "demo --tracker nosuch": (["demo", "--tracker", "nosuch"], {}, 2,
                                   ("'nosuch'", "bytetrack", "default")),
         "demo --model missing": (["demo", "--model", "/nonexistent.onnx"], {}, 2,

@@ -135,3 +135,20 @@ def test_help_names_the_camera_url_and_the_orchestrator_apart() -> None:
     (run,) = run_all([(["streams", "add", "--help"], clean_env())])
     assert run.rc == 0 and "id URL" in run.stdout and "--url URL" in run.stdout, run.stderr
     assert "--log-level" in run.stdout and "--log-format" in run.stdout
+
+
+def test_streams_add_takes_a_streams_own_tracker_times(orch: str) -> None:
+    """Issue 16: --max-lost-s / --max-gap-s reach the orchestrator's stream definition (which
+    passes them to the ingest, and the ingest in the stream's OPEN); a bad value is one line."""
+    good, bad = _cli(
+        orch,
+        ["streams", "add", "cam-t", "rtsp://cam/t", "--max-lost-s", "2.5", "--max-gap-s", "20"],
+        ["streams", "add", "cam-u", "rtsp://cam/u", "--max-gap-s", "600"],
+    )
+    assert good.rc == 0, good.stderr
+    assert _streams(orch)["cam-t"]["tracker_settings"] == {
+        "max_lost_s": 2.5, "max_gap_s": 20.0, "tentative_max_gap_s": None,
+        "direction_window_s": None,
+    }  # fmt: skip
+    assert bad.rc != 0 and "Traceback" not in bad.stderr
+    assert "max_gap_s" in bad.stderr and "less than or equal to 60" in bad.stderr

@@ -139,6 +139,22 @@ def test_an_error_of_no_frame_is_a_peer_error() -> None:
     assert event.stream_id is None and window.inflight  # no credit came back
 
 
+@pytest.mark.parametrize(
+    ("code", "refuses"),
+    [("bad_tracker", True), ("too_many_streams", True), ("bad_snapshot", False)],
+)
+def test_an_error_refusing_a_streams_open_closes_it_here_too(code: str, refuses: bool) -> None:
+    """The worker refused the OPEN: the stream is not open there, so not here either (its
+    frames in flight are given up; late answers are dropped). ``bad_snapshot`` only says the
+    worker started a new session instead of resuming: the stream stays open."""
+    proto, window = _in(IngestState.OPEN)
+    error = wire.Error(code=code, message="no", stream_id=SID)
+    [event] = proto.receive_data(wire.encode(error), now=1.25)
+    assert isinstance(event, PeerError) and event.refuses_open is refuses
+    assert proto.is_open(SID) is not refuses
+    assert bool(window.inflight) is not refuses
+
+
 @pytest.mark.parametrize("name", ["result", "snapshot"])
 def test_answers_for_a_stream_not_open_are_dropped(name: str) -> None:
     proto, _ = _in(IngestState.OPEN)
