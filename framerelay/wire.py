@@ -141,10 +141,15 @@ class InvalidMessage(ValueError):
     e.g. the scale of a 1x1 source, or a non-finite clock."""
 
 
-class _Header(Struct, frozen=True, kw_only=True):
+class _Header(Struct, frozen=True, kw_only=True, gc=False):
     """A message header: a ``msgspec`` struct. Constructing one checks nothing (decoded
     headers are checked by :func:`decode`); build one from values that may be out of
-    range with :func:`build` or an ``of`` method, which check every field."""
+    range with :func:`build` or an ``of`` method, which check every field.
+
+    Not tracked by the garbage collector (``gc=False``): a header holds only values
+    (strings, numbers, lists, a dict of floats, a clock) and can never be part of a
+    reference cycle, and two are made per frame on each side (``bench/tunnel.py``:
+    about 1 us of CPU per frame per side less)."""
 
     TYPE: ClassVar[MsgType]
 
