@@ -247,9 +247,10 @@ class SortFamilyTracker:
             same = tr.class_id[r] == f.cls[c]
             r, c, gain = r[same], c[same], gain[same]
         if r.size:
-            r, d = assign(r, c, gain)
+            rivals = np.unique(r)
+            r, d = gap_mod.unambiguous_assignment(r, c, gain)
             self._match[d] = r
-            self._free[r] = False
+            self._free[rivals] = False  # an ambiguous track waits for the next frame
 
     def _predicted_xyxy(self) -> F64:
         mean = self.tracks.mean

@@ -22,8 +22,20 @@ therefore starts with :func:`gap_candidates`: confirmed tracks against high
 detections by their distance from the prediction in units of the track's own
 size, with a tolerance that widens with the gap (:data:`SIGMA_X`,
 :data:`SIGMA_Y`, :data:`SIGMA_SIZE`), gated at the 99 % chi-square quantile of
-4 degrees of freedom, solved as one optimal assignment. The usual stages
-follow for what is left.
+4 degrees of freedom, solved as one optimal assignment
+(:func:`unambiguous_assignment`). A pair is kept only if it is unambiguous: if a
+rival (another detection for the track, another track for the detection) is in
+the gate, the best assignment without the pair must score at least
+:data:`MARGIN_CHI2` worse. A track left with a rival waits for the next frame;
+the usual stages follow for what is left.
+
+Measured offline (cached detections, 5 fps, 5 s gap; kept / on another person
+/ new id, of the tracks whose person stayed in view): TUD-Stadtmitte (13 kills,
+5.3 s) 22 / 1 / 0 before and after; MOT16-09 4 / 18 / 61 before, 4 / 15 / 64
+after. A larger margin trades TUD-Stadtmitte's people walking in pairs for
+little: at 3, 14 / 0 / 9 and 1 / 13 / 69; even with every contested pair
+rejected, MOT16-09 keeps 9 wrong ids, which the IoU and recovery stages of
+later frames make, not this one.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.optimize import linear_sum_assignment
 
 from tracker import kalman
 from tracker.kalman import DIM, KalmanNoise
@@ -47,6 +60,9 @@ SIGMA_Y = (0.25, 0.05)
 """Tolerance of the vertical position after a gap, in track heights: a + b x gap (s)."""
 SIGMA_SIZE = 0.2
 """Tolerance of log(width) and log(height) after a gap."""
+MARGIN_CHI2 = 1.0
+"""A pair with a rival within the gate is kept only if every assignment without it scores
+worse, in squared normalised distance (a likelihood ratio of exp(0.5), about 1.65)."""
 
 
 @runtime_checkable
@@ -89,3 +105,37 @@ def gap_candidates(
     d2 = (offset * offset).sum(axis=2) + (resize * resize).sum(axis=2)
     r, c = np.nonzero(d2 < GATE_CHI2)
     return rows[r], cols[c], GATE_CHI2 - d2[r, c]
+
+
+def unambiguous_assignment(
+    rows: I64, cols: I64, gain: F64, margin: float | None = None
+) -> tuple[I64, I64]:
+    """The optimal assignment of candidate pairs ``(rows[k], cols[k])`` by total
+    ``gain`` (> 0; leaving a track or a detection unmatched gains 0), keeping only the
+    pairs it is sure of. Without a pair, the best assignment loses that pair's gain and
+    may win some back by giving its track or its detection to a rival (another
+    candidate within the gate). A pair with no rival stays; a pair with one stays only
+    if the best assignment without it gains at least ``margin`` (default
+    :data:`MARGIN_CHI2`) less. Gains being the gate minus a squared normalised
+    distance, that is a likelihood ratio of ``exp(margin / 2)`` against the best
+    rearrangement. Returns the kept ``(rows, cols)``."""
+    if rows.size == 0:
+        return rows, cols
+    margin = MARGIN_CHI2 if margin is None else margin
+    urows, rinv = np.unique(rows, return_inverse=True)
+    ucols, cinv = np.unique(cols, return_inverse=True)
+    cost = np.zeros((urows.size, ucols.size))
+    cost[rinv, cinv] = -gain
+    r, c = linear_sum_assignment(cost)
+    chosen = cost[r, c] < 0.0
+    r, c = r[chosen], c[chosen]
+    best = float(cost[r, c].sum())
+    keep = np.ones(r.size, bool)
+    for k in range(r.size):
+        own = -float(cost[r[k], c[k]])
+        alt = cost.copy()
+        alt[r[k], c[k]] = 0.0  # forbidden: as good as leaving both unmatched
+        ar, ac = linear_sum_assignment(alt)
+        loss = float(alt[ar, ac].sum()) - best
+        keep[k] = loss >= own or loss >= margin  # no rival gains, or the pair wins clearly
+    return urows[r[keep]].astype(np.int64), ucols[c[keep]].astype(np.int64)

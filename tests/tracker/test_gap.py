@@ -8,6 +8,7 @@ import pytest
 from framerelay.detections import Detections
 from framerelay.errors import ConfigError
 from tracker import create_tracker, restore_tracker
+from tracker import gap as gap_mod
 from tracker.engine import SortFamilyTracker
 from tracker.gap import GapBridging
 from tracker.tracks import LOST
@@ -131,3 +132,32 @@ def test_configure_changes_time_settings_and_keeps_tracks() -> None:
         trk.configure(max_gap_s=float("inf"))
     with pytest.raises(ConfigError, match="max_lost_s"):
         trk.configure(max_lost_s=-1.0)
+
+
+def test_unambiguous_assignment_keeps_a_lone_pair_and_a_clear_winner() -> None:
+    one = np.array([0], np.int64)
+    r, c = gap_mod.unambiguous_assignment(one, one, np.array([0.5]))
+    assert r.tolist() == [0] and c.tolist() == [0]  # no rival: kept however weak
+    rows, cols = np.array([0, 0], np.int64), np.array([0, 1], np.int64)
+    r, c = gap_mod.unambiguous_assignment(rows, cols, np.array([12.0, 2.0]))
+    assert r.tolist() == [0] and c.tolist() == [0]  # the rival is far worse
+
+
+def test_unambiguous_assignment_drops_pairs_a_rival_explains_as_well() -> None:
+    rows, cols = np.array([0, 0, 1, 1], np.int64), np.array([0, 1, 0, 1], np.int64)
+    r, _ = gap_mod.unambiguous_assignment(rows, cols, np.array([10.0, 9.9, 9.9, 10.0]))
+    assert r.size == 0  # swapping the two costs almost nothing: ambiguous
+    rows, cols = np.array([0, 0], np.int64), np.array([0, 1], np.int64)
+    r, _ = gap_mod.unambiguous_assignment(rows, cols, np.array([8.0, 7.5]))
+    assert r.size == 0  # one track between two detections
+
+
+def test_an_ambiguous_pair_after_a_gap_continues_no_track_a_lone_person_does() -> None:
+    trk = _tracker()
+    _walk(trk, [100.0, 600.0], 0.0, 0.0, 1.0)
+    before = _ids_at(trk, [100.0, 600.0], 0.0, 1.2)
+    assert trk.bridge(6.2)
+    # the first person's place now holds two people, one each side of it
+    ids = trk.update(_boxes(80.0, 120.0, 600.0), 6.2).tracker_id.tolist()
+    assert before[0] not in ids  # neither of the pair continues the first track
+    assert ids[2] == before[1]  # the lone person keeps their id
