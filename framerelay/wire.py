@@ -37,27 +37,28 @@ whose header is invalid but still names a valid stream and seq raises
 from __future__ import annotations
 
 import json
-import struct
-from dataclasses import dataclass
-from enum import IntEnum
 from typing import Annotated, Any, ClassVar, Literal, NoReturn, TypeVar
 
 import msgspec
-import numpy as np
 from msgspec import Meta, Struct
 
-from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
 from framerelay.stream_ids import KNOWN as _KNOWN_IDS
 from framerelay.stream_ids import STREAM_ID as STREAM_ID  # re-exported: the one pattern
 from framerelay.stream_ids import STREAM_ID_RE, is_valid, reason
 from framerelay.wire_diagnose import frame_identity, lenient_reason, readable
+from framerelay.wire_envelope import DEFAULT_LIMITS as DEFAULT_LIMITS
+from framerelay.wire_envelope import PREFIX as PREFIX
+from framerelay.wire_envelope import CloseCode as CloseCode
+from framerelay.wire_envelope import Limits as Limits
+from framerelay.wire_envelope import MsgType as MsgType
+from framerelay.wire_payload import pack_detections as pack_detections
+from framerelay.wire_payload import unpack_detections as unpack_detections
 
 VERSION = 2
 """The major version this codec writes by default (and the newest it reads)."""
 SUPPORTED_VERSIONS = (2, 1)
 """Versions this codec reads and writes, newest first."""
-PREFIX = struct.Struct(">BBI")
 _PREFIX_SIZE = PREFIX.size
 _unpack_prefix = PREFIX.unpack_from
 _pack_prefix = PREFIX.pack
@@ -71,49 +72,6 @@ MAX_CAPTURED_AT = 1e11
 """``captured_at`` is Unix time in seconds: 0 <= t < 1e11 (the year 5138)."""
 MAX_CLOCK_S = 1e30
 """Bound of a session clock's seconds (PTS times reach about 1e28: 2**62 x 2**31)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Hard size limits; anything larger is refused before parsing."""
-
-    max_header: int = 16 * 1024
-    max_payload: int = 8 * 1024 * 1024
-    max_detections: int = 10_000
-
-    @property
-    def max_message(self) -> int:
-        """What to give ``websockets`` as ``max_size``."""
-        return PREFIX.size + self.max_header + self.max_payload
-
-
-DEFAULT_LIMITS = Limits()
-
-
-class CloseCode(IntEnum):
-    """The WebSocket close codes of the tunnel."""
-
-    PROTOCOL = 1002
-    """A message broke the protocol (also: no common version at the handshake)."""
-    UNSUPPORTED_DATA = 1003
-    """A text message: the tunnel carries binary messages only."""
-    POLICY = 1008
-    """Too many bad frames: a misbehaving peer."""
-    TOO_BIG = 1009
-    INTERNAL = 1011
-    """The worker's inference stalled or ended."""
-    TRY_AGAIN_LATER = 1013
-    """The peer does not read its results."""
-
-
-class MsgType(IntEnum):
-    HELLO = 1
-    OPEN = 2
-    CLOSE = 3
-    FRAME = 4
-    RESULT = 5
-    ERROR = 6
-    SNAPSHOT = 7
 
 
 class FrameError(ProtocolError):
@@ -487,40 +445,3 @@ def _refuse_header(mtype: int, raw: bytes, exc: Exception) -> NoReturn:
     if ident is not None:
         raise FrameError(message, stream_id=ident[0], seq=ident[1])
     raise ProtocolError(message)
-
-
-# -- detections payload --------------------------------------------------------
-
-_ROW = 16 + 4 + 4 + 8  # xyxy f32x4, conf f32, class i32, tracker i64
-
-
-def pack_detections(det: Detections) -> bytes:
-    """Little-endian columns: xyxy, confidence, class_id, tracker_id."""
-    return b"".join(
-        (
-            det.xyxy.astype("<f4").tobytes(),
-            det.confidence.astype("<f4").tobytes(),
-            det.class_id.astype("<i4").tobytes(),
-            det.tracker_id.astype("<i8").tobytes(),
-        )
-    )
-
-
-def unpack_detections(n: int, payload: bytes, limits: Limits = DEFAULT_LIMITS) -> Detections:
-    """Inverse of :func:`pack_detections`; validates counts and values."""
-    if n > limits.max_detections:
-        raise ProtocolError(f"{n} detections exceed the limit of {limits.max_detections}")
-    if len(payload) != n * _ROW:
-        raise ProtocolError(
-            f"result payload is {len(payload)} B, expected {n * _ROW} B for {n} detections"
-        )
-    if n == 0:
-        return Detections.empty()
-    xyxy = np.frombuffer(payload, "<f4", 4 * n, 0).reshape(n, 4)
-    conf = np.frombuffer(payload, "<f4", n, 16 * n)
-    cls = np.frombuffer(payload, "<i4", n, 20 * n)
-    tid = np.frombuffer(payload, "<i8", n, 24 * n)
-    try:
-        return Detections(xyxy=xyxy, confidence=conf, class_id=cls, tracker_id=tid)
-    except ValueError as exc:
-        raise ProtocolError(f"invalid detections in result: {exc}") from None
