@@ -79,13 +79,21 @@ def assign(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64]:
         r, c = linear_sum_assignment(cost)
         keep = cost[r, c] < 0.0
         return r[keep].astype(np.int64), c[keep].astype(np.int64)
+    urows, ucols, cost = compact_cost(rows, cols, gain)
+    r, c = linear_sum_assignment(cost)
+    keep = cost[r, c] < 0.0
+    return urows[r[keep]].astype(np.int64), ucols[c[keep]].astype(np.int64)
+
+
+def compact_cost(rows: I64, cols: I64, gain: F64) -> tuple[I64, I64, F64]:
+    """The candidates as a dense cost matrix over only the rows and columns they use:
+    ``(rows used, cols used, cost)`` with ``-gain`` at each candidate, 0 elsewhere
+    ("not a candidate", the same as leaving both unmatched)."""
     urows, rinv = np.unique(rows, return_inverse=True)
     ucols, cinv = np.unique(cols, return_inverse=True)
     cost = np.zeros((urows.size, ucols.size))
     cost[rinv, cinv] = -gain
-    r, c = linear_sum_assignment(cost)
-    keep = cost[r, c] < 0.0
-    return urows[r[keep]].astype(np.int64), ucols[c[keep]].astype(np.int64)
+    return urows, ucols, cost
 
 
 def direction_score(motion: F64, anchor: F64, centers: F64, weight: NDArray[np.floating]) -> F64:

@@ -47,6 +47,7 @@ from numpy.typing import NDArray
 from scipy.optimize import linear_sum_assignment
 
 from tracker import kalman
+from tracker.association import compact_cost
 from tracker.kalman import DIM, KalmanNoise
 from tracker.tracks import TrackTable
 
@@ -122,10 +123,7 @@ def unambiguous_assignment(
     if rows.size == 0:
         return rows, cols
     margin = MARGIN_CHI2 if margin is None else margin
-    urows, rinv = np.unique(rows, return_inverse=True)
-    ucols, cinv = np.unique(cols, return_inverse=True)
-    cost = np.zeros((urows.size, ucols.size))
-    cost[rinv, cinv] = -gain
+    urows, ucols, cost = compact_cost(rows, cols, gain)
     r, c = linear_sum_assignment(cost)
     chosen = cost[r, c] < 0.0
     r, c = r[chosen], c[chosen]
