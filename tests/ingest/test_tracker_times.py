@@ -12,8 +12,6 @@ the stream's OPEN, applied to its tracker on the worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,9 +23,8 @@ from framerelay.results import ResultRecord
 from framerelay.tracker_times import TrackerTimesConfig
 from gpu_worker.server import Worker
 from ingest.settings import StreamConfig
-from ingest.stream import IngestStream
-from ingest.tunnel_client import TunnelClient, supervise
 from tests.conftest import CLIP, TIMEOUT_FACTOR
+from tests.ingest.test_tunnel_compat import streaming
 from tests.integration.worker_harness import running_worker, token
 from tests.support.harness import wait_for
 from tracker.settings import HybridSettings as TrackerSettings
@@ -74,25 +71,6 @@ def test_the_orchestrator_passes_them_on_and_older_definitions_keep_their_digest
     assert again.tracker_settings == TrackerTimesConfig(max_gap_s=20)
 
 
-@contextlib.asynccontextmanager
-async def _streaming(
-    url: str, tok: str, config: StreamConfig, records: list[ResultRecord]
-) -> AsyncIterator[IngestStream]:
-    client = TunnelClient(url, lambda: tok, records.append, reconnect_max_s=0.5)
-    stream = IngestStream(config, asyncio.get_running_loop(), 2, link_up=client.connected.is_set)
-    client.add(stream)
-    stream.launch()
-    stop = asyncio.Event()
-    task = asyncio.create_task(supervise(client, stop))
-    try:
-        yield stream
-    finally:
-        stream.stop()
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await asyncio.to_thread(stream.join, 10)
-
-
 def _tracker_settings(worker: Worker, stream_id: str) -> dict[str, Any] | None:
     for conn in worker.connections:
         session = conn.sessions.get(stream_id)
@@ -113,8 +91,8 @@ def test_a_streams_own_settings_reach_its_tracker_on_the_worker(secret: str) -> 
     async def main() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         async with (
             running_worker(secret) as (worker, url),
-            _streaming(url, token(secret), config, records),
-            _streaming(url, token(secret), plain, records),
+            streaming(url, token(secret), records, config),
+            streaming(url, token(secret), records, plain),
         ):
             await wait_for(lambda: {r.stream_id for r in records} == {"cam", "cam2"},
                            WAIT_S, "results of both streams")  # fmt: skip
@@ -140,7 +118,7 @@ def test_a_tracker_without_time_settings_is_refused_and_the_stream_says_why(secr
     async def main() -> str | None:
         async with (
             running_worker(secret) as (_, url),
-            _streaming(url, token(secret), config, []) as stream,
+            streaming(url, token(secret), [], config) as (_, stream),
         ):
             await wait_for(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
             return stream.last_error

@@ -86,11 +86,13 @@ async def _fake(handler: Handler, *, negotiate: bool) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def _streaming(
-    url: str, tok: str, records: list[ResultRecord]
+async def streaming(
+    url: str, tok: str, records: list[ResultRecord], config: StreamConfig | None = None
 ) -> AsyncIterator[tuple[TunnelClient, IngestStream]]:
+    """A tunnel client with one stream (``config``, default the looped clip at 10 fps)
+    flowing to ``url``; stopped and joined on exit. (Also tests/ingest/test_tracker_times.)"""
     client = TunnelClient(url, lambda: tok, records.append, reconnect_max_s=0.5)
-    config = StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True, loop=True)
+    config = config or StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True, loop=True)
     stream = IngestStream(config, asyncio.get_running_loop(), 2, link_up=client.connected.is_set)
     client.add(stream)
     stream.launch()
@@ -111,7 +113,7 @@ def test_a_newer_worker_with_extra_fields_in_hello_result_and_error() -> None:
     async def main() -> tuple[TunnelClient, IngestStream]:
         async with (
             _fake(_newer_worker, negotiate=True) as url,
-            _streaming(url, "t", records) as (
+            streaming(url, "t", records) as (
                 client,
                 stream,
             ),
@@ -133,7 +135,7 @@ def test_a_v1_worker_gets_frames_its_strict_reader_takes() -> None:
     async def main() -> TunnelClient:
         async with (
             _fake(_v1_worker, negotiate=False) as url,
-            _streaming(url, "t", records) as (
+            streaming(url, "t", records) as (
                 client,
                 _,
             ),
@@ -155,7 +157,7 @@ def test_a_worker_of_other_versions_refuses_and_the_ingest_says_why(
     async def main() -> tuple[TunnelClient, IngestStream]:
         async with (
             running_worker(secret) as (_, url),
-            _streaming(url, token(secret), []) as (client, stream),
+            streaming(url, token(secret), []) as (client, stream),
         ):
             await wait_for(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
             return client, stream
