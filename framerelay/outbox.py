@@ -29,6 +29,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
 
 MAX_BATCH = 64
 """At most this many messages in one write."""
@@ -55,7 +56,11 @@ class Coalescing:
                 self.protocol.send_binary(data)
 
     def send_data(self) -> None:
-        """Write what the protocol has to send: one write when it is only data."""
+        """Write what the protocol has to send: one write when it is only data. The
+        opening handshake (and anything outside OPEN) is written by websockets itself."""
+        if self.protocol.state is not State.OPEN:
+            super().send_data()  # type: ignore[misc]
+            return
         chunks: list[bytes] = self.protocol.data_to_send()
         if len(chunks) > 1 and all(chunks):
             self.transport.write(b"".join(chunks))
