@@ -171,7 +171,7 @@ def _protocol_main(port_out: Any) -> None:
     from websockets.asyncio.server import ServerConnection, serve
     from websockets.exceptions import ConnectionClosed
 
-    from framerelay.outbox import Outbox
+    from framerelay.outbox import CoalescingServerConnection, Outbox
     from framerelay.protocol import FrameReceived, Refused, WorkerProtocol
 
     hello = wire.Hello(worker_id=WORKER_ID, input_w=SIDE, input_h=SIDE,
@@ -197,7 +197,8 @@ def _protocol_main(port_out: Any) -> None:
 
     async def main() -> None:
         async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None,
-                         subprotocols=versions.offer()) as server:  # fmt: skip
+                         subprotocols=versions.offer(),
+                         create_connection=CoalescingServerConnection) as server:  # fmt: skip
             port_out.put(next(iter(server.sockets)).getsockname()[1])
             await asyncio.Event().wait()
 

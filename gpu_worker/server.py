@@ -38,6 +38,7 @@ from framerelay import wire
 from framerelay.auth.guard import FailureLimiter, Throttled, status_of
 from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
+from framerelay.outbox import CoalescingServerConnection
 from framerelay.protocol import NoCommonVersion
 from framerelay.protocol import negotiation as versions
 from gpu_worker.batcher import Batcher
@@ -357,6 +358,7 @@ class Worker:
             compression=None,
             max_size=wire.Limits(max_payload=self.settings.max_message_bytes).max_message,
             max_queue=32,
+            create_connection=CoalescingServerConnection,
             ping_interval=20,
             ping_timeout=20,
         )

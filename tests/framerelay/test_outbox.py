@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 import pytest
+import trustme
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
 
 from framerelay.outbox import (
     CoalescingClientConnection,
@@ -209,3 +213,36 @@ def test_the_closing_handshake_works_on_coalescing_connections() -> None:
         return closed[0]
 
     assert asyncio.run(main()) == (4000, "done here")
+
+
+def test_a_tls_refusal_on_a_coalescing_server_is_always_an_http_answer() -> None:
+    """Regression (issue 12): a ``wss`` refusal seemed to close silently now and then.
+    The cause was the test's sync client (its reader thread and the opening request on
+    one SSL socket); over the asyncio client every refusal is answered."""
+    ca = trustme.CA()
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    def refuse(conn: ServerConnection, request: Request) -> Response:
+        return conn.respond(HTTPStatus.UNAUTHORIZED, "bad token\n")
+
+    async def main(attempts: int) -> list[int]:
+        statuses: list[int] = []
+        async with serve(ws_never, "127.0.0.1", 0, ssl=server_ctx, process_request=refuse,
+                         create_connection=CoalescingServerConnection) as srv:  # fmt: skip
+            port = next(iter(srv.sockets)).getsockname()[1]
+            for _ in range(attempts):
+                with pytest.raises(InvalidStatus) as refused:
+                    async with connect(f"wss://localhost:{port}/", ssl=client_ctx,
+                                       open_timeout=10, proxy=None):  # fmt: skip
+                        pass
+                statuses.append(refused.value.response.status_code)
+        return statuses
+
+    assert asyncio.run(main(100)) == [401] * 100
+
+
+async def ws_never(ws: ServerConnection) -> None:
+    raise AssertionError("a refused handshake never reaches the handler")

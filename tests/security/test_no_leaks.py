@@ -19,6 +19,7 @@ worker pod; each secret raw, URL-encoded and base64-encoded.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
@@ -32,8 +33,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage, InvalidStatus
-from websockets.sync.client import connect
 
 from bench.rig.runpod_contract import ContractState, running_contract_server
 from deploy.ca import PodCA
@@ -266,14 +267,26 @@ def _provoke_auth(w: World, pod_http: str) -> None:
             w.call(f"{where} bad token", "GET", url, headers=auth)
         for ws in (w.ingest.url.replace("http", "ws") + "/v1/results",
                    pod_http.replace("https", "wss") + "/v1/tunnel"):  # fmt: skip
+            tls = ("wss" in ws, w.tls(), w.pod_name)
             with pytest.raises(InvalidStatus) as refused:
                 try:  # a refusal is an HTTP answer (401/403), never a silent close
-                    connect(ws, additional_headers=auth, ssl=w.tls() if "wss" in ws else None,
-                            server_hostname=w.pod_name if "wss" in ws else None,
-                            open_timeout=20 * TIMEOUT_FACTOR, proxy=None).close()  # fmt: skip
+                    asyncio.run(_open_websocket(ws, auth, *tls))
                 except InvalidMessage as exc:
                     raise AssertionError(f"{ws}: no HTTP answer to a bad token: {exc!r}") from exc
             w.evidence.add(f"{ws} bad token", bytes(refused.value.response.body or b""))
+
+
+async def _open_websocket(
+    url: str, headers: dict[str, str], secure: bool, tls: ssl.SSLContext, name: str
+) -> None:
+    """Open (and close) a WebSocket with the asyncio client. Not the sync client: over
+    TLS its receiving thread reads the SSL socket while the opening request is written,
+    and CPython's SSL sockets are not safe for that (about 1 in 800 requests was never
+    sent under load, and the worker's refusal looked like a silent close)."""
+    async with connect(url, additional_headers=headers, ssl=tls if secure else None,
+                       server_hostname=name if secure else None,
+                       open_timeout=20 * TIMEOUT_FACTOR, proxy=None):  # fmt: skip
+        pass
 
 
 def _provoke_orchestrator(w: World) -> None:
