@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 
 from framerelay.outbox import (
+    JOIN_BELOW,
     CoalescingClientConnection,
     CoalescingServerConnection,
     Outbox,
@@ -84,6 +85,28 @@ def test_a_batch_is_one_write_of_separate_messages_in_order() -> None:
     assert got == messages(20)
     assert len(writes) == 1  # 20 messages, one write (websockets alone: 20)
     assert writes[0] == sum(len(m) for m in messages(20)) + 20 * (4 + 4)  # header + mask
+
+
+def test_large_messages_are_written_alone_between_joined_small_ones_in_order() -> None:
+    big = JOIN_BELOW + 100
+    batch = [*messages(3, 100), *messages(2, big), *messages(4, 100)]
+
+    async def main() -> tuple[list[bytes], list[int]]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        async with server(lambda ws: collect(ws, got, len(batch), done)) as url:
+            async with connect(url, compression=None, max_size=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                sizes = count_writes(ws)
+                await ws.send_batch(batch)
+                writes = list(sizes)
+                await asyncio.wait_for(done.wait(), 10)
+        return got, writes
+
+    got, writes = asyncio.run(main())
+    assert got == batch
+    framed = [len(m) + (2 if len(m) < 126 else 4) + 4 for m in batch]  # header + mask
+    assert writes == [sum(framed[:3]), framed[3], framed[4], sum(framed[5:])]
 
 
 def test_what_waits_together_goes_out_together_and_later_puts_follow_in_order() -> None:
