@@ -39,6 +39,7 @@ from deploy.models import (
     PodSpec,
     PodStatus,
     StreamSpec,
+    WorkerState,
     parse_pod_name,
     pod_name,
 )
@@ -49,6 +50,7 @@ from deploy.scaling import tier_targets
 from deploy.schedule import in_window
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.store import Store
+from deploy.workers import apply_probe, by_name, pod_load, pod_unhealthy, stream_load
 from framerelay.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -195,61 +197,47 @@ class Fleet:
         live = [
             r
             for r in pods.values()
-            if r.tunnel_url
-            and r.http_url
-            and actual.get(r.name)
-            and actual[r.name][0].status is PodStatus.RUNNING
+            if actual.get(r.name) and actual[r.name][0].status is PodStatus.RUNNING
         ]
-        probes = await asyncio.gather(*(self._probe(r, now) for r in live))
-        for rec, probe in zip(live, probes, strict=True):
-            self._apply_probe(rec, probe, now)
+        checks = [(r, w) for r in live for w in r.workers() if w.tunnel_url and w.http_url]
+        probes = await asyncio.gather(*(self._probe(w, now) for _, w in checks))
+        for (_, worker), probe in zip(checks, probes, strict=True):
+            self._apply_probe(worker, probe, now)
+        for rec in {r.name: r for r, _ in checks}.values():
+            rec.sum_up()
             await self.store.put_pod(rec)
         for rec in list(pods.values()):
             if self._unhealthy(rec, now):
                 await self._replace(pods, rec, now)
 
-    async def _probe(self, rec: PodRecord, now: float) -> Probe:
-        due = (
-            not rec.ready
-            or rec.last_canary is None
-            or now - rec.last_canary >= self.settings.canary_interval_s
-        )
-        assert rec.tunnel_url is not None and rec.http_url is not None  # noqa: S101
-        return await self.prober.probe(
-            rec.name, rec.tunnel_url, rec.http_url, canary=due, tls_name=rec.tls_server_name
-        )
-
-    def _apply_probe(self, rec: PodRecord, probe: Probe, now: float) -> None:
-        if probe.canary_ok is not None:
-            rec.last_canary = now
-        ok = probe.alive and probe.ready is not False and probe.canary_ok is not False
-        if probe.capacity_fps > 0:
-            rec.capacity_fps = probe.capacity_fps
-        if not ok:
-            rec.fails += 1
-            rec.last_error = (probe.error or "failed")[:500]
-            # a worker that says it is not ready (/readyz) loses its streams on this pass
-            if rec.ready and (rec.fails >= self.settings.unhealthy_after or probe.ready is False):
-                rec.ready = False
-                self.event("unhealthy", rec.name, rec.last_error, error=rec.last_error,
-                           healthz_ok=probe.alive, readyz_ok=probe.ready)  # fmt: skip
-            elif not rec.ready:
-                self.counters["canary_not_ready"] += 1
-            return
-        rec.fails, rec.last_ok, rec.last_error = 0, now, None
-        if probe.canary_ok:
-            rec.canary_ms = round(probe.canary_ms, 1)
-        if probe.canary_ok and not rec.ready:
-            rec.ready, rec.ready_since = True, now
-            self.event("ready", rec.name, "the canary inference passed",
-                       canary_ms=round(probe.canary_ms, 1), persons=probe.persons)  # fmt: skip
-
     def _unhealthy(self, rec: PodRecord, now: float) -> bool:
-        if rec.ready or (rec.state == "creating" and rec.provider_id is None):
-            return False
-        if rec.ready_since is not None:  # was ready once, then failed
-            return rec.fails >= self.settings.unhealthy_after
-        return now - rec.created_at > self.settings.startup_grace_s
+        """Any worker of the pod failed for good, or never got ready in time."""
+        after, grace = self.settings.unhealthy_after, self.settings.startup_grace_s
+        return pod_unhealthy(rec, now, after, grace)
+
+    async def _probe(self, worker: WorkerState, now: float) -> Probe:
+        due = (
+            not worker.ready
+            or worker.last_canary is None
+            or now - worker.last_canary >= self.settings.canary_interval_s
+        )
+        assert worker.tunnel_url is not None and worker.http_url is not None  # noqa: S101
+        return await self.prober.probe(
+            worker.name, worker.tunnel_url, worker.http_url, canary=due,
+            tls_name=worker.tls_server_name,
+        )  # fmt: skip
+
+    def _apply_probe(self, worker: WorkerState, probe: Probe, now: float) -> None:
+        change = apply_probe(worker, probe, now, self.settings.unhealthy_after)
+        if change == "unhealthy":
+            self.event("unhealthy", worker.name, worker.last_error or "failed",
+                       error=worker.last_error, healthz_ok=probe.alive,
+                       readyz_ok=probe.ready)  # fmt: skip
+        elif change == "ready":
+            self.event("ready", worker.name, "the canary inference passed",
+                       canary_ms=round(probe.canary_ms, 1), persons=probe.persons)  # fmt: skip
+        elif change is not None:
+            self.counters[change] += 1
 
     async def _replace(self, pods: dict[str, PodRecord], rec: PodRecord, now: float) -> None:
         since = now - self.settings.replacement_window_s
@@ -309,17 +297,17 @@ class Fleet:
         for slot in list(free)[:n]:
             gen = await self.store.next_gen(tier.name, slot)
             rec = PodRecord(
-                name=pod_name(self.settings.fleet, tier.name, slot, gen),
-                tier=tier.name, slot=slot, gen=gen, spot=tier.spot, created_at=now,
+                name=pod_name(self.settings.fleet, tier.name, slot, gen), tier=tier.name,
+                slot=slot, gen=gen, spot=tier.spot, created_at=now, gpu_count=tier.gpu_count,
             )  # fmt: skip
+            rec.workers()  # one per GPU
             await self.store.put_pod(rec)  # intent first, then the provider
             pods[rec.name] = rec
             await self._create(pods, rec)
 
     async def _shrink(self, active: list[PodRecord], n: int, now: float) -> None:
-        assigned = await self.store.assignments()
-        load = collections.Counter(assigned.values())
-        order = sorted(active, key=lambda r: (r.ready, load[r.name], -r.slot))
+        load = stream_load(await self.store.assignments())
+        order = sorted(active, key=lambda r: (r.ready, pod_load(r, load), -r.slot))
         for rec in order[:n]:
             rec.state, rec.draining_since = "draining", now
             why = f"tier {rec.tier} needs {self.targets.get(rec.tier, 0)} workers"
@@ -331,11 +319,11 @@ class Fleet:
     ) -> None:
         if not draining:
             return
-        load = collections.Counter((await self.store.assignments()).values())
+        load = stream_load(await self.store.assignments())
         for rec in draining:
             expired = now - (rec.draining_since or now) >= self.settings.drain_timeout_s
-            if load[rec.name] == 0 or expired:
-                why = "drain timed out" if load[rec.name] else "drained: no stream left"
+            if pod_load(rec, load) == 0 or expired:
+                why = "drain timed out" if pod_load(rec, load) else "drained: no stream left"
                 if rec.provider_id is not None:
                     await self._terminate(rec.provider_id, rec.name, "drained", why)
                 await self.store.del_pod(rec.name)
@@ -351,6 +339,7 @@ class Fleet:
             name=rec.name, tier=tier.name, gpu_types=tier.gpu_types, spot=tier.spot,
             cloud_types=tier.cloud_types, data_centers=tier.data_centers, env=env,
             secret_env=creds.secret_env, tls_server_name=creds.tls_server_name,
+            gpu_count=tier.gpu_count, template_id=tier.template_id,
         )  # fmt: skip
 
     def _backoff(self, failures: int) -> float:
@@ -400,20 +389,23 @@ class Fleet:
     # -- placement and cost ----------------------------------------------------
 
     def _slots(self, pods: dict[str, PodRecord]) -> list[Slot]:
-        """Ready workers; a batch-only tier's take streams only inside its windows (its
-        workers warm up ``lead_s`` early, but batch work starts when the window opens)."""
+        """Ready workers (one per GPU of a pod); a batch-only tier's take streams only inside
+        its windows (its workers warm up ``lead_s`` early, but batch work starts when the
+        window opens)."""
         now, slots = self.clock.now(), []
         for rec in pods.values():
             tier = self.settings.tier(rec.tier)
-            if tier is None or not rec.ready or rec.state != "running":
+            if tier is None or rec.state != "running":
                 continue
             if tier.batch_only and not in_window(tier, now, self.tz):
                 continue
-            cap = tier.capacity_fps or rec.capacity_fps or self.settings.default_capacity_fps
-            cap *= self.settings.target_utilization
-            slots.append(
-                Slot(rec.name, rec.tier, rec.spot, cap, rec.cost_per_hr, 0.0, tier.batch_only)
-            )
+            usd = rec.cost_per_hr / rec.gpu_count
+            for w in rec.workers():
+                if not w.ready:
+                    continue
+                cap = tier.capacity_fps or w.capacity_fps or self.settings.default_capacity_fps
+                cap *= self.settings.target_utilization
+                slots.append(Slot(w.name, rec.tier, rec.spot, cap, usd, 0.0, tier.batch_only))
         return slots
 
     async def _place(self, pods: dict[str, PodRecord]) -> None:
@@ -459,7 +451,8 @@ class Fleet:
         if want is None:
             ok = await self.ingest.unassign(sid)
         else:
-            url, name = pods[want].tunnel_url, pods[want].tls_server_name
+            worker = by_name(pods.values())[want][1]
+            url, name = worker.tunnel_url, worker.tls_server_name
             ok = url is not None and await self.ingest.assign(spec, want, url, name)
         if ok:
             self._acked[sid] = (want, rev)
@@ -473,7 +466,8 @@ class Fleet:
             for r in pods.values()
             if r.provider_id is not None
         ]
-        served = sum(1 for p in (await self.store.assignments()).values() if p in pods)
+        workers = by_name(pods.values())
+        served = sum(1 for w in (await self.store.assignments()).values() if w in workers)
         await self.store.add_cost(accrue(paid, served, now - last))
 
     def burn_rate(self, pods: dict[str, PodRecord]) -> float:

@@ -26,6 +26,8 @@ NAME_PART = r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?"
 _SECRET_QUERY = re.compile(r"pass|secret|token|key|auth|sig|cred", re.IGNORECASE)
 POD_DOMAIN = "pods.framerelay"
 """Pod certificates name ``<pod>.<POD_DOMAIN>``; the ingest verifies that name."""
+MAX_GPUS = 8
+"""Most GPUs in one pod (RunPod's limit too)."""
 _POD_NAME = re.compile(r"^(?P<fleet>[a-z0-9]+)-(?P<tier>.+)-(?P<slot>\d+)-g(?P<gen>\d+)$")
 
 
@@ -75,9 +77,31 @@ class PodSpec:
     tls_server_name: str | None = None
     """The name in the pod's certificate (``<pod>.pods.framerelay``); None without TLS."""
     port: int = 8443
+    """The first worker's port; worker ``k`` of a multi-GPU pod listens on ``port + k``."""
     gpu_count: int = 1
     container_disk_gb: int = 20
     network_volume_id: str | None = None
+    template_id: str | None = None
+    """Create the pod from this provider template (RunPod): the template supplies the image,
+    its disk and shared env; the pod gets its own env, GPUs and ports."""
+
+    @property
+    def ports(self) -> list[int]:
+        """One port per worker (GPU)."""
+        return [self.port + k for k in range(self.gpu_count)]
+
+    @property
+    def worker_args(self) -> list[str]:
+        """The ``framerelay`` command of the pod: one worker, or one per GPU."""
+        return ["worker"] if self.gpu_count == 1 else ["worker", "--gpus", str(self.gpu_count)]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where one worker of a pod answers: its tunnel and its HTTP base URL."""
+
+    tunnel_url: str
+    http_url: str
 
 
 @dataclass(slots=True)
@@ -94,24 +118,32 @@ class PodInfo:
     tunnel_url: str | None = None
     http_url: str | None = None
     tls_server_name: str | None = None
+    endpoints: tuple[Endpoint, ...] = ()
+    """One per worker (GPU) of the pod, in GPU order; the first is also ``tunnel_url`` /
+    ``http_url``. Empty while the pod has no address yet."""
+
+    def set_endpoints(self, endpoints: tuple[Endpoint, ...]) -> None:
+        self.endpoints = endpoints
+        if endpoints:
+            self.tunnel_url, self.http_url = endpoints[0].tunnel_url, endpoints[0].http_url
 
 
-class PodRecord(BaseModel):
-    """The orchestrator's record of one pod (kept in Redis)."""
+def worker_name(pod: str, index: int, count: int) -> str:
+    """The id of a pod's ``index``-th worker: the pod's name when it has one GPU, else
+    ``<pod>-gpu<index>`` (as ``framerelay worker --gpus N`` names them)."""
+    return pod if count == 1 else f"{pod}-gpu{index}"
+
+
+class WorkerState(BaseModel):
+    """One worker as the orchestrator sees it: where it answers and how healthy it is.
+
+    A one-GPU pod is its own worker (:class:`PodRecord` is a ``WorkerState``); a pod of
+    ``gpu_count`` > 1 holds one per GPU in :attr:`PodRecord.gpus`.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
-    tier: str
-    slot: int = Field(ge=0)
-    gen: int = Field(ge=0)
-    spot: bool
-    state: Literal["creating", "running", "draining", "gone"] = "creating"
-    provider_id: str | None = None
-    created_at: float = 0.0
-    cost_per_hr: float = 0.0
-    ondemand_per_hr: float = 0.0
-    gpu_type: str = ""
     tunnel_url: str | None = None
     http_url: str | None = None
     tls_server_name: str | None = Field(None, description="Name to verify the pod's TLS with.")
@@ -123,14 +155,66 @@ class PodRecord(BaseModel):
     last_canary: float | None = None
     canary_ms: float | None = Field(None, description="Round trip of the last passed canary.")
     last_error: str | None = Field(None, max_length=500)
+
+
+class PodRecord(WorkerState):
+    """The orchestrator's record of one pod (kept in Redis)."""
+
+    tier: str
+    slot: int = Field(ge=0)
+    gen: int = Field(ge=0)
+    spot: bool
+    state: Literal["creating", "running", "draining", "gone"] = "creating"
+    provider_id: str | None = None
+    created_at: float = 0.0
+    cost_per_hr: float = 0.0
+    ondemand_per_hr: float = 0.0
+    gpu_type: str = ""
     draining_since: float | None = None
     create_failures: int = Field(0, ge=0)
     retry_at: float | None = None
+    gpu_count: int = Field(1, ge=1, le=MAX_GPUS)
+    gpus: list[WorkerState] = Field(
+        default_factory=list,
+        description="One worker per GPU when gpu_count > 1 (the pod's own health fields then "
+        "sum them up: ready when all are, capacity their sum).",
+    )
+
+    def workers(self) -> list[WorkerState]:
+        """The pod's workers: itself (one GPU) or one per GPU."""
+        if self.gpu_count == 1:
+            return [self]
+        if len(self.gpus) != self.gpu_count:
+            self.gpus = [
+                WorkerState(name=worker_name(self.name, i, self.gpu_count))
+                for i in range(self.gpu_count)
+            ]
+        return list(self.gpus)
 
     def set_endpoint(self, info: PodInfo) -> None:
-        """Where the pod answers, as its provider says (and the name its TLS has)."""
+        """Where the pod's workers answer, as its provider says (and the name its TLS has)."""
         self.tunnel_url, self.http_url = info.tunnel_url, info.http_url
         self.tls_server_name = info.tls_server_name
+        if self.gpu_count == 1:
+            return
+        for i, worker in enumerate(self.workers()):
+            there = info.endpoints[i] if i < len(info.endpoints) else None
+            worker.tunnel_url = there.tunnel_url if there else None
+            worker.http_url = there.http_url if there else None
+            worker.tls_server_name = info.tls_server_name
+
+    def sum_up(self) -> None:
+        """A multi-GPU pod's own health from its workers': ready when every one is."""
+        if self.gpu_count == 1:
+            return
+        workers = self.workers()
+        self.ready = all(w.ready for w in workers)
+        self.capacity_fps = sum(w.capacity_fps for w in workers)
+        self.fails = max(w.fails for w in workers)
+        since = [w.ready_since for w in workers if w.ready_since is not None]
+        self.ready_since = max(since) if self.ready and since else None
+        errors = [f"{w.name}: {w.last_error}" for w in workers if w.last_error]
+        self.last_error = "; ".join(errors)[:500] or None
 
 
 def tls_server_name(pod: str) -> str:

@@ -10,9 +10,10 @@ streams do not divide a worker evenly):
 2. Streams go in priority order (critical first), largest demand first, to
    the cheapest planned worker with room that policy allows (critical never
    on spot; batch only on batch-only tiers when there are any), best fit.
-3. A stream that fits nowhere opens a worker in the cheapest allowed tier
+3. A stream that fits nowhere opens a pod in the cheapest allowed tier
    below ``max_workers`` (per unit of capacity; spot first on a tie, then the
-   order tiers are listed in).
+   order tiers are listed in). A pod brings one worker per GPU (``gpu_count``):
+   each is a bin of its own (a stream runs on one GPU).
 
 A stream larger than one worker, or with every allowed tier full, opens
 nothing; placement reports it as unplaced. ``limits`` caps tiers below their
@@ -37,11 +38,16 @@ from deploy.settings import OrchestratorSettings, TierConfig
 def per_worker(
     settings: OrchestratorSettings, tier: TierConfig, pods: Iterable[PodRecord]
 ) -> float:
-    """The tier's fixed capacity, else measured (mean of ready workers), else the default."""
+    """Capacity of one worker (one GPU): the tier's fixed capacity, else measured (mean of
+    ready workers), else the default."""
     if tier.capacity_fps:
         return tier.capacity_fps
     measured = [
-        p.capacity_fps for p in pods if p.tier == tier.name and p.ready and p.capacity_fps > 0
+        w.capacity_fps
+        for p in pods
+        if p.tier == tier.name
+        for w in p.workers()
+        if w.ready and w.capacity_fps > 0
     ]
     if measured:
         return sum(measured) / len(measured)
@@ -72,7 +78,8 @@ def plan_workers(
     warm: Mapping[str, int],
     limits: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Workers per tier (tiers in ``warm``: the runnable ones) to carry ``streams``."""
+    """Pods per tier (tiers in ``warm``: the runnable ones) to carry ``streams``; a pod
+    of the tier's ``gpu_count`` brings that many workers (bins), each ``capacity``."""
     limits = limits or {}
     index = {t.name: i for i, t in enumerate(settings.tiers)}
     tiers = [t for t in settings.tiers if t.name in warm]
@@ -81,7 +88,11 @@ def plan_workers(
     room = {t.name: capacity[t.name] * settings.target_utilization for t in tiers}
     most = {t.name: min(t.max_workers, limits.get(t.name, t.max_workers)) for t in tiers}
     count = {t.name: min(warm[t.name], most[t.name]) for t in tiers}
-    planned = [_Planned(t, rank[t.name], room[t.name]) for t in tiers for _ in range(count[t.name])]
+    planned = [
+        _Planned(t, rank[t.name], room[t.name])
+        for t in tiers
+        for _ in range(count[t.name] * t.gpu_count)
+    ]
     pinned = any(t.batch_only for t in settings.tiers)
     by_rank = sorted(tiers, key=lambda t: rank[t.name])
     for stream in by_priority(streams, settings.model_costs):
@@ -93,8 +104,11 @@ def plan_workers(
             min(fits, key=lambda p: (p.rank, p.room - p.used - need)).used += need
             continue
         tier = next((t for t in ok if count[t.name] < most[t.name] and need <= room[t.name]), None)
-        if tier is not None:
+        if tier is not None:  # a new pod: its first worker takes the stream
             planned.append(_Planned(tier, rank[tier.name], room[tier.name], need))
+            planned += [
+                _Planned(tier, rank[tier.name], room[tier.name]) for _ in range(tier.gpu_count - 1)
+            ]
             count[tier.name] += 1
     return count
 

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
-from deploy.models import check_name_part
+from deploy.models import MAX_GPUS, check_name_part
 from framerelay import __version__
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings, redis_url_problem
 from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES
@@ -62,8 +62,23 @@ class TierConfig(BaseModel):
     )
     cloud_types: tuple[CloudType, ...] = Field(("SECURE",), min_length=1)
     data_centers: tuple[str, ...] = Field((), description="Allowed data centres, in order.")
-    min_warm: int = Field(0, ge=0, le=1000, description="Warm workers outside any window.")
-    max_workers: int = Field(4, ge=0, le=1000)
+    min_warm: int = Field(0, ge=0, le=1000, description="Warm pods outside any window.")
+    max_workers: int = Field(4, ge=0, le=1000, description="Most pods of the tier at once.")
+    gpu_count: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        description="GPUs per pod; the pod runs one worker per GPU ('framerelay worker --gpus "
+        "N'), each placed and health-checked on its own.",
+    )
+    template_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="RunPod template to create the tier's pods from (it supplies the image, "
+        "its disk and shared env; see docs/deploy.md).",
+    )
     windows: tuple[Window, ...] = ()
     lead_s: float = Field(
         900.0, ge=0, le=86_400, description="Scale up this long before a window opens."
@@ -73,8 +88,8 @@ class TierConfig(BaseModel):
         0.0,
         ge=0,
         le=1_000_000,
-        description="Capacity per worker in fps of the reference model; 0 = measured by each "
-        "worker's warm-up benchmark (GET /info).",
+        description="Capacity per worker (one GPU) in fps of the reference model; 0 = measured "
+        "by each worker's warm-up benchmark (GET /info).",
     )
 
     @field_validator("name")

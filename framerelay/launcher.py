@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -57,8 +58,12 @@ class LocalWorker:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
+        gpus: int = 1,
     ) -> None:
+        """``gpus`` > 1: ``framerelay worker --gpus N``, a supervisor of one worker per GPU
+        (ids ``<worker_id>-gpu<i>``); ``start()`` then waits for every one of them."""
         self.worker_id = worker_id
+        self.gpus = gpus
         self._secret = secret
         self._args = list(args)
         self._env = env or {}
@@ -67,11 +72,18 @@ class LocalWorker:
         )
         self.proc: subprocess.Popen[str] | None = None
         self.info: dict[str, Any] = {}
+        self.infos: list[dict[str, Any]] = []
+        """Every worker's announcement, in GPU order (one without ``gpus``)."""
         self._log: IO[str] | None = None
 
     @property
     def url(self) -> str:
         return str(self.info["url"])
+
+    @property
+    def urls(self) -> list[str]:
+        """Each worker's tunnel URL, in GPU order."""
+        return [str(info["url"]) for info in self.infos]
 
     def start(self, timeout_s: float = 120.0) -> LocalWorker:
         extra = dict(self._env)
@@ -87,13 +99,19 @@ class LocalWorker:
             "--port",
             "0",
             *self._args,
+            *(["--gpus", str(self.gpus)] if self.gpus > 1 else []),
         ]
         self._log = self.log_path.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env
         )
-        line = self._read_announce(timeout_s)
-        self.info = json.loads(line)
+        deadline = time.monotonic() + timeout_s
+        infos = [
+            json.loads(self._read_announce(max(0.0, deadline - time.monotonic())))
+            for _ in range(self.gpus)
+        ]
+        self.infos = sorted(infos, key=lambda i: _gpu_index(str(i.get("worker_id", ""))))
+        self.info = self.infos[0]
         return self
 
     def _read_announce(self, timeout_s: float) -> str:
@@ -139,7 +157,12 @@ class LocalWorker:
         return proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL at once (fault tests)."""
+        """SIGKILL at once (fault tests), each worker of a ``gpus`` supervisor too."""
+        for info in self.infos if self.gpus > 1 else []:
+            pid = info.get("pid")
+            if isinstance(pid, int) and pid > 1:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
@@ -149,3 +172,9 @@ class LocalWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _gpu_index(worker_id: str) -> int:
+    """``<id>-gpu<i>`` -> i (0 for any other id)."""
+    tail = worker_id.rpartition("-gpu")[2]
+    return int(tail) if tail.isdigit() else 0

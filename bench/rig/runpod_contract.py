@@ -1,6 +1,7 @@
 """A contract server for the RunPod REST API v1, for tests and the fleet bench.
 
-It follows the documented API (``POST /pods``, ``GET /pods``,
+It follows the documented API (``POST /pods``, ``POST /templates``,
+``GET /templates[/{id}]``, ``GET /pods``,
 ``GET /pods/{id}``, ``POST /pods/{id}/stop|start``, ``DELETE /pods/{id}``;
 Bearer key; pod fields ``desiredStatus``, ``costPerHr`` (a string, as the docs
 show), ``adjustedCostPerHr``, ``publicIp``, ``portMappings``, ``gpu`` with its
@@ -8,8 +9,11 @@ prices, ``interruptible``) and refuses what the API would (bad key, unknown
 body fields, missing ones). Faults are injected by the test: 500s, 429s, "no
 capacity" per GPU type, slow provisioning, a spot pod vanishing (preempted).
 
-A ``launcher`` may back each pod with a real process (a local worker): the
-pod's ``portMappings`` then point at it, as on RunPod.
+A ``launcher`` may back each pod with a real process (a local worker, or one per
+GPU for a multi-GPU pod): the pod's ``portMappings`` then point at it, as on RunPod.
+A pod made from a template (``templateId``) gets the template's image, ports, start
+command and disk unless the body gives them, and the template's env with the body's
+on top.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, Literal
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NO_CAPACITY = (
     "There are no longer any instances available with the requested specifications. "
@@ -39,13 +43,39 @@ PRICES: dict[str, tuple[float, float, float, float]] = {
 }
 
 
-class CreatePod(BaseModel):
-    """The documented ``POST /pods`` body fields this contract accepts."""
+class CreateTemplate(BaseModel):
+    """The documented ``POST /templates`` body fields this contract accepts."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=191)
     imageName: str = Field(min_length=1)
+    category: Literal["NVIDIA", "AMD", "CPU"] = "NVIDIA"
+    containerDiskInGb: int = Field(50, ge=1)
+    containerRegistryAuthId: str | None = None
+    dockerEntrypoint: list[str] = Field(default_factory=list)
+    dockerStartCmd: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    isPublic: bool = False
+    isServerless: bool = False
+    ports: list[str] = Field(default_factory=list)
+    readme: str = ""
+    volumeInGb: int = Field(20, ge=0)
+    volumeMountPath: str = "/workspace"
+
+
+class CreatePod(BaseModel):
+    """The documented ``POST /pods`` body fields this contract accepts. A pod names its
+    image, or a template (``templateId``) that supplies it; what the body gives is used
+    over the template's, and its env is added to the template's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=191)
+    imageName: str | None = Field(None, min_length=1)
+    templateId: str | None = Field(None, min_length=1)
+    dockerStartCmd: list[str] | None = None
+    dockerEntrypoint: list[str] | None = None
     gpuTypeIds: list[str] = Field(min_length=1)
     gpuTypePriority: Literal["availability", "custom"] = "availability"
     gpuCount: int = Field(1, ge=1, le=8)
@@ -55,11 +85,18 @@ class CreatePod(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     networkVolumeId: str | None = None
     dataCenterIds: list[str] | None = None
-    containerDiskInGb: int = Field(50, ge=1)
+    containerDiskInGb: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _image_or_template(self) -> CreatePod:
+        if self.imageName is None and self.templateId is None:
+            raise ValueError("give imageName or templateId")
+        return self
 
 
-Launcher = Callable[[dict[str, Any]], tuple[str, int, Callable[[], None]]]
-"""pod -> (public ip, public port of the first tcp port, stop function)."""
+Launcher = Callable[[dict[str, Any]], tuple[str, int | dict[str, int], Callable[[], None]]]
+"""pod -> (public ip, public port of the first tcp port or {container port: public port},
+stop function)."""
 
 
 @dataclass
@@ -81,6 +118,7 @@ class ContractState:
         self.api_key = api_key
         self.clock = clock
         self.pods: dict[str, dict[str, Any]] = {}
+        self.templates: dict[str, dict[str, Any]] = {}
         self.faults = Faults()
         self.launcher: Launcher | None = None
         self.requests: list[tuple[str, str]] = []
@@ -95,29 +133,39 @@ class ContractState:
             "securePrice": s, "communityPrice": c, "secureSpotPrice": ss, "communitySpotPrice": cs,
         }  # fmt: skip
 
-    def create(self, body: CreatePod) -> dict[str, Any] | None:
-        gpu_type = body.gpuTypeIds[0]
+    def add_template(self, body: CreateTemplate) -> dict[str, Any]:
+        template = {"id": secrets.token_hex(5), **body.model_dump()}
+        self.templates[template["id"]] = template
+        return template
+
+    def _gpu_type(self, body: CreatePod) -> str | None:
         for gpu in body.gpuTypeIds:
-            if (gpu, body.cloudType) not in self.faults.no_capacity and (
-                gpu,
-                "*",
-            ) not in self.faults.no_capacity:
-                gpu_type = gpu
-                break
-        else:
+            if not {(gpu, body.cloudType), (gpu, "*")} & self.faults.no_capacity:
+                return gpu
+        return None
+
+    def create(self, body: CreatePod) -> dict[str, Any] | None:
+        """The new pod, or None when no GPU type has capacity (``body.templateId`` must
+        name a template: :meth:`add_template`)."""
+        gpu_type = self._gpu_type(body)
+        if gpu_type is None:
             return None
+        t = self.templates[body.templateId] if body.templateId else {}
         g = self._gpu(gpu_type, body.gpuCount)
         key = ("community" if body.cloudType == "COMMUNITY" else "secure") + (
             "SpotPrice" if body.interruptible else "Price"
         )
         price = round(float(g[key]) * body.gpuCount, 4)
         pod: dict[str, Any] = {
-            "id": secrets.token_hex(7), "name": body.name, "image": body.imageName,
+            "id": secrets.token_hex(7), "name": body.name,
+            "image": body.imageName or t["imageName"], "templateId": body.templateId,
             "desiredStatus": "RUNNING", "costPerHr": f"{price}", "adjustedCostPerHr": price,
             "interruptible": body.interruptible, "gpuCount": body.gpuCount, "gpu": g,
-            "machine": {"gpuTypeId": gpu_type}, "ports": body.ports, "env": body.env,
-            "containerDiskInGb": body.containerDiskInGb, "networkVolumeId": body.networkVolumeId,
-            "publicIp": None, "portMappings": None,
+            "machine": {"gpuTypeId": gpu_type}, "ports": body.ports or t.get("ports", []),
+            "env": {**t.get("env", {}), **body.env},
+            "dockerStartCmd": body.dockerStartCmd or t.get("dockerStartCmd", []),
+            "containerDiskInGb": body.containerDiskInGb or t.get("containerDiskInGb", 50),
+            "networkVolumeId": body.networkVolumeId, "publicIp": None, "portMappings": None,
             "_created": self.clock(), "_cloud": body.cloudType,
         }  # fmt: skip
         with self._lock:
@@ -141,12 +189,14 @@ class ContractState:
         launcher = self.launcher
 
         def launch() -> None:  # the container "boots" in the background
-            ip, port, stop = launcher(pod)
+            ip, ports, stop = launcher(pod)
             if pod["id"] not in self.pods:
                 stop()
                 return
             self._stops[pod["id"]] = stop
-            pod["publicIp"], pod["portMappings"] = ip, {p.split("/")[0]: port for p in tcp[:1]}
+            if isinstance(ports, int):
+                ports = {p.split("/")[0]: ports for p in tcp[:1]}
+            pod["publicIp"], pod["portMappings"] = ip, ports
 
         threading.Thread(target=launch, daemon=True).start()
 
@@ -195,8 +245,25 @@ def create_app(state: ContractState) -> FastAPI:  # noqa: C901 - one route table
             )
         return await call_next(request)
 
+    @app.post("/v1/templates", status_code=200)
+    async def create_template(body: CreateTemplate) -> Any:
+        return state.add_template(body)
+
+    @app.get("/v1/templates")
+    async def list_templates() -> list[dict[str, Any]]:
+        return list(state.templates.values())
+
+    @app.get("/v1/templates/{template_id}")
+    async def get_template(template_id: str) -> Any:
+        template = state.templates.get(template_id)
+        if template is None:
+            return JSONResponse({"error": "template not found"}, status_code=404)
+        return template
+
     @app.post("/v1/pods", status_code=201)
     async def create(body: CreatePod) -> Any:
+        if body.templateId is not None and body.templateId not in state.templates:
+            return JSONResponse({"error": f"template {body.templateId} not found"}, status_code=400)
         pod = state.create(body)
         if pod is None:
             return JSONResponse({"error": f"create pod: {NO_CAPACITY}"}, status_code=500)

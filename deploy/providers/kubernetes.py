@@ -1,12 +1,13 @@
 """The ``kubernetes`` provider: one Deployment (1 replica) + Service per pod.
 
 Manifests are rendered here (``render_worker``) and applied with ``kubectl``
-(``apply -f -``, ``get -o json``, ``delete``); the GPU comes from
-``nvidia.com/gpu`` resources, readiness from ``/readyz``, liveness from
-``/healthz``; each pod runs as uid 65534 on a read-only root, as the restricted
-Pod Security Standard of deploy/k8s's namespace asks. A pod's certificate and
-key go in a ``kubernetes.io/tls`` Secret of its own (same name as the pod),
-mounted at ``/etc/framerelay/tls``;
+(``apply -f -``, ``get -o json``, ``delete``); the GPUs come from
+``nvidia.com/gpu`` resources (a pod of ``gpu_count`` > 1 runs ``worker --gpus N``,
+one worker per GPU on ports 8443 + k, each a port of its Service), readiness
+from ``/readyz``, liveness from ``/healthz``; each pod runs as uid 65534 on a
+read-only root, as the restricted Pod Security Standard of deploy/k8s's
+namespace asks. A pod's certificate and key go in a ``kubernetes.io/tls``
+Secret of its own (same name as the pod), mounted at ``/etc/framerelay/tls``;
 other secret env comes from the Secret ``secret_name``. Manifests go to
 kubectl on stdin, never on its command line. The rendering is validated in
 tests; applying needs a cluster and kubectl.
@@ -21,7 +22,7 @@ import re
 import shutil
 from typing import Any
 
-from deploy.models import PodInfo, PodSpec, PodStatus, tls_server_name
+from deploy.models import Endpoint, PodInfo, PodSpec, PodStatus, tls_server_name
 from deploy.providers.base import GpuPrice, ProviderError
 from deploy.settings import KubernetesSettings
 from framerelay.errors import ConfigError
@@ -83,8 +84,11 @@ def _container(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[s
     return {
         "name": "worker",
         "image": spec.image or settings.image,
-        "args": ["worker", "--host", "0.0.0.0", "--port", str(PORT)],  # noqa: S104 - in a pod
-        "ports": [{"name": "tunnel", "containerPort": PORT, "protocol": "TCP"}],
+        "args": [*spec.worker_args, "--host", "0.0.0.0", "--port", str(PORT)],  # noqa: S104
+        "ports": [
+            {"name": _port_name(k), "containerPort": PORT + k, "protocol": "TCP"}
+            for k in range(spec.gpu_count)
+        ],
         "env": _env(spec, settings),
         "securityContext": CONTAINER_SECURITY,
         "resources": {
@@ -96,6 +100,20 @@ def _container(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[s
         "livenessProbe": {"httpGet": {"path": "/healthz", **get}, "periodSeconds": 10},
         "volumeMounts": mounts,
     }
+
+
+def _port_name(k: int) -> str:
+    """The first worker's port is ``tunnel``; worker k of a multi-GPU pod: ``tunnel-k``."""
+    return "tunnel" if k == 0 else f"tunnel-{k}"
+
+
+def _gpu_count(dep: dict[str, Any]) -> int:
+    """The GPUs a Deployment's worker container asks for (one worker each)."""
+    try:
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        return max(1, int(container["resources"]["limits"]["nvidia.com/gpu"]))
+    except (KeyError, IndexError, TypeError, ValueError):
+        return 1
 
 
 def _pod_spec(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[str, Any]:
@@ -143,7 +161,10 @@ def render_worker(spec: PodSpec, settings: KubernetesSettings) -> list[dict[str,
         "spec": {
             "type": "ClusterIP",
             "selector": {"framerelay/pod": spec.name},
-            "ports": [{"name": "tunnel", "port": PORT, "targetPort": PORT, "protocol": "TCP"}],
+            "ports": [
+                {"name": _port_name(k), "port": PORT + k, "targetPort": PORT + k, "protocol": "TCP"}
+                for k in range(spec.gpu_count)
+            ],
         },
     }
     return [deployment, service]
@@ -181,8 +202,11 @@ class KubernetesProvider:
         if ready:
             tls = self.settings.tls
             info.status = PodStatus.RUNNING
-            info.tunnel_url = f"{'wss' if tls else 'ws'}://{host}:{PORT}/v1/tunnel"
-            info.http_url = f"{'https' if tls else 'http'}://{host}:{PORT}"
+            info.set_endpoints(tuple(
+                Endpoint(f"{'wss' if tls else 'ws'}://{host}:{PORT + k}/v1/tunnel",
+                         f"{'https' if tls else 'http'}://{host}:{PORT + k}")
+                for k in range(_gpu_count(dep))
+            ))  # fmt: skip
             info.tls_server_name = tls_server_name(name) if tls else None
         return info
 

@@ -1,7 +1,9 @@
 """The ``local`` provider: GPU workers as ``framerelay worker`` child processes.
 
 Used by the demo, the tests and the fault suite. A pod is one
-:class:`framerelay.launcher.LocalWorker`; it is PROVISIONING while the process
+:class:`framerelay.launcher.LocalWorker`: one worker process, or for a pod of
+``gpu_count`` > 1 ``framerelay worker --gpus N`` and its one worker per "GPU"
+(on a machine without GPUs they run on the CPU); it is PROVISIONING while the process
 warms up, RUNNING once it announced its URL, EXITED when the process died
 (``kill -9`` in the fault tests). Pod ids are the pod names.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from deploy.models import PodInfo, PodSpec, PodStatus
+from deploy.models import Endpoint, PodInfo, PodSpec, PodStatus
 from deploy.providers.base import GpuPrice, ProviderError
 from deploy.settings import LocalSettings
 from framerelay.errors import ConfigError
@@ -94,7 +96,7 @@ class LocalProvider:
         args = ["--model", str(self.settings.model), "--threads", str(self.settings.threads)]
         worker = LocalWorker(
             shared.get_secret_value() if shared is not None else None,
-            worker_id=spec.name, args=args, env=env,
+            worker_id=spec.name, args=args, env=env, gpus=spec.gpu_count,
         )  # fmt: skip
         pod = _Pod(spec, worker, tls_dir)
         self.pods[spec.name] = pod
@@ -132,10 +134,12 @@ class LocalProvider:
             cloud_type="LOCAL",
         )
         if status is PodStatus.RUNNING:
-            url = pod.worker.url
-            info.tunnel_url = url
-            info.http_url = "http" + url.removeprefix("ws").removesuffix("/v1/tunnel")
-            if url.startswith("wss://"):
+            urls = pod.worker.urls
+            info.set_endpoints(tuple(
+                Endpoint(url, "http" + url.removeprefix("ws").removesuffix("/v1/tunnel"))
+                for url in urls
+            ))  # fmt: skip
+            if urls[0].startswith("wss://"):
                 info.tls_server_name = pod.spec.tls_server_name
         return info
 

@@ -11,6 +11,12 @@ that a create cannot be placed). 429 and 5xx are retried with exponential
 backoff and jitter (``Retry-After`` honoured); other 4xx are configuration
 errors and stop at once.
 
+A pod of ``gpu_count`` > 1 exposes one TCP port per GPU (``8443``, ``8444``, ...) and
+starts ``framerelay worker --gpus N`` (``dockerStartCmd``): one worker per GPU. With
+a tier's ``template_id`` the body names the template (``templateId``) and leaves out
+what the template supplies (``imageName``, ``containerDiskInGb``); the pod's own env,
+GPUs and ports are still sent.
+
 The pod's env carries what :mod:`deploy.pod_trust` gives it: the public key
 set, and with ``tls`` (the default) its own certificate and key
 (``FRAMERELAY_WORKER_TLS_CERT_PEM`` / ``..._KEY_PEM``); its tunnel is then
@@ -21,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
 
-from deploy.models import PodInfo, PodSpec, PodStatus, tls_server_name
+from deploy.models import Endpoint, PodInfo, PodSpec, PodStatus, tls_server_name
 from deploy.providers.base import GpuPrice, NoCapacityError, ProviderError
 from deploy.settings import RunPodSettings
 from framerelay.backoff import Backoff
@@ -130,15 +136,20 @@ class RunPodProvider:
         env = {**spec.env, **{k: v.get_secret_value() for k, v in spec.secret_env.items()}}
         body: dict[str, Any] = {
             "name": spec.name,
-            "imageName": spec.image or self.settings.image,
             "gpuTypeIds": [gpu],
             "gpuCount": spec.gpu_count,
             "cloudType": cloud,
             "interruptible": spec.spot,
-            "ports": [f"{spec.port}/tcp"],
+            "ports": [f"{port}/tcp" for port in spec.ports],
             "env": env,
-            "containerDiskInGb": spec.container_disk_gb or self.settings.container_disk_gb,
         }
+        if spec.template_id:  # the template supplies the image and its disk
+            body["templateId"] = spec.template_id
+        else:
+            body["imageName"] = spec.image or self.settings.image
+            body["containerDiskInGb"] = spec.container_disk_gb or self.settings.container_disk_gb
+        if spec.gpu_count > 1:  # one worker per GPU, on ports port .. port + N - 1
+            body["dockerStartCmd"] = spec.worker_args
         volume = spec.network_volume_id or self.settings.network_volume_id
         if volume:
             body["networkVolumeId"] = volume
@@ -152,7 +163,7 @@ class RunPodProvider:
             resp = await self._request("POST", "/pods", self._body(spec, gpu, cloud, dc))
             where = f"{gpu}/{cloud}" + (f"/{dc}" if dc else "")
             if resp.status_code in (200, 201):
-                info = self._pod(resp.json(), spec.port)
+                info = self._pod(resp.json(), spec.ports)
                 log.info(
                     "created pod %s (%s) on %s at $%.3f/h",
                     spec.name,
@@ -214,7 +225,7 @@ class RunPodProvider:
                 f"RunPod could not {what}: HTTP {resp.status_code}: {_message(resp)}"
             )
 
-    def _pod(self, raw: dict[str, Any], port: int | None) -> PodInfo:
+    def _pod(self, raw: dict[str, Any], ports: Sequence[int] | None) -> PodInfo:
         gpu = raw.get("gpu") if isinstance(raw.get("gpu"), dict) else None
         machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
         gpu_type = str((gpu or {}).get("id") or (machine or {}).get("gpuTypeId") or "")
@@ -236,20 +247,24 @@ class RunPodProvider:
             spot=bool(raw.get("interruptible", False)),
             cloud_type=str(raw.get("cloudType") or ""),
         )
-        self._endpoint(info, raw, port or _port_of(raw))
+        self._endpoints(info, raw, ports or _ports_of(raw))
         return info
 
-    def _endpoint(self, info: PodInfo, raw: dict[str, Any], port: int | None) -> None:
+    def _endpoints(self, info: PodInfo, raw: dict[str, Any], ports: Sequence[int]) -> None:
+        """One endpoint per worker port, once every one of them has a public mapping."""
         ip = raw.get("publicIp")
         mappings = raw.get("portMappings") or {}
-        if not ip or port is None or not isinstance(mappings, dict):
+        if not ip or not ports or not isinstance(mappings, dict):
             return
-        public = mappings.get(str(port))
-        if public is None:
+        public = [int(mappings[str(port)]) for port in ports if mappings.get(str(port))]
+        if len(public) < len(ports):
             return
         tls = self.settings.tls
-        info.tunnel_url = f"{'wss' if tls else 'ws'}://{ip}:{int(public)}/v1/tunnel"
-        info.http_url = f"{'https' if tls else 'http'}://{ip}:{int(public)}"
+        info.set_endpoints(tuple(
+            Endpoint(f"{'wss' if tls else 'ws'}://{ip}:{p}/v1/tunnel",
+                     f"{'https' if tls else 'http'}://{ip}:{p}")
+            for p in public
+        ))  # fmt: skip
         info.tls_server_name = tls_server_name(info.name) if tls and info.name else None
 
 
@@ -268,12 +283,14 @@ def _status(raw: dict[str, Any]) -> PodStatus:
     return PodStatus.PROVISIONING
 
 
-def _port_of(raw: dict[str, Any]) -> int | None:
+def _ports_of(raw: dict[str, Any]) -> list[int]:
+    """The pod's TCP ports in order: one per worker (GPU)."""
+    out = []
     for p in raw.get("ports") or []:
         port, _, proto = str(p).partition("/")
         if proto == "tcp" and port.isdigit():
-            return int(port)
-    return None
+            out.append(int(port))
+    return out
 
 
 def _is_no_capacity(resp: httpx.Response) -> bool:

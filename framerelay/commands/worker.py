@@ -136,6 +136,7 @@ async def _serve(settings: Any, announce: bool) -> int:
         "event": "ready",
         "url": f"{worker.scheme}://{host}:{port}{TUNNEL_PATH}",
         "worker_id": settings.worker_id,
+        "pid": os.getpid(),
         "providers": list(worker.detector.providers),
     }
     if announce:

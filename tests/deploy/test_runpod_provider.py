@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 
-from bench.rig.runpod_contract import ContractState, running_contract_server
-from deploy.models import PodSpec, PodStatus
+from bench.rig.runpod_contract import (
+    ContractState,
+    CreatePod,
+    CreateTemplate,
+    running_contract_server,
+)
+from deploy.models import PodInfo, PodSpec, PodStatus
 from deploy.providers.base import NoCapacityError, ProviderError
 from deploy.providers.runpod import RunPodProvider
 from deploy.settings import RunPodSettings
@@ -198,3 +205,104 @@ def test_pod_env_carries_the_certificate_but_logs_and_errors_do_not(
     (pod,) = state.pods.values()
     assert pod["env"]["FRAMERELAY_WORKER_TLS_KEY_PEM"] == TLS_KEY  # delivered by RunPod's env
     assert TLS_KEY not in caplog.text
+
+
+def _posted(state: ContractState) -> dict[str, Any]:
+    (pod,) = state.pods.values()
+    return pod
+
+
+def test_a_two_gpu_pod_exposes_a_port_and_a_worker_per_gpu(
+    contract: tuple[ContractState, str],
+) -> None:
+    state, url = contract
+    two = replace(spec(), gpu_count=2)
+
+    async def main() -> tuple[PodInfo, PodInfo | None]:
+        p = provider(url)
+        try:
+            info = await p.create(two)
+            return info, await p.get(info.id)
+        finally:
+            await p.aclose()
+
+    created, got = asyncio.run(main())
+    pod = _posted(state)
+    assert pod["gpuCount"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
+    assert pod["dockerStartCmd"] == ["worker", "--gpus", "2"]
+    assert pod["costPerHr"] == "0.2"  # two community spot A4000s
+    for info in (created, got):
+        assert info is not None and len(info.endpoints) == 2
+        assert info.tunnel_url == info.endpoints[0].tunnel_url
+        assert info.tls_server_name == "fr-spot-0-g0.pods.framerelay"  # one certificate
+
+
+def test_one_gpu_pods_keep_the_image_command(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+
+    async def main() -> None:
+        p = provider(url)
+        try:
+            await p.create(spec())
+        finally:
+            await p.aclose()
+
+    asyncio.run(main())
+    pod = _posted(state)
+    assert pod["ports"] == ["8443/tcp"] and pod["dockerStartCmd"] == []
+    assert pod["image"] == "img:1" and pod["templateId"] is None
+
+
+def test_a_pod_from_a_template_leaves_the_image_and_disk_to_it(
+    contract: tuple[ContractState, str],
+) -> None:
+    state, url = contract
+    template = state.add_template(
+        CreateTemplate(
+            name="framerelay-worker", imageName="framerelay/worker:9.9", containerDiskInGb=30,
+            ports=["8443/tcp"], env={"FRAMERELAY_WORKER_MAX_BATCH": "8"},
+        )
+    )  # fmt: skip
+
+    async def main() -> None:
+        p = provider(url)
+        try:
+            await p.create(replace(spec(), template_id=template["id"]))
+        finally:
+            await p.aclose()
+
+    asyncio.run(main())
+    pod = _posted(state)
+    assert pod["templateId"] == template["id"] and pod["image"] == "framerelay/worker:9.9"
+    assert pod["containerDiskInGb"] == 30
+    assert pod["env"]["FRAMERELAY_WORKER_MAX_BATCH"] == "8"  # the template's shared env
+    assert pod["env"]["FRAMERELAY_WORKER_WORKER_ID"] == "fr-spot-0-g0"  # and the pod's own
+    assert not state.key_in_url
+
+
+def test_the_create_body_names_the_template_and_omits_what_it_supplies() -> None:
+    p = RunPodProvider(RunPodSettings(api_key=SecretStr(KEY), image="img:1"))
+    body = p._body(replace(spec(), template_id="tpl1"), "NVIDIA L4", "SECURE", None)
+    assert body["templateId"] == "tpl1"
+    assert "imageName" not in body and "containerDiskInGb" not in body
+    assert body["ports"] == ["8443/tcp"] and body["gpuCount"] == 1
+    plain = p._body(spec(), "NVIDIA L4", "SECURE", None)
+    assert plain["imageName"] == "img:1" and "templateId" not in plain
+    CreatePod.model_validate(body)  # both are bodies the contract accepts
+    CreatePod.model_validate(plain)
+    asyncio.run(p.aclose())
+
+
+def test_an_unknown_template_is_a_clear_error(contract: tuple[ContractState, str]) -> None:
+    state, url = contract
+
+    async def main() -> None:
+        p = provider(url)
+        try:
+            await p.create(replace(spec(), template_id="nosuch"))
+        finally:
+            await p.aclose()
+
+    with pytest.raises(ProviderError, match="HTTP 400: template nosuch not found"):
+        asyncio.run(main())
+    assert not state.pods

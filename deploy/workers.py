@@ -1,0 +1,84 @@
+"""A pod's workers as the orchestrator sees them: health from probes, load, lookup.
+
+A pod of one GPU is one worker (named as the pod); a pod of ``gpu_count`` > 1 runs
+one worker per GPU (``<pod>-gpu<i>``), each with its own port, token scope
+(``worker:<pod>-gpu<i>``) and health: each is probed and canaried on its own and
+placement sees each GPU's capacity. A pod is replaced as a whole (the provider
+rents pods, not GPUs) when any of its workers is unhealthy.
+
+Pure functions on :class:`deploy.models.WorkerState`; the fleet applies them.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from deploy.health import Probe
+from deploy.models import PodRecord, WorkerState
+
+Change = Literal["ready", "unhealthy", "canary_not_ready"]
+
+
+def apply_probe(
+    worker: WorkerState, probe: Probe, now: float, unhealthy_after: int
+) -> Change | None:
+    """Fold one probe into ``worker``; what changed: it turned ready, it turned unhealthy,
+    it is still not ready (``canary_not_ready``), or nothing worth an event (None)."""
+    if probe.canary_ok is not None:
+        worker.last_canary = now
+    if probe.capacity_fps > 0:
+        worker.capacity_fps = probe.capacity_fps
+    if not (probe.alive and probe.ready is not False and probe.canary_ok is not False):
+        worker.fails += 1
+        worker.last_error = (probe.error or "failed")[:500]
+        # a worker that says it is not ready (/readyz) loses its streams on this pass
+        if worker.ready and (worker.fails >= unhealthy_after or probe.ready is False):
+            worker.ready = False
+            return "unhealthy"
+        return None if worker.ready else "canary_not_ready"
+    worker.fails, worker.last_ok, worker.last_error = 0, now, None
+    if probe.canary_ok:
+        worker.canary_ms = round(probe.canary_ms, 1)
+        if not worker.ready:
+            worker.ready, worker.ready_since = True, now
+            return "ready"
+    return None
+
+
+def worker_unhealthy(
+    worker: WorkerState, created_at: float, now: float, unhealthy_after: int, grace_s: float
+) -> bool:
+    """Failed ``unhealthy_after`` times in a row after being ready once, or never ready
+    within ``grace_s`` of the pod's creation."""
+    if worker.ready:
+        return False
+    if worker.ready_since is not None:  # was ready once, then failed
+        return worker.fails >= unhealthy_after
+    return now - created_at > grace_s
+
+
+def pod_unhealthy(rec: PodRecord, now: float, unhealthy_after: int, grace_s: float) -> bool:
+    """Any worker of the pod unhealthy (a pod whose create never reached the provider
+    is not: it is retried instead)."""
+    if rec.state == "creating" and rec.provider_id is None:
+        return False
+    return any(
+        worker_unhealthy(w, rec.created_at, now, unhealthy_after, grace_s) for w in rec.workers()
+    )
+
+
+def pod_load(rec: PodRecord, load: Mapping[str, int]) -> int:
+    """Streams on the pod's workers (``load``: worker name -> streams)."""
+    return sum(load.get(w.name, 0) for w in rec.workers())
+
+
+def stream_load(assigned: Mapping[str, str]) -> collections.Counter[str]:
+    """Streams per worker, from stream -> worker assignments."""
+    return collections.Counter(assigned.values())
+
+
+def by_name(pods: Iterable[PodRecord]) -> dict[str, tuple[PodRecord, WorkerState]]:
+    """Every worker of ``pods`` by its name, with its pod."""
+    return {w.name: (rec, w) for rec in pods for w in rec.workers()}
