@@ -1,0 +1,126 @@
+"""Acceptance (issue 17): a two-GPU pod runs two workers and receives streams on both.
+
+The whole fleet runs for real (orchestrator, Redis, ingest behind its HTTP API) and
+the pod is started by its own entrypoint, ``framerelay worker --gpus 2``: one worker
+process per "GPU" (on this machine the CPU ONNX model), each on its own port and
+token scope (``worker:<pod>-gpu<i>``). Once with the RunPod contract server, where
+the container command comes from the create body's ``dockerStartCmd`` and the
+ports from its ``portMappings``; once with the local provider."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from bench.rig.runpod_contract import ContractState, running_contract_server
+from deploy.models import StreamSpec
+from deploy.providers.base import Provider
+from deploy.providers.runpod import RunPodProvider
+from deploy.settings import RunPodSettings, TierConfig
+from framerelay.launcher import LocalWorker
+from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
+from tests.support.auth import ed_keys
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+KEY = "rpa_" + "Tw0GpuK3y" * 3
+POD = "fr-big-0-g0"
+WORKERS = (f"{POD}-gpu0", f"{POD}-gpu1")
+# one worker holds one stream: 4 fps x target utilization 0.8 = 3.2 fps of room
+TIER = TierConfig(name="big", gpu_count=2, min_warm=1, max_workers=1, capacity_fps=4)
+RESULTS = 5
+"""Results each stream must bring back from its worker."""
+STREAMS = [StreamSpec(id=f"cam-{i}", url=str(CLIP), fps=3, loop=True) for i in range(2)]
+
+
+def _launch(pod: dict[str, Any]) -> tuple[str, dict[str, int], Any]:
+    """The container: the image's ``framerelay`` entrypoint with the pod's start command
+    and env, one public port per exposed port (a worker per GPU)."""
+    env = dict(pod["env"])
+    assert "FRAMERELAY_TOKEN_SECRETS" not in env and "FRAMERELAY_SIGNING_KEYS" not in env
+    env.pop("FRAMERELAY_WORKER_HOST", None)
+    command = pod["dockerStartCmd"]
+    assert command[:2] == ["worker", "--gpus"], command
+    worker = LocalWorker(
+        None, worker_id=env.pop("FRAMERELAY_WORKER_WORKER_ID"), env=env, gpus=int(command[2]),
+        args=["--model", str(MODEL), "--threads", "1", "--host", "127.0.0.1"],
+    )  # fmt: skip
+    worker.start(120 * TIMEOUT_FACTOR)
+    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in worker.urls]
+    exposed = [p.split("/")[0] for p in pod["ports"]]
+    assert len(exposed) == len(ports) == 2
+    return "127.0.0.1", dict(zip(exposed, ports, strict=True)), worker.stop
+
+
+async def _streams_on_both_workers(fleet: Fleet) -> tuple[dict[str, str], dict[str, int]]:
+    for s in STREAMS:
+        await fleet.orch.store.put_stream(s)
+
+    async def flowing() -> bool:
+        assigned = await fleet.orch.store.assignments()
+        return sorted(assigned.values()) == list(WORKERS) and all(
+            sum(r.worker_id == assigned[s.id] for r in fleet.results_for(s.id)) >= RESULTS
+            for s in STREAMS
+        )
+
+    await wait_for(flowing, 180, "a stream on each worker of the two-GPU pod")
+    pods = await fleet.orch.store.pods()
+    assert list(pods) == [POD] and pods[POD].gpu_count == 2 and pods[POD].ready
+    assert [w.name for w in pods[POD].workers()] == list(WORKERS)
+    per_worker = collections.Counter(r.worker_id for r in fleet.records)
+    return await fleet.orch.store.assignments(), dict(per_worker)
+
+
+def _check(assigned: dict[str, str], results: dict[str, int]) -> None:
+    print(f"\ntwo-GPU pod: streams {assigned}; results per worker {results}")
+    assert set(assigned.values()) == set(WORKERS)  # one stream on each GPU's worker
+    assert all(results.get(w, 0) >= RESULTS for w in WORKERS)
+
+
+def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
+    secret: str, tmp_path: Path
+) -> None:
+    state = ContractState(KEY)
+    state.launcher = _launch
+
+    async def main(base: str) -> tuple[dict[str, str], dict[str, int]]:
+        rp: Provider = RunPodProvider(
+            RunPodSettings(api_key=SecretStr(KEY), base_url=base, backoff_s=0.05)
+        )
+        settings = settings_for(
+            secret, tmp_path / "ca", keys=ed_keys(), tiers=[TIER], provider="runpod"
+        )
+        async with running_fleet(settings, provider=rp) as fleet:
+            return await _streams_on_both_workers(fleet)
+
+    with running_contract_server(state) as base:
+        try:
+            assigned, results = asyncio.run(main(base))
+            (pod,) = state.pods.values()
+        finally:
+            time.sleep(0.5)
+            for pod_id in list(state.pods):
+                state.remove(pod_id)
+    assert pod["gpuCount"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
+    assert not state.key_in_url
+    _check(assigned, results)
+
+
+def test_a_two_gpu_local_pod_runs_two_workers_with_a_stream_each(
+    secret: str, tmp_path: Path
+) -> None:
+    async def main() -> tuple[dict[str, str], dict[str, int]]:
+        settings = settings_for(secret, tmp_path / "ca", tiers=[TIER])
+        async with running_fleet(settings) as fleet:
+            out = await _streams_on_both_workers(fleet)
+            (pod,) = fleet.provider.pods.values()
+            assert len(pod.worker.infos) == 2
+            return out
+
+    _check(*asyncio.run(main()))
