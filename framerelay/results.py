@@ -122,6 +122,9 @@ class ResultRecord(BaseModel):
     received_at: float = Field(description="Unix time the ingest received the result")
     latency_ms: float = Field(description="received_at - captured_at")
     worker_id: str
+    model: str | None = Field(
+        None, description="The model that found the detections (None: the worker's default)"
+    )
     detections: list[DetectionOut]
     timings: dict[str, float] = Field(default_factory=dict, description="Per-stage ms")
 
@@ -164,6 +167,7 @@ class ResultRecord(BaseModel):
             received_at=received_at,
             latency_ms=round((received_at - header.captured_at) * 1000, 3),
             worker_id=worker_id,
+            model=header.model_name,
             detections=items,
             timings=timings,
         )

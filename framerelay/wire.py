@@ -52,6 +52,9 @@ from framerelay.wire_envelope import PREFIX as PREFIX
 from framerelay.wire_envelope import CloseCode as CloseCode
 from framerelay.wire_envelope import Limits as Limits
 from framerelay.wire_envelope import MsgType as MsgType
+from framerelay.wire_models import MAX_MODELS as MAX_MODELS
+from framerelay.wire_models import ModelInfo as ModelInfo
+from framerelay.wire_models import ModelName as _ModelName
 from framerelay.wire_payload import pack_detections as pack_detections
 from framerelay.wire_payload import unpack_detections as unpack_detections
 
@@ -113,7 +116,11 @@ class _Header(Struct, frozen=True, kw_only=True, gc=False):
 
 
 class Hello(_Header, frozen=True, kw_only=True):
-    """Worker -> ingest, first message after the upgrade."""
+    """Worker -> ingest, first message after the upgrade.
+
+    ``models`` (optional, added within version 2, written only when set and never on
+    v1) lists the models a stream may name in OPEN; ``class_names`` and the input size
+    are those of the worker's default model."""
 
     TYPE: ClassVar[MsgType] = MsgType.HELLO
     worker_id: Annotated[str, Meta(max_length=128)]
@@ -127,6 +134,20 @@ class Hello(_Header, frozen=True, kw_only=True):
     )
     """What the worker supports beyond the version's core (see
     :mod:`framerelay.protocol.negotiation`); unknown names are ignored."""
+    models: Annotated[list[ModelInfo], Meta(max_length=MAX_MODELS)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+
+    def model(self, name: str | None) -> ModelInfo | None:
+        """The model ``name`` as this HELLO lists it (None: not listed, or no name)."""
+        if name is None or isinstance(self.models, msgspec.UnsetType):
+            return None
+        return next((m for m in self.models if m.name == name), None)
+
+    def class_names_of(self, model: str | None) -> list[str]:
+        """The class names of a RESULT of ``model`` (the default model's for None)."""
+        info = self.model(model)
+        return self.class_names if info is None else info.class_names
 
 
 class SessionClock(Struct, frozen=True, kw_only=True):
@@ -161,7 +182,8 @@ class Open(_Header, frozen=True, kw_only=True):
     ``tracker_settings`` (optional, added within version 2: a reader that does not
     know it ignores it) carries the stream's own tracker time settings; it is
     written only when set, so an OPEN without it keeps its bytes, and never on a
-    v1 tunnel (a v1 reader refuses unknown fields).
+    v1 tunnel (a v1 reader refuses unknown fields). ``model`` (optional, the same way)
+    names the stream's model; without it the worker's default model serves the stream.
     """
 
     TYPE: ClassVar[MsgType] = MsgType.OPEN
@@ -169,6 +191,12 @@ class Open(_Header, frozen=True, kw_only=True):
     tracker: Annotated[str, Meta(max_length=64)] = "default"
     clock: SessionClock | None = None
     tracker_settings: TrackerTimes | msgspec.UnsetType = msgspec.UNSET
+    model: _ModelName | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def model_name(self) -> str | None:
+        """``model``, None when the OPEN names none."""
+        return None if isinstance(self.model, msgspec.UnsetType) else self.model
 
     @property
     def times(self) -> TrackerTimes | None:
@@ -255,16 +283,29 @@ _TimingMs = Annotated[float, Meta(ge=-TIMING_MS_LIMIT, le=TIMING_MS_LIMIT)]
 
 
 class Result(Timing, frozen=True, kw_only=True):
-    """Worker -> ingest: detections of one frame (payload: packed arrays)."""
+    """Worker -> ingest: detections of one frame (payload: packed arrays). ``model``
+    (optional within version 2, never on v1) names the model that found them."""
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
     n: Annotated[int, Meta(ge=0, lt=MAX_DETECTIONS_FIELD)]
     timings: Annotated[dict[str, _TimingMs], Meta(max_length=MAX_TIMINGS)] = msgspec.field(
         default_factory=dict
     )
+    model: _ModelName | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def model_name(self) -> str | None:
+        return None if isinstance(self.model, msgspec.UnsetType) else self.model
 
     @classmethod
-    def of(cls, frame: Timing, *, n: int, timings: dict[str, float] | None = None) -> Result:
+    def of(
+        cls,
+        frame: Timing,
+        *,
+        n: int,
+        timings: dict[str, float] | None = None,
+        model: str | msgspec.UnsetType = msgspec.UNSET,
+    ) -> Result:
         """The RESULT answering ``frame``: its timing echoed unchanged (:class:`InvalidMessage`
         for a count or timing out of range). ``frame`` is a checked header (decoded or
         built), so only ``n`` and ``timings`` are checked here: the answer to every frame
@@ -272,11 +313,12 @@ class Result(Timing, frozen=True, kw_only=True):
         timings = timings or {}
         if not _plain_counts(n, timings):
             fields = frame.timing_fields()
-            fields.update(n=n, timings=timings)
+            fields.update(n=n, timings=timings, model=model)
             return _checked(cls, fields)
         return cls(
             stream_id=frame.stream_id, epoch=frame.epoch, seq=frame.seq, pts=frame.pts,
             time_base=frame.time_base, captured_at=frame.captured_at, n=n, timings=timings,
+            model=model,
         )  # fmt: skip
 
 
@@ -358,15 +400,24 @@ def _too_big(head: int, payload: int, limits: Limits) -> NoReturn:
     )
 
 
+_V2_ONLY: dict[type[_Header], tuple[str, ...]] = {
+    Open: ("tracker_settings", "model"),
+    Result: ("model",),
+}
+"""Optional fields added within version 2: left out of a v1 message (v1 reads strictly)."""
+
+
 def _header_json(header: Header, version: int) -> bytes:
-    if isinstance(header, Open) and version == 1 and header.times is not None:
-        header = msgspec.structs.replace(header, tracker_settings=msgspec.UNSET)  # not in v1
+    if version == 1 and type(header) in _V2_ONLY:
+        unset = dict.fromkeys(_V2_ONLY[type(header)], msgspec.UNSET)
+        header = msgspec.structs.replace(header, **unset)
     if version == VERSION or (version in SUPPORTED_VERSIONS and not isinstance(header, Hello)):
         return _ENCODER.encode(header)
     if version not in SUPPORTED_VERSIONS:
         raise ValueError(f"protocol version {version} is not one of {SUPPORTED_VERSIONS}")
     fields = msgspec.to_builtins(header)
     del fields["features"]
+    fields.pop("models", None)
     fields["encodings"] = ["jpeg"]  # v1's HELLO requires it (a strict reader)
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
 

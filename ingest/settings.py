@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
+from framerelay.model_registry import MODEL_NAME
 from framerelay.net import is_loopback
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.tracker_times import TrackerTimesConfig
@@ -61,6 +62,12 @@ class StreamConfig(BaseModel):
     tracker: str = Field("default", max_length=64)
     tracker_settings: TrackerTimesConfig | None = Field(
         None, description="The stream's own tracker time settings (null: the worker's)."
+    )
+    model: str | None = Field(
+        None,
+        pattern=MODEL_NAME,
+        description="The model the worker runs on this stream (a name in the worker's "
+        "model registry; null: the worker's default model).",
     )
     open_timeout_s: float = Field(10.0, gt=0, le=300, description="Give up opening after this.")
     read_timeout_s: float = Field(

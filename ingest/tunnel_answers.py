@@ -4,8 +4,8 @@ its frames, and a refusal of its OPEN.
 Worker errors in a row (no result between) show in the stream's ``error`` after
 :data:`FAILING_AFTER` (e.g. its inference raises on every frame); a result clears
 that. A refused OPEN (:data:`framerelay.protocol.OPEN_REFUSALS`) shows in
-``last_error``; a tracker the worker cannot run is a definition error and fails the
-stream, as a bad source does.
+``last_error``; a tracker the worker cannot run, or a model it does not know, is a
+definition error and fails the stream, as a bad source does.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ MAX_REASON = 300
 FAILING_AFTER = 3
 """Worker errors in a row (no result between) before the stream's ``error`` says so."""
 FAILING = "the worker fails every frame"
+DEFINITION_ERRORS = frozenset({"bad_tracker", "unknown_model"})
+"""Refusals of an OPEN that no retry cures: the stream's definition is wrong."""
 
 
 def answered(stream: IngestStream, failing: dict[str, int]) -> None:
@@ -47,5 +49,5 @@ def open_refused(stream: IngestStream, error: wire.Error) -> None:
     said = f"the worker refused the stream: {error.code}: {' '.join(error.message.split())}"
     stream.last_error = said[:MAX_REASON]
     stream.credit.set()
-    if error.code == "bad_tracker":
+    if error.code in DEFINITION_ERRORS:
         stream.fail(stream.last_error)

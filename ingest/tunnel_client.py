@@ -463,7 +463,7 @@ class TunnelClient:
         record = ResultRecord.build(
             header,
             event.detections,
-            class_names=self.hello.class_names,
+            class_names=self.hello.class_names_of(header.model_name),
             worker_id=self.hello.worker_id,
             received_at=time.time(),
             extra_timings={"roundtrip_ms": rtt * 1000} if rtt is not None else None,

@@ -46,7 +46,8 @@ async def send_stream(
     _check_open(proto)
     own = stream.config.tracker_settings
     times = own.to_wire() if own is not None else None
-    outbox.put(proto.open_stream(stream.id, stream.window, stream.config.tracker, times))
+    config = stream.config
+    outbox.put(proto.open_stream(stream.id, stream.window, config.tracker, times, config.model))
     while True:
         await _wait_credit(stream, frame_timeout_s)
         try:

@@ -68,7 +68,9 @@ class FrameFailed:
     message: str
 
 
-OPEN_REFUSALS = frozenset({"bad_tracker", "too_many_streams"})
+OPEN_REFUSALS = frozenset(
+    {"bad_tracker", "too_many_streams", "unknown_model", "bad_model", "model_capacity"}
+)
 """ERROR codes by which a worker refuses a stream's OPEN: the stream is not open there."""
 
 

@@ -33,7 +33,7 @@ import msgspec
 
 from framerelay import wire
 from framerelay.credits import CreditWindow, waited_s
-from framerelay.errors import ProtocolError
+from framerelay.errors import ConfigError, ProtocolError
 from framerelay.protocol.events import (
     FrameFailed,
     HelloReceived,
@@ -44,7 +44,7 @@ from framerelay.protocol.events import (
     ResultReceived,
     SnapshotReceived,
 )
-from framerelay.protocol.negotiation import RESUME, close_reason, has_feature
+from framerelay.protocol.negotiation import MODELS, RESUME, close_reason, has_feature
 
 SessionSnapshot = tuple[wire.SessionClock, bytes]
 """A stream's session state as the worker last sent it: (clock, tracker blob)."""
@@ -153,23 +153,32 @@ class IngestProtocol:
         window: CreditWindow,
         tracker: str = "default",
         times: wire.TrackerTimes | None = None,
+        model: str | None = None,
     ) -> bytes:
         """OPEN ``stream_id`` (resuming its cached snapshot where the worker can); its
         frames take credits of ``window``, capped at the worker's ``max_inflight``.
-        ``times``: the stream's own tracker time settings, if any."""
+        ``times``: the stream's own tracker time settings, if any; ``model``: the model
+        it names (ConfigError when the worker serves no named models)."""
         hello = self._hello("OPEN")
+        if model is not None and not has_feature(hello, self.version, MODELS):
+            raise ConfigError(
+                f"stream {stream_id} names model {model!r}, but worker {hello.worker_id} "
+                "serves only its one model (no 'models' feature): upgrade the worker"
+            )
+        named: str | msgspec.UnsetType = msgspec.UNSET if model is None else model
         window.cap = min(window.cap, hello.max_inflight)
         window.limit = min(window.limit, window.cap)
         snap = self.snapshots.get(stream_id)
         own: wire.TrackerTimes | msgspec.UnsetType = msgspec.UNSET if times is None else times
         if snap is not None and has_feature(hello, self.version, RESUME):
             header = wire.Open(
-                stream_id=stream_id, tracker=tracker, clock=snap[0], tracker_settings=own
-            )
+                stream_id=stream_id, tracker=tracker, clock=snap[0], tracker_settings=own,
+                model=named,
+            )  # fmt: skip
             data = self._encode(header, snap[1])
         else:
             data = self._encode(
-                wire.Open(stream_id=stream_id, tracker=tracker, tracker_settings=own)
+                wire.Open(stream_id=stream_id, tracker=tracker, tracker_settings=own, model=named)
             )
         self._windows[stream_id] = window
         return data

@@ -31,9 +31,12 @@ RESUME = "resume"
 """The worker resumes a session from a snapshot sent in OPEN (track ids continue)."""
 SNAPSHOTS = "snapshots"
 """The worker sends SNAPSHOT messages of its sessions."""
-FEATURES: tuple[str, ...] = (RESUME, SNAPSHOTS)
+MODELS = "models"
+"""The worker serves several models: an OPEN may name one (``Open.model``), a RESULT
+names the model that found it, HELLO lists them (``Hello.models``)."""
+FEATURES: tuple[str, ...] = (RESUME, SNAPSHOTS, MODELS)
 """What this code's worker supports (sent in HELLO)."""
-V1_FEATURES = frozenset(FEATURES)
+V1_FEATURES = frozenset({RESUME, SNAPSHOTS})
 """What a v1 worker supports (its HELLO names none)."""
 
 
