@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
@@ -278,10 +279,25 @@ class Batcher:
         return out
 
     def _infer(self, items: list[WorkItem]) -> list[Detections]:
+        """Each frame through its stream's model: one run per model in the batch."""
         self.faults.before_infer()  # no-op unless test_fault is set (tests)
-        size = self.detector.input_size
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(id(item.session.model), []).append(i)
+        out: list[Detections] = [Detections.empty()] * len(items)
+        for idx in groups.values():
+            served = items[idx[0]].session.model
+            # the default model (pinned) is this batcher's own detector
+            detector = self.detector if served is None or served.pinned else served.detector()
+            for i, det in zip(idx, self._run(detector, [items[i] for i in idx]), strict=True):
+                out[i] = det
+        return out
+
+    @staticmethod
+    def _run(detector: Detector, items: list[WorkItem]) -> list[Detections]:
+        size = detector.input_size
         inputs = [ModelInput(_image(it), _letterbox(it.frame, size)) for it in items]
-        out = self.detector.infer(inputs)
+        out = detector.infer(inputs)
         if len(out) != len(items):
             raise RuntimeError(f"the detector returned {len(out)} results for {len(items)} images")
         return out
@@ -313,7 +329,9 @@ class Batcher:
                 "batch": float(len(batch)),
                 "worker_ms": (time.monotonic() - item.received_at) * 1000,
             }
-            messages: list[Reply] = [_result(item.frame, tracked, timings)]
+            model = item.session.model
+            name = msgspec.UNSET if model is None else model.name
+            messages: list[Reply] = [_result(item.frame, tracked, timings, name)]
             if item.session.snapshot_due():
                 messages.append(_snapshot(item))
         except Exception as exc:
@@ -346,5 +364,8 @@ def _snapshot(item: WorkItem) -> Reply:
     return header, session.tracker.snapshot()
 
 
-def _result(f: wire.Frame, det: Detections, timings: dict[str, float]) -> Reply:
-    return wire.Result.of(f, n=len(det), timings=timings), wire.pack_detections(det)
+def _result(
+    f: wire.Frame, det: Detections, timings: dict[str, float], model: str | msgspec.UnsetType
+) -> Reply:
+    header = wire.Result.of(f, n=len(det), timings=timings, model=model)
+    return header, wire.pack_detections(det)

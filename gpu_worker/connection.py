@@ -30,7 +30,13 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from framerelay import wire
-from framerelay.errors import ConfigError, ProtocolError
+from framerelay.errors import (
+    CapacityError,
+    ConfigError,
+    FramerelayError,
+    ModelError,
+    ProtocolError,
+)
 from framerelay.outbox import Outbox, OutboxFull
 from framerelay.protocol import (
     FrameReceived,
@@ -46,6 +52,7 @@ from gpu_worker.batcher import Batcher, Failure, Outcome, WorkItem
 from gpu_worker.budgets import ErrorBudget, Pacer
 from gpu_worker.decoding import Decoding, Image, OrderedDecoder
 from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.model_pool import ModelPool, ServedModel
 from gpu_worker.sessions import StreamSession, new_session, resumed_session
 from gpu_worker.settings import WorkerSettings
 
@@ -61,10 +68,14 @@ BAD_FRAME_CODES = frozenset({"bad_frame", "bad_image"})
 """Errors a correct ingest never causes; past the budget the tunnel is closed."""
 REFUSED_CODES = BAD_FRAME_CODES | {
     "unknown_stream", "credit_exceeded", "capacity", "too_many_streams", "bad_tracker",
-    "bad_snapshot",
+    "bad_snapshot", "unknown_model", "bad_model", "model_capacity",
 }  # fmt: skip
 """Refusals the peer can cause as fast as it sends; past the rate it is read slower
 (as are OPENs of a stream already open and CLOSEs of a stream that is not)."""
+_MODEL_REFUSALS: dict[type[FramerelayError], str] = {
+    ConfigError: "unknown_model", ModelError: "bad_model", CapacityError: "model_capacity",
+}  # fmt: skip
+"""The ERROR code refusing an OPEN, by what the model pool raised."""
 
 
 class TunnelConnection:
@@ -82,8 +93,11 @@ class TunnelConnection:
         *,
         version: int = wire.VERSION,
         on_fault: Callable[[], None] | None = None,
+        models: ModelPool | None = None,
     ) -> None:
         self.ws = ws
+        self.models = models
+        """The worker's models; None: every stream uses the batcher's detector."""
         self.on_fault = on_fault
         """Called when this tunnel is closed for misbehaving (the server counts it per address)."""
         self.settings = settings
@@ -151,7 +165,8 @@ class TunnelConnection:
             self.batcher.close_lane(self._lane)
             self.metrics.connections.dec()
             self.metrics.streams.dec(len(self.sessions))
-            self.sessions.clear()
+            for sid in list(self.sessions):
+                self._end_session(sid)
 
     async def _receive_loop(self) -> None:
         async for data in self.ws:
@@ -184,7 +199,7 @@ class TunnelConnection:
         elif isinstance(event, StreamOpened):
             self._on_open(event)
         elif isinstance(event, StreamClosed):
-            if self.sessions.pop(event.stream_id, None) is not None:
+            if self._end_session(event.stream_id):
                 self.metrics.streams.dec()
             else:
                 self._pacer.spend(time.monotonic())
@@ -199,14 +214,43 @@ class TunnelConnection:
         if event.reopened:  # a restart of the stream: rare, so paced
             self._pacer.spend(time.monotonic())
         try:
+            model = self._model_for(msg)
+        except FramerelayError as exc:
+            self._refuse_open(event, _MODEL_REFUSALS.get(type(exc), "bad_model"), str(exc))
+            return
+        try:
             session = self._session_for(msg, event.snapshot)
         except ConfigError as exc:
-            self._count_error("bad_tracker")
-            self._enqueue(self.proto.refuse_open(event, "bad_tracker", str(exc)))
+            if model is not None and self.models is not None:
+                self.models.release(model)
+            self._refuse_open(event, "bad_tracker", str(exc))
             return
-        if self.sessions.get(msg.stream_id) is None:
+        session.model = model
+        if not self._end_session(msg.stream_id):
             self.metrics.streams.inc()
         self.sessions[msg.stream_id] = session
+
+    def _refuse_open(self, event: StreamOpened, code: str, message: str) -> None:
+        self._count_error(code)
+        self._enqueue(self.proto.refuse_open(event, code, message))
+
+    def _model_for(self, msg: wire.Open) -> ServedModel | None:
+        """The stream's model, counted in the pool (None: no pool, the batcher's detector).
+        Raises ConfigError (unknown), ModelError or CapacityError."""
+        if self.models is None:
+            if msg.model_name is not None:
+                raise ConfigError(f"this worker serves one model; unknown {msg.model_name!r}")
+            return None
+        return self.models.acquire(msg.model_name)
+
+    def _end_session(self, stream_id: str) -> bool:
+        """Free a stream's session and its hold on its model; False if it had none."""
+        session = self.sessions.pop(stream_id, None)
+        if session is None:
+            return False
+        if session.model is not None and self.models is not None:
+            self.models.release(session.model)
+        return True
 
     def _session_for(self, msg: wire.Open, snapshot: bytes) -> StreamSession:
         """A fresh session, or one resumed from the snapshot the OPEN carries."""

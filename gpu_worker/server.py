@@ -38,6 +38,7 @@ from framerelay import wire
 from framerelay.auth.guard import FailureLimiter, Throttled, status_of
 from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
+from framerelay.model_registry import load_registry
 from framerelay.outbox import CoalescingServerConnection
 from framerelay.protocol import NoCommonVersion
 from framerelay.protocol import negotiation as versions
@@ -49,6 +50,7 @@ from gpu_worker.faults import FaultInjector
 from gpu_worker.gpu_stats import read_gpus
 from gpu_worker.jpeg_batch import decoder_in_use, stage_decoder
 from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.model_pool import ModelPool, default_model, detector_loader
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import server_ssl_context, tunnel_guard
 from gpu_worker.watchdog import Watchdog
@@ -120,6 +122,14 @@ class Worker:
         """Tunnels closed for misbehaving, per address: past the limit, new ones get 429."""
         self.detector = detector or load_detector(settings.detector)
         self._report_detector()
+        registry = load_registry(settings.model_registry)
+        self.models = ModelPool(
+            registry,
+            default_model(settings.default_model, self.detector, registry),
+            detector_loader(settings.detector),
+            budget_mb=settings.vram_budget_mb,
+        )
+        """The models streams may name; the detector above is the pinned default."""
         self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
         self.batcher = Batcher(
             self.detector,
@@ -198,6 +208,7 @@ class Worker:
             providers=list(self.detector.providers),
             max_inflight=self.settings.max_inflight,
             features=list(versions.FEATURES),
+            models=self.models.hello_models(),
         )
 
     def warm_up(self) -> float:
@@ -258,6 +269,8 @@ class Worker:
             "capacity_batch": self.batcher.max_batch,
             "capacity_fps": self.capacity_fps,
             "gpus": read_gpus().as_info(),
+            "default_model": self.models.default.name,
+            **self.models.info(),
         }
         return _ok(conn, json.dumps(info).encode(), "application/json")
 
@@ -325,6 +338,7 @@ class Worker:
         conn = TunnelConnection(
             ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello,
             version=version, on_fault=lambda: self.faults_by_peer.failed(peer),
+            models=self.models,
         )  # fmt: skip
         self.connections.add(conn)
         try:

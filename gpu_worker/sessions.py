@@ -31,6 +31,7 @@ from framerelay import wire
 from framerelay.detections import Detections
 from framerelay.errors import ConfigError
 from framerelay.wire import Frame, SessionClock, TrackerTimes
+from gpu_worker.model_pool import ServedModel
 from tracker import Tracker, create_tracker, restore_tracker
 from tracker.gap import GapBridging
 
@@ -51,6 +52,8 @@ class StreamSession:
     _next_snapshot_t: float | None = None
     _bridge_next: bool = False
     """Resumed from a snapshot: the first frame's time ends an outage."""
+    model: ServedModel | None = None
+    """The model its frames go to (None: the batcher's own detector)."""
 
     @property
     def clock(self) -> SessionClock:

@@ -11,6 +11,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from framerelay.errors import ConfigError
+from framerelay.model_registry import BUILTIN_NAME, MODEL_NAME
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings
 from gpu_worker.detectors.base import OnnxDetectorSettings, UltralyticsDetectorSettings
 from gpu_worker.faults import parse_fault
@@ -62,6 +63,24 @@ class WorkerSettings(ServiceSettings):
     metrics_auth: bool = Field(False, description="/metrics needs a token (metrics:read).")
     detector: DetectorField = Field(
         default_factory=lambda: OnnxDetectorSettings(model=DEFAULT_MODEL)
+    )
+    model_registry: Path | None = Field(
+        None,
+        description="A model registry file (TOML or JSON, docs/models.md): the models a stream "
+        "may name besides the default; the built-in COCO model is always there.",
+    )
+    default_model: str = Field(
+        BUILTIN_NAME,
+        pattern=MODEL_NAME,
+        description="The name the detector above is served under (streams naming no model).",
+    )
+    vram_budget_mb: float = Field(
+        0.0,
+        ge=0,
+        le=10_000_000,
+        description="GPU memory (MiB) the models may take together, by their registry "
+        "vram_mb; past it the least recently used model without streams is evicted; "
+        "0 = no budget.",
     )
     max_batch: int = Field(
         0,
