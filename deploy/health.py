@@ -3,7 +3,11 @@
 A worker is *ready* only after a canary frame - frame 1 of the TUD-Stadtmitte
 sample, which shows at least five people - went through the real tunnel
 protocol (token, HELLO, OPEN, FRAME) and came back with at least
-``min_persons`` person detections within the deadline. The canary and the
+``min_persons`` person detections within the deadline. A worker hosting more
+models than its default one (issue 17) has each other loaded model (its ``/info``)
+checked against that model's own canary from the model registry (an image and
+the detections expected on it, :class:`CanaryCheck`): a vehicle model is not
+asked for persons. The canary and the
 heartbeat verify the pod as the ingest does: against the orchestrator's CA
 and the name in the pod's certificate (``server_hostname``), with a tunnel
 token (aud ``framerelay-worker``, scope ``worker:<pod>``) on ``/info`` and the
@@ -25,10 +29,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import ssl
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -38,14 +44,17 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 
 from deploy.tls import describe_http_error
 from framerelay import wire
+from framerelay.coco import COCO_CLASSES
 from framerelay.credits import CreditWindow
 from framerelay.data import CANARY_STILL
 from framerelay.errors import FramerelayError
 from framerelay.letterbox import letterbox_jpeg, read_jpeg_rgb
+from framerelay.model_registry import MODEL_NAME, ModelEntry, ModelRegistry, builtin_registry
 from framerelay.protocol import (
     FrameFailed,
     HelloReceived,
     IngestProtocol,
+    PeerError,
     ProtocolViolation,
     ResultReceived,
 )
@@ -59,6 +68,9 @@ CANARY_STREAM = "framerelay-canary"
 MAX_CAPACITY_FPS = 1_000_000.0
 """A worker's reported capacity above this (or not finite) counts as unknown (0)."""
 REASON_CHARS = 200
+MAX_MODELS = 16
+"""Models of one worker checked per probe, at most."""
+_MODEL = re.compile(MODEL_NAME)
 CANARY_IMAGE = CANARY_STILL  # package data: present wherever the wheel is installed
 """Frame 1 of the TUD-Stadtmitte clip as a still (no video decoding in the orchestrator)."""
 
@@ -76,6 +88,8 @@ class Probe:
     error: str | None = None
     ready: bool | None = None
     """The worker's own ``/readyz``; None when not asked (it did not answer ``/healthz``)."""
+    models: tuple[str, ...] = ()
+    """The models loaded on the worker (its ``/info``); each was checked by its canary."""
 
 
 class Prober(Protocol):
@@ -93,24 +107,71 @@ class CanaryImage:
     scale: float
 
 
+@dataclass(frozen=True, slots=True)
+class CanaryCheck:
+    """What one model must find on its own canary image (from the model registry)."""
+
+    model: str | None
+    """None: the worker's default model (no name sent in OPEN)."""
+    image: Path
+    expect: Mapping[str, int]
+    min_confidence: float = 0.0
+
+    @classmethod
+    def of(cls, entry: ModelEntry) -> CanaryCheck:
+        spec = entry.canary
+        return cls(entry.name, spec.image, dict(spec.expect), spec.min_confidence)
+
+    def shortfall(self, counts: Mapping[str, int]) -> str | None:
+        """None when every expectation is met; else what was missing, in one line."""
+        short = [f"{n} {name}" for name, n in self.expect.items() if counts.get(name, 0) < n]
+        if not short:
+            return None
+        seen = ", ".join(f"{counts.get(name, 0)} {name}" for name in self.expect)
+        return f"canary of model {self.model or 'default'} saw {seen}, expected >= " + (
+            ", ".join(short)
+        )
+
+
 class Canary:
-    """Sends one known frame through the tunnel and checks the detections."""
+    """Sends one known frame through the tunnel and checks the detections.
+
+    :meth:`run` is the default model's check (``min_persons`` persons on the
+    TUD-Stadtmitte still); :meth:`run_check` runs any model's own check
+    (:class:`CanaryCheck`, from the model registry), naming the model in OPEN."""
 
     def __init__(
-        self, still: Path = CANARY_IMAGE, *, min_persons: int = 3, timeout_s: float = 10.0
+        self,
+        still: Path = CANARY_IMAGE,
+        *,
+        min_persons: int = 3,
+        timeout_s: float = 10.0,
+        registry: ModelRegistry | None = None,
     ) -> None:
         self.still = still
         self.min_persons = min_persons
         self.timeout_s = timeout_s
-        self._images: dict[tuple[int, int], CanaryImage] = {}
+        self.registry = registry or builtin_registry()
+        """Whose entries give the canary of every model a worker has loaded."""
+        self._images: dict[tuple[Path, int, int], CanaryImage] = {}
 
-    def image(self, w: int, h: int) -> CanaryImage:
+    @property
+    def default_check(self) -> CanaryCheck:
+        return CanaryCheck(None, self.still, {COCO_CLASSES[PERSON]: self.min_persons})
+
+    def check_for(self, model: str) -> CanaryCheck | None:
+        """The registry's check of ``model``; None for a model the registry lacks."""
+        entry = self.registry.entries.get(model)
+        return None if entry is None else CanaryCheck.of(entry)
+
+    def image(self, w: int, h: int, still: Path | None = None) -> CanaryImage:
         """The still, letterboxed and encoded for a (w, h) model."""
-        if (w, h) not in self._images:
-            prepared = letterbox_jpeg(read_jpeg_rgb(self.still), w, h)
+        path = still or self.still
+        if (path, w, h) not in self._images:
+            prepared = letterbox_jpeg(read_jpeg_rgb(path), w, h)
             lb = prepared.letterbox
-            self._images[(w, h)] = CanaryImage(prepared.data, lb.src_w, lb.src_h, lb.scale)
-        return self._images[(w, h)]
+            self._images[(path, w, h)] = CanaryImage(prepared.data, lb.src_w, lb.src_h, lb.scale)
+        return self._images[(path, w, h)]
 
     async def run(
         self,
@@ -121,6 +182,23 @@ class Canary:
         server_hostname: str | None = None,
     ) -> tuple[int, float]:
         """(persons detected, round trip ms); raises on any failure or timeout."""
+        counts, ms = await self.run_check(
+            tunnel_url, token, self.default_check, ssl_context=ssl_context,
+            server_hostname=server_hostname,
+        )  # fmt: skip
+        return counts.get(COCO_CLASSES[PERSON], 0), ms
+
+    async def run_check(
+        self,
+        tunnel_url: str,
+        token: str,
+        check: CanaryCheck,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> tuple[dict[str, int], float]:
+        """(detections per class name, round trip ms) of ``check``'s model on its image;
+        raises on any failure or timeout."""
         t0 = time.monotonic()
         tls: dict[str, object] = {}
         if tunnel_url.startswith("wss://"):
@@ -138,15 +216,16 @@ class Canary:
                 subprotocols=versions.offer(),
                 **tls,  # type: ignore[arg-type]
             ) as ws:
-                persons = await self._converse(ws)
-        return persons, (time.monotonic() - t0) * 1000
+                counts = await self._converse(ws, check)
+        return counts, (time.monotonic() - t0) * 1000
 
-    async def _converse(self, ws: ClientConnection) -> int:
-        """HELLO, OPEN, one FRAME, its RESULT, CLOSE: the persons detected."""
+    async def _converse(self, ws: ClientConnection, check: CanaryCheck) -> dict[str, int]:
+        """HELLO, OPEN, one FRAME, its RESULT, CLOSE: the detections per class name."""
         proto = IngestProtocol(versions.accepted(ws.subprotocol))
         hello = (await _next_event(ws, proto, HelloReceived)).hello
-        img = await asyncio.to_thread(self.image, hello.input_w, hello.input_h)
-        await ws.send(proto.open_stream(CANARY_STREAM, CreditWindow(cap=1), tracker="none"))
+        img = await asyncio.to_thread(self.image, hello.input_w, hello.input_h, check.image)
+        window = CreditWindow(cap=1)
+        await ws.send(proto.open_stream(CANARY_STREAM, window, "none", model=check.model))
         frame = wire.Frame(
             stream_id=CANARY_STREAM, epoch=0, seq=0, pts=0, time_base=(1, 25),
             captured_at=time.time(), src_w=img.src_w, src_h=img.src_h, scale=img.scale,
@@ -154,7 +233,9 @@ class Canary:
         await ws.send(proto.send_frame(frame, img.data, time.monotonic()))
         result = await _next_event(ws, proto, ResultReceived)
         await ws.send(proto.close_stream(CANARY_STREAM))
-        return int((result.detections.class_id == PERSON).sum())
+        det, names = result.detections, hello.class_names_of(result.result.model_name)
+        ids = det.class_id[det.confidence >= check.min_confidence].tolist()
+        return dict(Counter(names[i] if 0 <= i < len(names) else str(i) for i in ids))
 
 
 _E = TypeVar("_E", HelloReceived, ResultReceived)
@@ -169,6 +250,9 @@ async def _next_event(ws: ClientConnection, proto: IngestProtocol, kind: type[_E
                 return event
             if isinstance(event, FrameFailed):
                 raise FramerelayError(f"worker answered the canary with {event.code}")
+            if isinstance(event, PeerError) and event.refuses_open:
+                error = event.error
+                raise FramerelayError(f"worker refused the canary: {error.code}: {error.message}")
             if isinstance(event, ProtocolViolation):
                 await ws.close(event.code, event.reason)
                 raise FramerelayError(f"canary: protocol error: {event.reason}")
@@ -200,7 +284,10 @@ class WorkerProber:
             return None
         return f"HTTP {resp.status_code}: {_reason(resp.text) or resp.reason_phrase}"
 
-    async def _info(self, http_url: str, token: str, ext: dict[str, str] | None) -> float:
+    async def _info(
+        self, http_url: str, token: str, ext: dict[str, str] | None
+    ) -> tuple[float, tuple[str, ...]]:
+        """The capacity and the loaded models other than the default one (``/info``)."""
         resp = await self._http.get(
             f"{http_url}/info", headers={"Authorization": f"Bearer {token}"}, extensions=ext
         )
@@ -210,7 +297,9 @@ class WorkerProber:
             )
         resp.raise_for_status()
         info = resp.json()
-        return _capacity(info.get("capacity_fps") if isinstance(info, dict) else None)
+        if not isinstance(info, dict):
+            return 0.0, ()
+        return _capacity(info.get("capacity_fps")), loaded_models(info)
 
     async def probe(
         self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
@@ -222,14 +311,17 @@ class WorkerProber:
             unready = await self._heartbeat(http_url, ext)
             if unready is not None:  # no canary: the worker refuses tunnels while unready
                 return Probe(alive=True, ready=False, error=f"worker not ready: {unready}")
-            capacity = await self._info(http_url, token, ext)
+            capacity, models = await self._info(http_url, token, ext)
         except FramerelayError as exc:
             return Probe(alive=False, error=f"heartbeat failed: {exc}")
         except (httpx.HTTPError, ValueError) as exc:
             return Probe(alive=False, error=f"heartbeat failed: {describe_http_error(exc)}")
         if not canary:
-            return Probe(alive=True, capacity_fps=capacity, ready=True)
-        return await self._canary(tunnel_url, token, tls_name, capacity)
+            return Probe(alive=True, capacity_fps=capacity, ready=True, models=models)
+        probe = await self._canary(tunnel_url, token, tls_name, capacity)
+        if probe.canary_ok:
+            probe = await self._model_canaries(probe, tunnel_url, token, tls_name, models)
+        return probe
 
     async def _canary(
         self, tunnel_url: str, token: str, tls_name: str | None, capacity: float
@@ -246,8 +338,47 @@ class WorkerProber:
         )
         return Probe(True, ok, persons, ms, capacity, error, ready=True)
 
+    async def _model_canaries(
+        self, probe: Probe, url: str, token: str, tls_name: str | None, models: tuple[str, ...]
+    ) -> Probe:
+        """Each other loaded model against its own expectation; the first failure fails
+        the probe. A model the orchestrator's registry lacks is logged and not checked."""
+        for model in models:
+            check = self.canary.check_for(model)
+            if check is None:
+                log.warning("no canary for model %s: not in the orchestrator's registry", model)
+                continue
+            error = await self.check_model(url, token, check, tls_name)
+            if error is not None:
+                return replace(probe, canary_ok=False, error=error, models=models)
+        return replace(probe, models=models)
+
+    async def check_model(
+        self, url: str, token: str, check: CanaryCheck, tls_name: str | None = None
+    ) -> str | None:
+        """None when ``check``'s model finds what it must on its image; else why not."""
+        try:
+            counts, _ = await self.canary.run_check(
+                url, token, check, ssl_context=self._ssl, server_hostname=tls_name
+            )
+        except (TimeoutError, OSError, WebSocketException, FramerelayError) as exc:
+            return f"model {check.model}: {_canary_error(exc)}"
+        return check.shortfall(counts)
+
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def loaded_models(info: Mapping[str, object]) -> tuple[str, ...]:
+    """The loaded models of a worker's ``/info`` other than its default one (a worker
+    from before models has none); names that are no model name are skipped."""
+    default, models = info.get("default_model"), info.get("models")
+    if not isinstance(models, list):
+        return ()
+    names = (m.get("name") for m in models if isinstance(m, dict) and m.get("loaded") is True)
+    return tuple(n for n in names if isinstance(n, str) and n != default and _MODEL.fullmatch(n))[
+        :MAX_MODELS
+    ]
 
 
 def _reason(text: str) -> str:
