@@ -49,6 +49,7 @@ from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderE
 from deploy.scaling import tier_targets
 from deploy.schedule import in_window
 from deploy.settings import OrchestratorSettings, TierConfig
+from deploy.sizing import gpu_order, sizing_report, why_chosen
 from deploy.store import Store
 from deploy.workers import apply_probe, by_name, pod_load, pod_unhealthy, stream_load
 from framerelay.backoff import Backoff
@@ -336,7 +337,8 @@ class Fleet:
         env = {**self.worker_env, **creds.env, "FRAMERELAY_WORKER_WORKER_ID": rec.name}
         env.setdefault("FRAMERELAY_WORKER_HOST", "0.0.0.0")  # noqa: S104 - inside a pod
         return PodSpec(
-            name=rec.name, tier=tier.name, gpu_types=tier.gpu_types, spot=tier.spot,
+            name=rec.name, tier=tier.name, gpu_types=gpu_order(self.settings, tier, self.prices),
+            spot=tier.spot,
             cloud_types=tier.cloud_types, data_centers=tier.data_centers, env=env,
             secret_env=creds.secret_env, tls_server_name=creds.tls_server_name,
             gpu_count=tier.gpu_count, template_id=tier.template_id,
@@ -370,8 +372,13 @@ class Fleet:
         rec.set_endpoint(info)
         await self.store.put_pod(rec)
         why = f"tier {rec.tier} needs {self.targets.get(rec.tier, 0)} workers"
+        gpu_why = why_chosen(self.settings, rec.tier, rec.gpu_type, self.prices)
         self.event("created", rec.name, why, id=info.id, gpu=info.gpu_type,
-                   usd_hr=info.cost_per_hr, tier=rec.tier)  # fmt: skip
+                   usd_hr=info.cost_per_hr, tier=rec.tier, gpu_why=gpu_why)  # fmt: skip
+
+    def sizing(self) -> dict[str, list[dict[str, object]]]:
+        """Per tier, its GPU types in the order they are tried, each with the reason."""
+        return sizing_report(self.settings, self.prices)
 
     async def _no_capacity(
         self, pods: dict[str, PodRecord], rec: PodRecord, now: float, exc: NoCapacityError

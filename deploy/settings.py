@@ -50,6 +50,23 @@ class Window(BaseModel):
         return v
 
 
+class GpuTypeConfig(BaseModel):
+    """What sizing knows of one GPU type: its VRAM, measured capacity, list price."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    vram_gb: float = Field(gt=0, le=4096, description="Memory of one GPU.")
+    capacity_fps: dict[str, Annotated[float, Field(gt=0, le=1_000_000)]] = Field(
+        default_factory=dict,
+        description="Measured fps of each model on one GPU of this type (e.g. bench/gpu.py).",
+    )
+    usd_per_hr: float | None = Field(
+        None, ge=0, le=1e6, description="List price of one GPU on demand, until the provider "
+        "reports one.",
+    )  # fmt: skip
+    spot_usd_per_hr: float | None = Field(None, ge=0, le=1e6, description="...on spot.")
+
+
 class TierConfig(BaseModel):
     """A pool of like GPU workers: what to rent, how many, when."""
 
@@ -71,6 +88,10 @@ class TierConfig(BaseModel):
         description="GPUs per pod; the pod runs one worker per GPU ('framerelay worker --gpus "
         "N'), each placed and health-checked on its own.",
     )
+    models: tuple[str, ...] = Field(
+        (), description="Models the tier must host: its GPU types are then ranked by price per "
+        "unit of measured capacity for them, within their VRAM (gpu_catalog).",
+    )  # fmt: skip
     template_id: str | None = Field(
         None,
         min_length=1,
@@ -251,6 +272,13 @@ class OrchestratorSettings(ServiceSettings):
         default_factory=lambda: {"yolox_nano": 1.0},
         description="Demand weight of each model relative to the reference model.",
     )
+    gpu_catalog: dict[str, GpuTypeConfig] = Field(
+        default_factory=dict,
+        description="GPU type -> VRAM, measured capacity per model, list price (sizing by need).",
+    )
+    model_vram_gb: dict[str, Annotated[float, Field(gt=0, le=4096)]] = Field(
+        default_factory=dict, description="VRAM each model takes when loaded (sizing by need)."
+    )
     runpod: RunPodSettings = Field(default_factory=RunPodSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
@@ -295,6 +323,24 @@ class OrchestratorSettings(ServiceSettings):
             raise ValueError("tls_cert and tls_key go together (the API's HTTPS)")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key as well")
+        return self
+
+    @model_validator(mode="after")
+    def _sizing(self) -> OrchestratorSettings:
+        for t in self.tiers:
+            unknown = [m for m in t.models if m not in self.model_vram_gb]
+            if unknown:
+                raise ValueError(
+                    f"tier {t.name}: models {unknown} need their VRAM in model_vram_gb"
+                )
+            need = sum(self.model_vram_gb[m] for m in t.models)
+            known = [self.gpu_catalog[g] for g in t.gpu_types if g in self.gpu_catalog]
+            if t.models and known and len(known) == len(t.gpu_types):
+                if all(c.vram_gb < need for c in known):
+                    raise ValueError(
+                        f"tier {t.name}: no GPU type in gpu_types has the {need:g} GB of VRAM "
+                        f"its models take ({', '.join(t.models)})"
+                    )
         return self
 
     def tier(self, name: str) -> TierConfig | None:
