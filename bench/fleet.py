@@ -27,6 +27,11 @@ on-demand ratios (published RunPod discounts span about 0.3-0.65x).
 
     python bench/fleet.py [--redis-url URL] [--step-minutes 10]
 
+Then sizing by need (``bench/fleet_sizing.py``): two models on two GPU types,
+the ranking of the types with the reason for each, and the day's cost per
+stream-hour on the chosen type against all on-demand and against one GPU type
+chosen by price per hour alone.
+
 Prints the costs and savings; writes ``bench/results/fleet.json`` and
 ``fleet.png`` (pods per tier through the day, and the three bills).
 """
@@ -56,6 +61,8 @@ sys.path.insert(0, str(ROOT))
 from bench._progress import Progress  # noqa: E402
 from bench._redis import add_redis_url, redis_for_bench  # noqa: E402
 from bench._results import write_results  # noqa: E402
+from bench.fleet_sizing import report as report_sizing  # noqa: E402
+from bench.fleet_sizing import sizing_day  # noqa: E402
 from bench.rig.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 from deploy.clock import FakeClock  # noqa: E402
 from deploy.cost import CostTotals  # noqa: E402
@@ -240,6 +247,7 @@ async def run_day(
         "price_sensitivity": price_sensitivity(with_spot["cost"], static * 24.0),
         "step_s": step_s,
         "prices_usd_per_gpu_hr": {"secure": PRICES[GPU][0], "community_spot": PRICES[GPU][3]},
+        "sizing": sizing_day(step_s),
     }
 
 
@@ -276,6 +284,7 @@ def report(out: dict[str, Any]) -> None:
     for row in out["price_sensitivity"]:
         print(f"  {row['spot_ratio']:14.2f}  {100 * row['saving_vs_ondemand_always_on']:15.1f} %"
               f"  {100 * row['saving_vs_ondemand_same_schedule']:22.1f} %")  # fmt: skip
+    report_sizing(out["sizing"])
 
 
 def plot(fig: Figure, out: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
+from bench.fleet_sizing import sizing_day
 from bench.rig.runpod_contract import PRICES
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet
@@ -103,3 +104,16 @@ def test_new_pods_try_the_ranked_order_and_say_why(tmp_path: Path) -> None:
 def test_sizing_settings_that_cannot_work_are_refused(tier: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(message)):
         OrchestratorSettings(tiers=[TierConfig(name="od", **tier)], **SIZING)
+
+
+def test_the_sizing_day_picks_the_cheaper_type_per_unit_and_says_why() -> None:
+    out = sizing_day(step_s=3600)
+    assert [row["gpu_type"] for row in out["ranking"]["standard"]] == [L4, A4000]
+    assert "per fps-hour" in out["ranking"]["standard"][0]["reason"]
+    sized, single = out["sized"], out["single_type"]
+    assert set(sized["gpu_types"].values()) == {L4} and set(single["gpu_types"].values()) == {A4000}
+    assert (
+        sized["stream_hours"] == single["stream_hours"] == out["sized_all_ondemand"]["stream_hours"]
+    )
+    assert sized["usd_per_stream_hour"] < out["sized_all_ondemand"]["usd_per_stream_hour"]
+    assert out["type_saving_all_ondemand"] > 0 and out["saving_vs_single_type"] > 0
