@@ -28,6 +28,7 @@ import httpx
 from deploy.models import StreamSpec
 from deploy.tls import describe_http_error, verify_context
 from framerelay.auth import TokenIssuer
+from framerelay.model_registry import BUILTIN_NAME
 from framerelay.net import is_loopback
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,8 @@ class NullIngestLink:
 
 def stream_config(stream: StreamSpec) -> dict[str, object]:
     """The ingest's stream definition for a spec (ingest.settings.StreamConfig fields;
-    ``latency_slo_ms`` and ``tracker_settings`` only when set, so that the digests of
-    older definitions hold)."""
+    ``latency_slo_ms``, ``tracker_settings`` and a ``model`` other than the built-in
+    one only when set, so that the digests of older definitions hold)."""
     out: dict[str, object] = {
         "id": stream.id,
         "url": stream.url,
@@ -87,6 +88,8 @@ def stream_config(stream: StreamSpec) -> dict[str, object]:
         out["latency_slo_ms"] = stream.latency_slo_ms
     if stream.tracker_settings is not None:
         out["tracker_settings"] = stream.tracker_settings.model_dump(exclude_none=True)
+    if stream.model != BUILTIN_NAME:  # the built-in model is every worker's default
+        out["model"] = stream.model
     return out
 
 

@@ -9,6 +9,15 @@
   spot has room (it is cheaper).
 * Among allowed workers of equal price, best fit: the fullest one the stream
   still fits (fewer, fuller workers).
+* Model-aware (issue 17), for workers whose models are known (``Slot.vram_budget_mb``
+  set, from the worker's ``/info``): a worker takes a stream only if it has the
+  stream's model loaded, or room for it in its budget once the models without
+  streams are evicted (the worker evicts those, least recently used first);
+  among workers of equal price one that has the model loaded wins (no load
+  time), then the one whose load is shortest. A stream whose model is loaded
+  nowhere thus goes to a worker with room, which loads it, instead of being left
+  unplaced (which would add a pod). Workers whose models are unknown take any
+  model, as before.
 
 Pure functions; the orchestrator applies the result.
 """
@@ -35,6 +44,14 @@ class Slot:
     cost_per_hr: float
     used: float = 0.0
     batch_only: bool = False
+    vram_budget_mb: float | None = None
+    """The worker's model memory budget; None: unknown or none (any model fits)."""
+    loaded: Mapping[str, float] = field(default_factory=dict)
+    """Models loaded on the worker -> their memory (MiB)."""
+    pinned: frozenset[str] = frozenset()
+    """Models the worker never evicts (its default model)."""
+    hosting: set[str] = field(default_factory=set)
+    """Models of the streams placed here so far (they cannot be evicted)."""
 
     @property
     def unit_cost(self) -> float:
@@ -42,6 +59,65 @@ class Slot:
 
     def fits(self, demand: float) -> bool:
         return self.used + demand <= self.capacity + EPS
+
+    def can_host(self, model: str, need_mb: float) -> bool:
+        """Whether the model is here or fits beside the models that must stay."""
+        if self.vram_budget_mb is None or model in self.hosting or model in self.pinned:
+            return True
+        kept = self.hosting | self.pinned
+        held = sum(self.loaded.get(m, 0.0) for m in kept)
+        return held + need_mb <= self.vram_budget_mb + EPS
+
+    def load_s(self, model: str, load_s: Mapping[str, float]) -> float:
+        """Expected seconds before the model serves here (0 when loaded)."""
+        if self.vram_budget_mb is None or model in self.loaded:
+            return 0.0
+        return load_s.get(model, 1.0)
+
+    def take(self, stream: StreamSpec, need: float, need_mb: float) -> None:
+        """Place ``stream`` here: its demand, and its model now loaded and kept."""
+        self.used += need
+        if self.vram_budget_mb is not None and stream.model not in self.loaded:
+            self.loaded = {**self.loaded, stream.model: need_mb}
+        self.hosting.add(stream.model)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelNeeds:
+    """What placement knows of each model: memory (MiB) and load time (s)."""
+
+    vram_mb: Mapping[str, float] = field(default_factory=dict)
+    load_s: Mapping[str, float] = field(default_factory=dict)
+
+    def mb(self, model: str) -> float:
+        return self.vram_mb.get(model, 0.0)
+
+
+def worker_models(info: Mapping[str, object]) -> dict[str, object]:
+    """A worker's ``/info`` as :class:`Slot` keywords (``vram_budget_mb``, ``loaded``,
+    ``pinned``); empty (models unknown) for a worker without a budget or from before
+    models. Read tolerantly: entries that are not plausible are skipped."""
+    budget, models = info.get("vram_budget_mb"), info.get("models")
+    if not _mb(budget) or not budget or not isinstance(models, list):
+        return {}
+    loaded: dict[str, float] = {}
+    pinned = set()
+    for m in models:
+        if isinstance(m, dict) and isinstance(m.get("name"), str) and _mb(m.get("vram_mb")):
+            if m.get("loaded") is True or m.get("pinned") is True:
+                loaded[m["name"]] = float(m["vram_mb"])
+            if m.get("pinned") is True:
+                pinned.add(m["name"])
+    return {"vram_budget_mb": float(budget), "loaded": loaded, "pinned": frozenset(pinned)}  # type: ignore[arg-type]
+
+
+def _mb(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value <= 1e7
+    )
 
 
 @dataclass(slots=True)
@@ -79,18 +155,32 @@ def by_priority(streams: Iterable[StreamSpec], costs: Mapping[str, float]) -> li
     return sorted(streams, key=lambda s: (PRIORITY_ORDER[s.priority], -demand(s, costs), s.id))
 
 
-def _best(stream: StreamSpec, need: float, slots: list[Slot], pin: bool) -> Slot | None:
-    fitting = [s for s in slots if _allowed(stream, s, pin) and s.fits(need)]
+def _ok(stream: StreamSpec, slot: Slot, need: float, pin: bool, models: ModelNeeds) -> bool:
+    return (
+        _allowed(stream, slot, pin)
+        and slot.fits(need)
+        and slot.can_host(stream.model, models.mb(stream.model))
+    )
+
+
+def _best(
+    stream: StreamSpec, need: float, slots: list[Slot], pin: bool, models: ModelNeeds
+) -> Slot | None:
+    fitting = [s for s in slots if _ok(stream, s, need, pin, models)]
     if not fitting:
         return None
-    return min(fitting, key=lambda s: (s.unit_cost, s.capacity - s.used - need, s.name))
+    return min(fitting, key=lambda s: (s.unit_cost, s.load_s(stream.model, models.load_s),
+                                       s.capacity - s.used - need, s.name))  # fmt: skip
 
 
-def _keep(stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot], pin: bool) -> bool:
-    if slot is None or not _allowed(stream, slot, pin) or not slot.fits(need):
+def _keep(
+    stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot], pin: bool,
+    models: ModelNeeds,
+) -> bool:  # fmt: skip
+    if slot is None or not _ok(stream, slot, need, pin, models):
         return False
     limit = slot.unit_cost - EPS
-    return not any(s.unit_cost < limit and s.fits(need) and _allowed(stream, s, pin) for s in slots)
+    return not any(s.unit_cost < limit and _ok(stream, s, need, pin, models) for s in slots)
 
 
 def place(
@@ -101,36 +191,39 @@ def place(
     *,
     batch_pinned: bool = False,
     pins: Mapping[str, str] | None = None,
+    models: ModelNeeds | None = None,
 ) -> Placement:
     """Assign every stream to a slot (or leave it unplaced when nothing fits).
 
     ``pins`` (operator moves) win over price while their worker is allowed and fits.
+    ``models``: each model's memory and load time, for slots whose models are known.
     """
     by_name = {s.name: s for s in slots}
     pins = pins or {}
+    needs = models or ModelNeeds()
     ordered = by_priority(streams, model_costs)
     result = Placement()
     pending: list[StreamSpec] = []
     for stream in ordered:  # pass 1: keep what may stay
         need = demand(stream, model_costs)
         pinned = by_name.get(pins.get(stream.id, ""))
-        if pinned is not None and _allowed(stream, pinned, batch_pinned) and pinned.fits(need):
-            pinned.used += need
+        if pinned is not None and _ok(stream, pinned, need, batch_pinned, needs):
+            pinned.take(stream, need, needs.mb(stream.model))
             result.assign[stream.id] = pinned.name
             continue
         slot = by_name.get(current.get(stream.id, ""))
-        if _keep(stream, slot, need, slots, batch_pinned):
+        if _keep(stream, slot, need, slots, batch_pinned, needs):
             assert slot is not None  # noqa: S101 - _keep checked it
-            slot.used += need
+            slot.take(stream, need, needs.mb(stream.model))
             result.assign[stream.id] = slot.name
         else:
             pending.append(stream)
     for stream in pending:  # pass 2: first-fit decreasing, cheapest then best fit
         need = demand(stream, model_costs)
-        best = _best(stream, need, slots, batch_pinned)
+        best = _best(stream, need, slots, batch_pinned, needs)
         if best is None:
             result.unplaced.append(stream.id)
             continue
-        best.used += need
+        best.take(stream, need, needs.mb(stream.model))
         result.assign[stream.id] = best.name
     return result
