@@ -4,6 +4,9 @@
 # model on a GPU type pays the engine build (minutes).
 #   docker build -f deploy/docker/worker-cuda.Dockerfile -t framerelay/worker:0.1.0 .
 #   docker run --gpus all -v framerelay-trt:/var/cache/framerelay/trt framerelay/worker:0.1.0
+# A host or pod of N GPUs runs one worker per GPU (ids <id>-gpu<i>, ports 8443 + i):
+#   docker run --gpus all ... framerelay/worker:0.1.0 worker --gpus all
+# (the orchestrator's multi-GPU pods start `worker --gpus N`: docs/runpod.md).
 # Runs as uid 65534 on a read-only root: writable only the engine cache and /tmp.
 # Providers: auto (TensorRT, then CUDA, then CPU; `worker --providers cuda` to pin one).
 FROM python:3.11-slim-bookworm AS wheel

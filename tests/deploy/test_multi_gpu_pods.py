@@ -59,6 +59,8 @@ def _launch(pod: dict[str, Any]) -> tuple[str, dict[str, int], Any]:
 
 
 async def _streams_on_both_workers(fleet: Fleet) -> tuple[dict[str, str], dict[str, int]]:
+    """Both streams placed, one per worker, each with results from its worker; prints how
+    long the pod took from its create to both workers ready (canaries passed)."""
     for s in STREAMS:
         await fleet.orch.store.put_stream(s)
 
@@ -73,6 +75,9 @@ async def _streams_on_both_workers(fleet: Fleet) -> tuple[dict[str, str], dict[s
     pods = await fleet.orch.store.pods()
     assert list(pods) == [POD] and pods[POD].gpu_count == 2 and pods[POD].ready
     assert [w.name for w in pods[POD].workers()] == list(WORKERS)
+    ready_since = pods[POD].ready_since
+    assert ready_since is not None
+    print(f"\ntwo-GPU pod: create -> both workers ready {ready_since - pods[POD].created_at:.1f} s")
     per_worker = collections.Counter(r.worker_id for r in fleet.records)
     return await fleet.orch.store.assignments(), dict(per_worker)
 
