@@ -38,7 +38,7 @@ from framerelay import wire
 from framerelay.auth.guard import FailureLimiter, Throttled, status_of
 from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
-from framerelay.model_registry import load_registry
+from framerelay.model_registry import check_files, load_registry
 from framerelay.outbox import CoalescingServerConnection
 from framerelay.protocol import NoCommonVersion
 from framerelay.protocol import negotiation as versions
@@ -123,6 +123,8 @@ class Worker:
         self.detector = detector or load_detector(settings.detector)
         self._report_detector()
         registry = load_registry(settings.model_registry)
+        for missing in check_files(registry):  # on another pod's volume, perhaps: say so
+            log.warning("%s (a stream naming it will fail)", missing)
         self.models = ModelPool(
             registry,
             default_model(settings.default_model, self.detector, registry),

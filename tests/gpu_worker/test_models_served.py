@@ -23,6 +23,7 @@ from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
 from tests.ingest.test_tunnel_compat import streaming
 from tests.integration.worker_harness import running_worker, token
+from tests.support.cli_runs import clean_env, run_all
 from tests.support.harness import wait_for
 from tests.support.models import VEHICLE_CLASSES, write_registry
 
@@ -128,3 +129,18 @@ canary = { image = "vehicles.onnx", expect = { car = 1 } }
     assert with_a == {"yolox_nano": True, "vehicles": True}
     assert after == {"yolox_nano": True, "vehicles2": True}  # vehicles evicted (LRU, idle)
     assert {r.model for r in records if r.stream_id == "b"} == {"vehicles2"}
+
+
+def test_a_bad_registry_stops_the_worker_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "models.toml"
+    bad.write_text('[models.v]\nfile = "v.onnx"\nvram_mb = -1\n')
+    env = clean_env(FRAMERELAY_TOKEN_SECRETS="s" * 40, FRAMERELAY_WORKER_PORT="0")
+    runs = run_all([
+        (["worker"], env | {"FRAMERELAY_WORKER_MODEL_REGISTRY": str(bad)}),
+        (["worker"], env | {"FRAMERELAY_WORKER_MODEL_REGISTRY": str(tmp_path / "none.toml")}),
+    ])  # fmt: skip
+    said = [run.stderr.strip() for run in runs]
+    assert [run.rc for run in runs] == [2, 2]
+    assert said[0] == f"framerelay: error: {bad}: models.v.input_w: Field required"
+    assert said[1].endswith("none.toml: No such file or directory")
+    assert all("\n" not in s and "Traceback" not in s for s in said)
