@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -129,3 +131,34 @@ def test_a_two_gpu_local_pod_runs_two_workers_with_a_stream_each(
             return out
 
     _check(*asyncio.run(main()))
+
+
+def test_a_dead_worker_takes_its_pod_down_and_both_streams_come_back(
+    secret: str, tmp_path: Path
+) -> None:
+    """kill -9 one GPU's worker: the pod's supervisor stops the other and exits, the
+    provider says EXITED, the orchestrator replaces the pod and both streams run again
+    on the new pod's two workers."""
+
+    async def main() -> float:
+        settings = settings_for(secret, tmp_path / "ca", tiers=[TIER])
+        async with running_fleet(settings) as fleet:
+            await _streams_on_both_workers(fleet)
+            (pod,) = fleet.provider.pods.values()
+            t0 = time.time()
+            os.kill(int(pod.worker.infos[1]["pid"]), signal.SIGKILL)
+            new = ("fr-big-0-g1-gpu0", "fr-big-0-g1-gpu1")
+
+            def back() -> bool:
+                return all(
+                    any(r.received_at > t0 and r.worker_id in new for r in fleet.results_for(s.id))
+                    for s in STREAMS
+                )
+
+            await wait_for(back, 120, "both streams on the replacement pod's workers")
+            kinds = [e["kind"] for e in fleet.orch.fleet.events]
+            assert "exited" in kinds, kinds
+            return time.time() - t0
+
+    took = asyncio.run(main())
+    print(f"\ntwo-GPU pod: one worker killed -> both streams on a new pod in {took:.1f} s")
