@@ -7,10 +7,10 @@ pipeline measures milliseconds and records them through
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpu_worker.gpu_stats import GpuStats, GpuStatus, read_gpus
@@ -77,6 +77,41 @@ class GpuCollector(Collector):
                     family.add_metric([str(gpu.index), gpu.uuid, gpu.name], float(value))
             if family.samples:
                 yield family
+
+
+class ModelCollector(Collector):
+    """``framerelay_worker_model_*{model}`` and the eviction count, from the model pool's
+    ``info()`` at each scrape (:mod:`gpu_worker.model_pool`)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, object]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        info = self._read()
+        models = info.get("models")
+        rows = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+        for name, doc, key, scale in _MODEL_SERIES:
+            family = GaugeMetricFamily(f"framerelay_worker_model_{name}", doc, labels=["model"])
+            for m in rows:
+                family.add_metric([str(m["name"])], float(m[key]) * scale)
+            yield family
+        evictions = info.get("model_evictions", 0)
+        yield CounterMetricFamily(
+            "framerelay_worker_model_evictions",
+            "Models evicted (least recently used, no streams) to make room for another",
+            value=float(evictions) if isinstance(evictions, int) else 0.0,
+        )
+
+
+_MODEL_SERIES = (
+    ("loaded", "1 when the model is loaded, 0 while held but not loaded yet", "loaded", 1.0),
+    ("streams", "Open streams on the model", "streams", 1.0),
+    ("vram_bytes", "GPU memory the registry says the model needs", "vram_mb", 2.0**20),
+    ("load_seconds", "How long the model's last load took", "load_s", 1.0),
+)
 
 
 class WorkerMetrics:
@@ -172,6 +207,10 @@ class WorkerMetrics:
             ["reason"],
             registry=r,
         )
+
+    def watch_models(self, read: Callable[[], Mapping[str, object]]) -> None:
+        """Report the model pool (``read``: its ``info``) at each scrape."""
+        self.registry.register(ModelCollector(read))
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -132,6 +132,7 @@ class Worker:
             budget_mb=settings.vram_budget_mb,
         )
         """The models streams may name; the detector above is the pinned default."""
+        self.metrics.watch_models(self.models.info)
         self.decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="jpeg")
         self.batcher = Batcher(
             self.detector,

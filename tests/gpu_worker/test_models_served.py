@@ -42,6 +42,7 @@ def _loaded(worker: Worker) -> dict[str, bool]:
 def test_two_models_on_one_worker_results_carry_the_model_name(secret: str, tmp_path: Path) -> None:
     registry = write_registry(tmp_path)
     records: list[ResultRecord] = []
+    scraped: list[str] = []
 
     async def main() -> tuple[dict[str, bool], dict[str, bool]]:
         async with running_worker(secret, model_registry=registry) as (worker, url):
@@ -53,6 +54,7 @@ def test_two_models_on_one_worker_results_carry_the_model_name(secret: str, tmp_
                 await wait_for(lambda: {r.stream_id for r in records} >= {"people", "cars"},
                                WAIT_S, "results of both streams")  # fmt: skip
                 await wait_for(lambda: len(records) >= 10, WAIT_S, "more results")
+                scraped.append(worker.metrics.render().decode())
                 return before, _loaded(worker)
 
     before, during = asyncio.run(main())
@@ -65,6 +67,13 @@ def test_two_models_on_one_worker_results_carry_the_model_name(secret: str, tmp_
     assert "person" in people  # the COCO model finds the clip's pedestrians
     cars = {d.class_name for r in by_stream["cars"] for d in r.detections}
     assert cars <= set(VEHICLE_CLASSES)  # named by the vehicles model's own classes
+    metrics = scraped[0].splitlines()
+    for line in ('framerelay_worker_model_loaded{model="vehicles"} 1.0',
+                 'framerelay_worker_model_streams{model="vehicles"} 1.0',
+                 'framerelay_worker_model_streams{model="yolox_nano"} 1.0',
+                 'framerelay_worker_model_vram_bytes{model="vehicles"} 3.145728e+08',
+                 "framerelay_worker_model_evictions_total 0.0"):  # fmt: skip
+        assert line in metrics, line
 
 
 def test_an_unknown_model_is_refused_and_the_stream_says_why(secret: str, tmp_path: Path) -> None:
