@@ -145,9 +145,12 @@ class Hello(_Header, frozen=True, kw_only=True):
         return next((m for m in self.models if m.name == name), None)
 
     def class_names_of(self, model: str | None) -> list[str]:
-        """The class names of a RESULT of ``model`` (the default model's for None)."""
+        """The class names of a RESULT of ``model``: the default model's for None, none
+        for a model this HELLO does not list (its classes are then named by number)."""
+        if model is None:
+            return self.class_names
         info = self.model(model)
-        return self.class_names if info is None else info.class_names
+        return [] if info is None else info.class_names
 
 
 class SessionClock(Struct, frozen=True, kw_only=True):

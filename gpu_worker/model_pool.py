@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from framerelay import wire
 from framerelay.errors import CapacityError, ModelError
 from framerelay.model_registry import BUILTIN, ModelEntry, ModelRegistry
@@ -38,6 +40,9 @@ from gpu_worker.detectors import (
 
 log = logging.getLogger(__name__)
 Loader = Callable[[ModelEntry], Detector]
+HELLO_MODELS_BYTES = 8 * 1024
+"""HELLO's ``models`` take at most this much of its header (the wire allows 16 KiB in all;
+the default model's class names are there twice)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -176,19 +181,28 @@ class ModelPool:
             self.evictions += 1
             log.info("evicted model %s (least recently used) for %s", victim.name, entry.name)
 
-    def hello_models(self) -> list[wire.ModelInfo]:
+    def hello_models(self, max_bytes: int = HELLO_MODELS_BYTES) -> list[wire.ModelInfo]:
         """The models a stream may name here (HELLO): those of the registry whose input
-        size this worker's tunnels carry, the default first."""
+        size this worker's tunnels carry, the default first, as many as fit in
+        ``max_bytes`` of HELLO's header (a model left out still serves, but an ingest
+        names its classes by number)."""
         size = self.input_size
         entries = [self.default.entry] + [
             e for e in self.registry.entries.values()
             if e.name != self.default.name and (e.input_w, e.input_h) == size
         ]  # fmt: skip
-        return [
-            wire.ModelInfo(name=e.name, input_w=e.input_w, input_h=e.input_h,
-                           class_names=list(e.classes))
-            for e in entries[: wire.MAX_MODELS]
-        ]  # fmt: skip
+        out: list[wire.ModelInfo] = []
+        used = 0
+        for e in entries[: wire.MAX_MODELS]:
+            info = wire.ModelInfo(name=e.name, input_w=e.input_w, input_h=e.input_h,
+                                  class_names=list(e.classes))  # fmt: skip
+            used += len(msgspec.json.encode(info)) + 1
+            if used > max_bytes:
+                log.warning("HELLO lists %d of %d models (its header is bounded)",
+                            len(out), len(entries))  # fmt: skip
+                break
+            out.append(info)
+        return out
 
     def info(self) -> dict[str, object]:
         """``/info``'s view: every model held, the budget and what is free."""

@@ -116,3 +116,11 @@ def test_info_and_hello() -> None:
     assert info["vram_used_mb"] == 356 and info["vram_free_mb"] == 644
     assert [m["name"] for m in info["models"]] == [BUILTIN.name, "a"]  # type: ignore[index, union-attr]
     assert [m.name for m in pool.hello_models()] == [BUILTIN.name, "a"]  # not 640x640
+
+
+def test_hello_lists_as_many_models_as_its_header_holds() -> None:
+    many = [_entry(f"m{i:02d}") for i in range(20)]
+    pool, _ = _pool(0, *many)
+    assert len(pool.hello_models()) == 16  # wire.MAX_MODELS
+    listed = pool.hello_models(max_bytes=1200)  # the 80 COCO names take ~700
+    assert 0 < len(listed) < 16 and listed[0].name == BUILTIN.name
