@@ -18,6 +18,8 @@ moment:
   pods it has for that long, so the scaler sends its demand to the next
   allowed tier (spot gone: on-demand carries the standard streams until spot
   can be had again, then placement moves them back and the extra drains).
+* A pod of ``gpu_count`` > 1 runs one worker per GPU (:mod:`deploy.workers`): each
+  is probed, canaried and placed on its own; the pod goes when one of them fails.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
@@ -51,7 +54,14 @@ from deploy.schedule import in_window
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.sizing import gpu_order, sizing_report, why_chosen
 from deploy.store import Store
-from deploy.workers import apply_probe, by_name, pod_load, pod_unhealthy, stream_load
+from deploy.workers import (
+    apply_probe,
+    by_name,
+    move_reason,
+    pod_load,
+    pod_unhealthy,
+    stream_load,
+)
 from framerelay.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -337,8 +347,8 @@ class Fleet:
         env = {**self.worker_env, **creds.env, "FRAMERELAY_WORKER_WORKER_ID": rec.name}
         env.setdefault("FRAMERELAY_WORKER_HOST", "0.0.0.0")  # noqa: S104 - inside a pod
         return PodSpec(
-            name=rec.name, tier=tier.name, gpu_types=gpu_order(self.settings, tier, self.prices),
-            spot=tier.spot,
+            name=rec.name, tier=tier.name, spot=tier.spot,
+            gpu_types=gpu_order(self.settings, tier, self.prices),
             cloud_types=tier.cloud_types, data_centers=tier.data_centers, env=env,
             secret_env=creds.secret_env, tls_server_name=creds.tls_server_name,
             gpu_count=tier.gpu_count, template_id=tier.template_id,
@@ -434,11 +444,15 @@ class Fleet:
         for sid in set(self._acked) - set(streams):
             if await self.ingest.unassign(sid):
                 self._acked.pop(sid, None)
+        workers = by_name(pods.values())
         for sid, spec in streams.items():
-            await self._tell_ingest(spec, result.assign.get(sid), pods)
+            await self._tell_ingest(spec, result.assign.get(sid), workers)
 
     async def _tell_ingest(
-        self, spec: StreamSpec, want: str | None, pods: dict[str, PodRecord]
+        self,
+        spec: StreamSpec,
+        want: str | None,
+        workers: Mapping[str, tuple[PodRecord, WorkerState]],
     ) -> None:
         """Tell the ingest where ``spec`` runs, unless it acknowledged that already.
 
@@ -458,7 +472,7 @@ class Fleet:
         if want is None:
             ok = await self.ingest.unassign(sid)
         else:
-            worker = by_name(pods.values())[want][1]
+            worker = workers[want][1]
             url, name = worker.tunnel_url, worker.tls_server_name
             ok = url is not None and await self.ingest.assign(spec, want, url, name)
         if ok:
@@ -479,18 +493,3 @@ class Fleet:
 
     def burn_rate(self, pods: dict[str, PodRecord]) -> float:
         return sum(r.cost_per_hr for r in pods.values() if r.provider_id is not None)
-
-
-def move_reason(old: str | None, new: str | None, ready: set[str], pin: str | None) -> str:
-    """Why placement moved a stream from ``old`` to ``new`` (``ready``: the workers that
-    take streams now; ``pin``: the operator's choice)."""
-    if old is not None and old not in ready:
-        where = f"re-homed on {new}" if new else "no other allowed worker has room yet"
-        return f"worker {old} is lost or not ready: {where}"
-    if new is None:
-        return "unplaced: no allowed worker has room"
-    if old is None:
-        return "placed"
-    if pin == new:
-        return "moved by an operator (pin)"
-    return f"moved from {old}: cheaper, or {old} is over capacity or not allowed"

@@ -82,3 +82,18 @@ def stream_load(assigned: Mapping[str, str]) -> collections.Counter[str]:
 def by_name(pods: Iterable[PodRecord]) -> dict[str, tuple[PodRecord, WorkerState]]:
     """Every worker of ``pods`` by its name, with its pod."""
     return {w.name: (rec, w) for rec in pods for w in rec.workers()}
+
+
+def move_reason(old: str | None, new: str | None, ready: set[str], pin: str | None) -> str:
+    """Why placement moved a stream from ``old`` to ``new`` (``ready``: the workers that
+    take streams now; ``pin``: the operator's choice)."""
+    if old is not None and old not in ready:
+        where = f"re-homed on {new}" if new else "no other allowed worker has room yet"
+        return f"worker {old} is lost or not ready: {where}"
+    if new is None:
+        return "unplaced: no allowed worker has room"
+    if old is None:
+        return "placed"
+    if pin == new:
+        return "moved by an operator (pin)"
+    return f"moved from {old}: cheaper, or {old} is over capacity or not allowed"
