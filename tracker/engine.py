@@ -6,8 +6,8 @@ time ``t`` (tracks unseen for longer than ``max_lost_s`` are dropped first):
 1. high detections  <-> confirmed tracks (tracked or lost): IoU with the
    predicted box, optionally height-modulated (``height_iou``) and plus
    OC-SORT's direction term (``direction_weight``);
-2. low detections   <-> confirmed tracks still tracked: IoU (ByteTrack's
-   second stage, ``use_low_stage``);
+2. low detections   <-> confirmed tracks still tracked (and lost ones, with
+   ``low_stage_lost``): IoU (ByteTrack's second stage, ``use_low_stage``);
 3. leftover high    <-> leftover confirmed tracks: IoU with their *last
    observed* box (OC-SORT's observation-centric recovery, ``recovery``),
    plus the direction term (``recovery_direction_weight``);
@@ -16,10 +16,11 @@ time ``t`` (tracks unseen for longer than ``max_lost_s`` are dropped first):
    distance that speed covers since the track was seen (a new track has no
    velocity yet, and at 2-6 fps a walker moves most of its width per frame);
 5. matched tracks get a Kalman update (robust to outliers with
-   ``outlier_sigma``); leftover high detections above ``new_track_threshold``
-   start tentative tracks; a tentative track is confirmed (and gets the next
-   id) after ``min_hits`` matches; tracked tracks that found nothing become
-   lost; tentative ones unmatched for ``tentative_max_gap_s`` and lost ones
+   ``outlier_sigma``; low detections count ``low_noise`` times noisier);
+   leftover high detections above ``new_track_threshold`` start tentative
+   tracks; a tentative track is confirmed (and gets the next id) after
+   ``min_hits`` matches; tracked tracks that found nothing become lost;
+   tentative ones unmatched for ``tentative_max_gap_s`` and lost ones
    unmatched for ``max_lost_s`` (seconds) are dropped.
 
 Each stage solves one optimal assignment (:func:`tracker.association.assign`).
@@ -306,7 +307,8 @@ class SortFamilyTracker:
         confirmed = tr.status != TENTATIVE
         self._stage(self._first_stage(cand, predicted, f), confirmed, f.high, s.match_iou)
         if s.use_low_stage:
-            self._stage(cand, tr.status == TRACKED, f.low, s.low_match_iou)
+            low_rows = confirmed if s.low_stage_lost else tr.status == TRACKED
+            self._stage(cand, low_rows, f.low, s.low_match_iou)
         if s.recovery:
             rows = np.nonzero(self._free & confirmed)[0]
             cols = f.high & (match < 0)
@@ -371,7 +373,7 @@ class SortFamilyTracker:
         ids = np.full(f.xyxy.shape[0], -1, np.int64)
         if rows.size:
             status = tr.status[rows]
-            self._correct(rows, status, f.z[dets], now)
+            self._correct(rows, status, f, dets, now)
             self._observe(rows, f, dets, now)
             tentative = status == TENTATIVE
             promote = tentative & (tr.hits[rows] >= self.settings.min_hits)
@@ -394,10 +396,15 @@ class SortFamilyTracker:
             ids[born] = started
         return ids
 
-    def _correct(self, rows: I64, status: NDArray[np.int8], z: F64, now: float) -> None:
+    def _correct(
+        self, rows: I64, status: NDArray[np.int8], f: _Frame, dets: I64, now: float
+    ) -> None:
         """Kalman update of matched rows (with OC-SORT re-update for returning tracks)."""
-        tr = self.tracks
-        mean, cov = kalman.update(tr.mean[rows], tr.cov[rows], z, self._noise)
+        tr, z = self.tracks, f.z[dets]
+        r_scale = None
+        if self.settings.low_noise != 1.0:
+            r_scale = np.where(f.low[dets], self.settings.low_noise, 1.0)
+        mean, cov = kalman.update(tr.mean[rows], tr.cov[rows], z, self._noise, r_scale)
         back = status == LOST
         if self.settings.reupdate and _any(back):
             gap = now - tr.t_obs[rows]

@@ -140,15 +140,20 @@ def predict(mean: F64, cov: F64, dt: float, noise: KalmanNoise) -> tuple[F64, F6
     return new_mean, new_cov
 
 
-def update(mean: F64, cov: F64, z: F64, noise: KalmanNoise) -> tuple[F64, F64]:
+def update(
+    mean: F64, cov: F64, z: F64, noise: KalmanNoise, r_scale: F64 | None = None
+) -> tuple[F64, F64]:
     """Correct tracks (N, 8)/(N, 3, 4) with their matched measurements ``z`` (N, 4).
 
     Per component: ``S = P_pp + R``, gain ``K = [P_pp, P_pv] / S``,
-    ``x += K (z - x_pos)``, ``P = (I - K H) P``.
+    ``x += K (z - x_pos)``, ``P = (I - K H) P``. ``r_scale`` (N,), when given,
+    multiplies each measurement's noise std (e.g. less trust in a low-score box).
     """
     if mean.shape[0] == 0:
         return mean, cov
     scale = _scale(mean)
+    if r_scale is not None:
+        scale = scale * r_scale[:, None]
     s = cov[:, PP] + (noise.r_pos**2) * (scale * scale)
     innovation = z - mean[:, :DIM]
     if noise.outlier_sigma > 0.0:

@@ -27,10 +27,10 @@ class SortSettings(BaseModel):
         0.1, ge=0.0, le=1.0, description="Detections below this score are ignored entirely."
     )
     new_track_threshold: float = Field(
-        0.6, ge=0.0, le=1.0, description="Unmatched high detections at/above this start a track."
+        0.5, ge=0.0, le=1.0, description="Unmatched high detections at/above this start a track."
     )
     report_threshold: float = Field(
-        0.4,
+        0.25,
         ge=0.0,
         le=1.0,
         description="Detections below this score may keep a track alive but are "
@@ -49,7 +49,10 @@ class SortSettings(BaseModel):
     use_low_stage: bool = Field(
         True, description="Stage 2 (ByteTrack): match low detections to still-tracked tracks."
     )
-    low_match_iou: float = Field(0.5, ge=0.0, le=1.0, description="Stage 2: minimum IoU.")
+    low_match_iou: float = Field(0.3, ge=0.0, le=1.0, description="Stage 2: minimum IoU.")
+    low_stage_lost: bool = Field(
+        True, description="Stage 2 also offers low detections to lost tracks (as roboflow's)."
+    )
     direction_weight: float = Field(
         0.0, ge=0.0, le=2.0, description="OC-SORT momentum: weight of direction agreement."
     )
@@ -92,10 +95,10 @@ class SortSettings(BaseModel):
         True, description="On the very first update (or after reset) confirm new tracks at once."
     )
     tentative_max_gap_s: float = Field(
-        0.0, ge=0.0, le=60.0, description="A tentative track unmatched for longer is dropped."
+        0.2, ge=0.0, le=60.0, description="A tentative track unmatched for longer is dropped."
     )
     max_lost_s: float = Field(
-        1.0, ge=0.0, le=3600.0, description="A confirmed track unmatched for longer is dropped."
+        1.2, ge=0.0, le=3600.0, description="A confirmed track unmatched for longer is dropped."
     )
     max_gap_s: float = Field(
         10.0,
@@ -106,12 +109,19 @@ class SortSettings(BaseModel):
     )
     # --- Kalman noise (fractions of box size; see tracker.kalman)
     r_pos: float = Field(0.05, gt=0.0, le=10.0, description="Measurement std.")
-    q_pos: float = Field(0.25, ge=0.0, le=100.0, description="Position noise per sqrt(s).")
+    q_pos: float = Field(0.3, ge=0.0, le=100.0, description="Position noise per sqrt(s).")
     q_vel: float = Field(1.0, ge=0.0, le=100.0, description="Velocity noise per s per sqrt(s).")
     init_pos: float = Field(0.1, gt=0.0, le=10.0, description="Initial position std.")
     init_vel: float = Field(1.5, gt=0.0, le=100.0, description="Initial velocity std per s.")
     outlier_sigma: float = Field(
         2.0, ge=0.0, le=100.0, description="Robust update beyond this many sigmas (0: off)."
+    )
+    low_noise: float = Field(
+        3.0,
+        ge=1.0,
+        le=100.0,
+        description="Measurement std of a low detection (stage 2) x this: its box is "
+        "often partial or merged, so it moves the filter less (1: like any other).",
     )
 
     @model_validator(mode="after")
@@ -134,7 +144,21 @@ class HybridSettings(SortSettings):
     momentum, recovery and re-update."""
 
 
-class ByteTrackSettings(SortSettings):
+class _PaperSettings(SortSettings):
+    """What ``bytetrack`` and ``ocsort`` keep from the papers where ``hybrid`` was
+    retuned on the development set (issue 16): ByteTrack's new-track threshold, stage
+    2 gate and 30-frame (1 s) lost buffer, no low-stage extras, the first noise tuning."""
+
+    new_track_threshold: float = Field(0.6, ge=0.0, le=1.0, description="ByteTrack's 0.6.")
+    low_match_iou: float = Field(0.5, ge=0.0, le=1.0, description="ByteTrack's 0.5 (stage 2).")
+    low_stage_lost: bool = Field(False, description="Stage 2 for tracked tracks only.")
+    low_noise: float = Field(1.0, ge=1.0, le=100.0, description="Plain Kalman update.")
+    tentative_max_gap_s: float = Field(0.0, ge=0.0, le=60.0, description="Dropped at a miss.")
+    max_lost_s: float = Field(1.0, ge=0.0, le=3600.0, description="30 frames at 30 fps.")
+    q_pos: float = Field(0.25, ge=0.0, le=100.0, description="Position noise per sqrt(s).")
+
+
+class ByteTrackSettings(_PaperSettings):
     """``bytetrack``: high then low confidence association, no OC-SORT steps
     (plain IoU, plain Kalman update, as in the paper)."""
 
@@ -147,7 +171,7 @@ class ByteTrackSettings(SortSettings):
     tentative_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for ByteTrack.")
 
 
-class OCSortSettings(SortSettings):
+class OCSortSettings(_PaperSettings):
     """``ocsort``: OC-SORT (momentum, recovery, re-update) without the low stage
     (plain IoU, plain Kalman update, as in the paper)."""
 

@@ -23,11 +23,17 @@ def _dense_predict(
 
 
 def _dense_update(
-    mean: np.ndarray, cov: np.ndarray, z: np.ndarray, noise: KalmanNoise
+    mean: np.ndarray,
+    cov: np.ndarray,
+    z: np.ndarray,
+    noise: KalmanNoise,
+    r_scale: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     h = np.eye(4, 8)
     p = kalman.dense(cov)
     s = np.maximum(mean[:, [2, 3, 2, 3]], 1.0)
+    if r_scale is not None:
+        s = s * r_scale[:, None]
     r = np.stack([np.diag(row) for row in (noise.r_pos * s) ** 2])
     big_s = h @ p @ h.T + r
     gain = p @ h.T @ np.linalg.inv(big_s)
@@ -69,6 +75,29 @@ def test_update_matches_dense_filter(
     got_mean, got_cov = kalman.update(mean, cov, z, noise)
     np.testing.assert_allclose(got_mean, want_mean, rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(kalman.dense(got_cov), want_cov, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize(("boxes", "vel", "dt", "noise"), CASES)
+def test_update_with_per_row_measurement_noise_matches_dense_filter(
+    boxes: list[list[float]], vel: list[list[float]], dt: float, noise: KalmanNoise
+) -> None:
+    mean, cov = kalman.initiate(np.array(boxes, float), noise)
+    mean[:, 4:] = vel
+    mean, cov = kalman.predict(mean, cov, dt, noise)
+    z = mean[:, :4] + np.array([3.0, -2.0, 1.0, 0.5])
+    r_scale = np.linspace(1.0, 4.0, len(boxes))
+    want_mean, want_cov = _dense_update(mean, cov, z, noise, r_scale)
+    got_mean, got_cov = kalman.update(mean, cov, z, noise, r_scale)
+    np.testing.assert_allclose(got_mean, want_mean, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(kalman.dense(got_cov), want_cov, rtol=1e-10, atol=1e-9)
+
+
+def test_noisier_measurement_moves_the_state_less() -> None:
+    noise = KalmanNoise()
+    mean, cov = kalman.initiate(np.array([[100.0, 100.0, 40.0, 80.0]] * 2), noise)
+    z = mean[:, :4] + 10.0
+    got, _ = kalman.update(mean, cov, z, noise, np.array([1.0, 3.0]))
+    assert np.all(got[1, :4] - mean[1, :4] < got[0, :4] - mean[0, :4])
 
 
 @pytest.mark.parametrize("dt", [0.0, -0.5])

@@ -114,7 +114,7 @@ def test_dropped_frames_vfr_and_sampling_keep_ids(name: str, pattern: str) -> No
     [
         ("bytetrack", {}, 1, TRACKED),  # stage 2 matches it and reports it
         ("hybrid", {}, -1, TRACKED),  # matched (track stays alive), not reported
-        ("hybrid", {"report_threshold": 0.2}, 1, TRACKED),
+        ("hybrid", {"report_threshold": 0.15}, 1, TRACKED),
         ("hybrid", {"use_low_stage": False}, -1, LOST),
         ("ocsort", {}, -1, LOST),  # OC-SORT has no low stage
     ],
@@ -125,10 +125,46 @@ def test_low_confidence_detection_continues_a_track(
     trk = create_tracker(name, **options)
     for k in range(5):
         trk.update(dets([box(100 + 2 * k)], 0.9), k * 0.04)
-    out = trk.update(dets([box(110)], 0.3), 5 * 0.04)
+    out = trk.update(dets([box(110)], 0.2), 5 * 0.04)
     assert out.tracker_id.tolist() == [out_id]
     assert trk.tracks.status.tolist() == [status]  # type: ignore[attr-defined]
     assert trk.update(dets([box(112)], 0.9), 6 * 0.04).tracker_id.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "status"),
+    [
+        ("default", {}, TRACKED),  # stage 2 offers the low box to the lost track
+        ("default", {"low_stage_lost": False}, LOST),
+        ("bytetrack", {}, LOST),  # the paper's stage 2: tracked tracks only
+    ],
+)
+def test_low_confidence_detection_brings_a_lost_track_back(
+    name: str, options: dict[str, object], status: int
+) -> None:
+    trk = create_tracker(name, **options)
+    for k in range(5):
+        trk.update(dets([box(100 + 2 * k)], 0.9), k * 0.04)
+    trk.update(dets([box(600)], 0.9), 5 * 0.04)  # not there: lost
+    assert trk.tracks.status[0] == LOST  # type: ignore[attr-defined]
+    trk.update(dets([box(600), box(112)], [0.9, 0.2]), 6 * 0.04)
+    assert trk.tracks.status[0] == status  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("low_noise", "moves_less"), [(3.0, True), (1.0, False)])
+def test_low_confidence_box_moves_the_track_less(low_noise: float, moves_less: bool) -> None:
+    """A low box (often partial or merged) corrects the filter less than a high one."""
+    shifts = []
+    for conf in (0.9, 0.2):
+        trk = create_tracker("default", low_noise=low_noise)
+        for k in range(5):
+            trk.update(dets([box(100)], 0.9), k * 0.04)
+        trk.update(dets([box(108)], conf), 5 * 0.04)
+        shifts.append(float(trk.tracks.mean[0, 0]) - 100.0)  # type: ignore[attr-defined]
+    assert shifts[0] > 0 and shifts[1] > 0
+    assert (shifts[1] < 0.5 * shifts[0]) is moves_less
+    if not moves_less:
+        assert shifts[1] == pytest.approx(shifts[0])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -183,13 +219,32 @@ def test_output_keeps_rows_and_order(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_empty_frames(name: str) -> None:
     """Only the very first update confirms at once; a tentative track missed
-    once is dropped, and ids are handed out only on confirmation."""
-    trk = create_tracker(name)
+    once (with ``tentative_max_gap_s`` 0) is dropped, and ids are handed out only
+    on confirmation."""
+    trk = create_tracker(name, tentative_max_gap_s=0.0)
     assert len(trk.update(Detections.empty(), 0.0)) == 0
     assert trk.update(dets([box(100)]), 0.04).tracker_id.tolist() == [-1]
     assert len(trk.update(Detections.empty(), 0.08)) == 0
     assert trk.update(dets([box(100)]), 0.12).tracker_id.tolist() == [-1]
     assert trk.update(dets([box(100)]), 0.16).tracker_id.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "misses", "want"),
+    [
+        ("default", 3, [-1, 2]),  # missed for 0.12 s <= tentative_max_gap_s 0.2
+        ("default", 6, [-1, -1]),  # missed for 0.24 s: dropped, starts again
+        ("bytetrack", 1, [-1, -1]),  # dropped at its first miss
+    ],
+)
+def test_tentative_track_survives_a_short_miss(name: str, misses: int, want: list[int]) -> None:
+    trk = create_tracker(name)
+    trk.update(dets([box(900)]), 0.0)  # the first update confirms at once (id 1)
+    ids = [int(trk.update(dets([box(900), box(100)]), 0.04).tracker_id[1])]
+    for k in range(misses):  # 25 fps, the newcomer not seen
+        trk.update(dets([box(900)]), 0.08 + 0.04 * k)
+    ids.append(int(trk.update(dets([box(900), box(100)]), 0.08 + 0.04 * misses).tracker_id[1]))
+    assert ids == want
 
 
 def test_time_going_backwards_is_treated_as_latest() -> None:
