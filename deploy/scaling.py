@@ -33,13 +33,18 @@ from deploy.placement import EPS, allowed, by_priority, demand
 from deploy.providers.base import GpuPrice
 from deploy.schedule import may_run, warm_target
 from deploy.settings import OrchestratorSettings, TierConfig
+from deploy.sizing import expected_fps
 
 
 def per_worker(
-    settings: OrchestratorSettings, tier: TierConfig, pods: Iterable[PodRecord]
+    settings: OrchestratorSettings,
+    tier: TierConfig,
+    pods: Iterable[PodRecord],
+    expected: float | None = None,
 ) -> float:
     """Capacity of one worker (one GPU): the tier's fixed capacity, else measured (mean of
-    ready workers), else the default."""
+    ready workers), else ``expected`` (the GPU catalog's, :func:`deploy.sizing.expected_fps`),
+    else the default."""
     if tier.capacity_fps:
         return tier.capacity_fps
     measured = [
@@ -51,7 +56,7 @@ def per_worker(
     ]
     if measured:
         return sum(measured) / len(measured)
-    return settings.default_capacity_fps
+    return expected or settings.default_capacity_fps
 
 
 def unit_price(tier: TierConfig, prices: Mapping[str, GpuPrice], capacity: float) -> float:
@@ -122,7 +127,10 @@ def tier_targets(
     limits: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     tz = ZoneInfo(settings.timezone)
-    capacity = {t.name: per_worker(settings, t, pods.values()) for t in settings.tiers}
+    capacity = {
+        t.name: per_worker(settings, t, pods.values(), expected_fps(settings, t, prices))
+        for t in settings.tiers
+    }
     warm = {
         t.name: min(t.max_workers, warm_target(t, now, tz))
         for t in settings.tiers

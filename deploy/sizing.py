@@ -149,3 +149,14 @@ def why_chosen(
     cfg = settings.tier(tier)
     choices = rank(settings, cfg, prices) if cfg is not None else []
     return next((c.reason for c in choices if c.gpu_type == gpu), None)
+
+
+def expected_fps(
+    settings: OrchestratorSettings, tier: TierConfig, prices: Mapping[str, GpuPrice]
+) -> float | None:
+    """The catalog's capacity (reference-model fps) of the GPU type the tier tries first,
+    for the scaler before any worker of the tier measured its own (None: unknown)."""
+    if not tier.models:
+        return None
+    first = next((c for c in rank(settings, tier, prices) if c.fits), None)
+    return first.capacity_fps if first is not None else None

@@ -14,8 +14,9 @@ from bench.fleet_sizing import sizing_day
 from bench.rig.runpod_contract import PRICES
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet
-from deploy.models import PodRecord
+from deploy.models import PodRecord, StreamSpec
 from deploy.providers.base import GpuPrice
+from deploy.scaling import tier_targets
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.sizing import gpu_order, rank, sizing_report, why_chosen
 from tests.deploy.orch_support import orch_settings
@@ -117,3 +118,12 @@ def test_the_sizing_day_picks_the_cheaper_type_per_unit_and_says_why() -> None:
     )
     assert sized["usd_per_stream_hour"] < out["sized_all_ondemand"]["usd_per_stream_hour"]
     assert out["type_saving_all_ondemand"] > 0 and out["saving_vs_single_type"] > 0
+
+
+def test_the_scaler_uses_the_catalog_capacity_until_workers_measure_their_own() -> None:
+    sized = _settings("yolox_nano")  # L4 first: 60 fps of yolox_nano, room 48 at 80 %
+    work = [StreamSpec(id=f"s{i}", url="x", fps=5) for i in range(9)]
+    noon = 1_772_452_800.0
+    assert tier_targets(sized, work, {}, SEEN, noon) == {"od": 1}
+    unsized = _settings()  # no models: the default 20 fps (3 streams of 5 fps per worker)
+    assert tier_targets(unsized, work, {}, SEEN, noon) == {"od": 3}
