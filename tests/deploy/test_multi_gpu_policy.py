@@ -14,8 +14,10 @@ from deploy.fleet import Fleet
 from deploy.health import Probe
 from deploy.models import Endpoint, PodInfo, PodRecord, PodSpec, PodStatus, StreamSpec
 from deploy.providers.base import GpuPrice
+from deploy.providers.kubernetes import KubernetesProvider, render_worker
 from deploy.scaling import tier_targets
-from deploy.settings import OrchestratorSettings, TierConfig
+from deploy.settings import KubernetesSettings, OrchestratorSettings, TierConfig
+from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems
 from tests.deploy.orch_support import orch_settings
 
 PRICES = {"NVIDIA RTX A4000": GpuPrice("NVIDIA RTX A4000", 0.32, 0.2, 0.13, 0.1)}
@@ -129,3 +131,23 @@ def test_pod_specs_and_tiers_carry_gpus_and_template() -> None:
     for bad in ({"gpu_count": 0}, {"gpu_count": 9}, {"template_id": "has space"}):
         with pytest.raises(ValidationError):
             TierConfig(name="t", **bad)
+
+
+def test_kubernetes_renders_a_two_gpu_pod_with_a_port_per_worker() -> None:
+    spec = PodSpec(name="fr-big-0-g0", tier="big", gpu_types=("L4",), spot=False, gpu_count=2,
+                   env={"FRAMERELAY_WORKER_WORKER_ID": "fr-big-0-g0"})  # fmt: skip
+    settings = KubernetesSettings(image="reg/worker:1")
+    deployment, service = render_worker(spec, settings)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:3] == ["worker", "--gpus", "2"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert [p["containerPort"] for p in container["ports"]] == [8443, 8444]
+    assert [p["port"] for p in service["spec"]["ports"]] == [8443, 8444]
+    assert [p for d in (deployment, service) for p in schema_problems(d)] == []
+    assert deployment_problems(deployment) == [] and service_problems(service, [deployment]) == []
+    provider = KubernetesProvider(settings)
+    info = provider._info({**deployment, "status": {"readyReplicas": 1}})
+    assert [e.tunnel_url for e in info.endpoints] == [
+        "wss://fr-big-0-g0.framerelay.svc:8443/v1/tunnel",
+        "wss://fr-big-0-g0.framerelay.svc:8444/v1/tunnel",
+    ]
