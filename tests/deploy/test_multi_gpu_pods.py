@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from bench.rig.runpod_contract import ContractState, running_contract_server
+from bench.rig.runpod_contract import ContractState, CreateTemplate, running_contract_server
 from deploy.models import StreamSpec
 from deploy.providers.base import Provider
 from deploy.providers.runpod import RunPodProvider
@@ -90,18 +90,29 @@ def _check(assigned: dict[str, str], results: dict[str, int]) -> None:
     assert all(results.get(w, 0) >= RESULTS for w in WORKERS)
 
 
+@pytest.mark.parametrize("template", [False, True], ids=["image", "template"])
 def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
-    secret: str, tmp_path: Path
+    template: bool, secret: str, tmp_path: Path
 ) -> None:
+    """With ``template``: the tier names a RunPod template made from the worker image,
+    which supplies the image, disk and a shared setting; the pod still brings its own
+    env (keys, certificate, worker id), two GPUs, two ports and ``worker --gpus 2``."""
     state = ContractState(KEY)
     state.launcher = _launch
+    tier = TIER
+    if template:
+        made = state.add_template(CreateTemplate(
+            name="framerelay-worker", imageName="framerelay/worker:0.1.0", containerDiskInGb=20,
+            ports=["8443/tcp"], env={"FRAMERELAY_WORKER_MAX_BATCH": "4"},
+        ))  # fmt: skip
+        tier = TIER.model_copy(update={"template_id": made["id"]})
 
     async def main(base: str) -> tuple[dict[str, str], dict[str, int]]:
         rp: Provider = RunPodProvider(
             RunPodSettings(api_key=SecretStr(KEY), base_url=base, backoff_s=0.05)
         )
         settings = settings_for(
-            secret, tmp_path / "ca", keys=ed_keys(), tiers=[TIER], provider="runpod"
+            secret, tmp_path / "ca", keys=ed_keys(), tiers=[tier], provider="runpod"
         )
         async with running_fleet(settings, provider=rp) as fleet:
             return await _streams_on_both_workers(fleet)
@@ -115,6 +126,10 @@ def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
             for pod_id in list(state.pods):
                 state.remove(pod_id)
     assert pod["gpuCount"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
+    if template:
+        assert pod["templateId"] == tier.template_id and pod["image"] == "framerelay/worker:0.1.0"
+        assert pod["env"]["FRAMERELAY_WORKER_MAX_BATCH"] == "4"
+        assert pod["env"]["FRAMERELAY_WORKER_WORKER_ID"] == POD
     assert not state.key_in_url
     _check(assigned, results)
 
