@@ -30,6 +30,7 @@ from deploy.tls import verify_context
 from framerelay.auth import KeySet, TokenIssuer
 from framerelay.auth.config import load_keys, require_keys
 from framerelay.errors import FramerelayError
+from framerelay.model_registry import load_registry
 
 log = logging.getLogger(__name__)
 CANARY_TOKEN_TTL_S = 300.0
@@ -59,7 +60,11 @@ def make_prober(settings: OrchestratorSettings, trust: PodTrust) -> WorkerProber
         return issuer.mint("orchestrator-canary", scope, CANARY_TOKEN_TTL_S, aud="worker")
 
     ctx = verify_context(trust.ca.cert_path, "pods") if trust.ca is not None else None
-    canary = Canary(min_persons=settings.canary_min_persons, timeout_s=settings.canary_timeout_s)
+    canary = Canary(
+        min_persons=settings.canary_min_persons,
+        timeout_s=settings.canary_timeout_s,
+        registry=load_registry(settings.model_registry),
+    )
     return WorkerProber(
         canary, token_for, heartbeat_timeout_s=settings.heartbeat_timeout_s, ssl_context=ctx
     )

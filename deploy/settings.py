@@ -241,6 +241,11 @@ class OrchestratorSettings(ServiceSettings):
     canary_min_persons: int = Field(
         3, ge=1, le=1000, description="Persons the canary frame must yield."
     )
+    model_registry: Path | None = Field(
+        None,
+        description="The model registry (docs/models.md): each loaded model other than a "
+        "worker's default is checked against its own canary from it.",
+    )
     heartbeat_timeout_s: float = Field(2.0, gt=0, le=600, description="Deadline of one /healthz.")
     unhealthy_after: int = Field(
         2, ge=1, le=1000, description="Consecutive failures before replacing."

@@ -16,9 +16,14 @@ from pathlib import Path
 import pytest
 
 from deploy.health import Canary, CanaryCheck, Probe, WorkerProber, loaded_models
+from deploy.pod_trust import PodTrust
+from deploy.service import make_prober
 from framerelay.data import CANARY_STILL
+from framerelay.errors import ConfigError
 from framerelay.model_registry import load_registry
+from tests.deploy.orch_support import orch_settings
 from tests.integration.worker_harness import running_worker, token
+from tests.support.auth import ed_keys
 from tests.support.models import write_registry
 
 pytestmark = pytest.mark.integration
@@ -77,3 +82,22 @@ def test_a_probe_fails_when_a_loaded_model_misses_its_expectation(
 )
 def test_loaded_models_reads_info_tolerantly(info: dict[str, object], names: tuple[str]) -> None:
     assert loaded_models(info) == names
+
+
+def test_the_orchestrator_reads_its_registry_for_the_canaries(tmp_path: Path) -> None:
+    registry_file = write_registry(tmp_path)
+    settings = orch_settings(tmp_path, model_registry=registry_file)
+    trust = PodTrust(ed_keys())
+    prober = make_prober(settings, trust)
+    try:
+        check = prober.canary.check_for("vehicles")
+        assert check is not None and check.expect == {"car": 1} and check.min_confidence == 0.5
+        assert prober.canary.check_for("ppe") is None
+    finally:
+        asyncio.run(prober.aclose())
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[models.v]\n")
+    with pytest.raises(
+        ConfigError, match=r"bad\.toml: models\.v: give exactly one of 'file' and 'uri'"
+    ):
+        make_prober(orch_settings(tmp_path, model_registry=bad), trust)
