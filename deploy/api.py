@@ -41,6 +41,7 @@ from deploy.cost import CostTotals
 from deploy.history_api import history_router
 from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
+from deploy.workers import by_name
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
 from framerelay.auth.web import ApiAuth, AuthFirstRoute, install_validation_handler
 from framerelay.openapi_docs import errors, install_docs
@@ -68,7 +69,8 @@ def _pod_view(rec: PodRecord, assigned: dict[str, str], now: float) -> dict[str,
     """A pod as the API shows it: its record, the streams it serves, its uptime (since the
     orchestrator created it; None for a record without a creation time)."""
     view = rec.model_dump(exclude={"fails", "last_canary"})
-    view["streams"] = sorted(s for s, p in assigned.items() if p == rec.name)
+    mine = {w.name for w in rec.workers()}  # one per GPU
+    view["streams"] = sorted(s for s, w in assigned.items() if w in mine)
     view["uptime_s"] = round(max(0.0, now - rec.created_at), 1) if rec.created_at else None
     return view
 
@@ -306,7 +308,8 @@ def _streams_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
     async def move_stream(stream_id: str, body: Move) -> dict[str, str]:
         """Pin a stream to a worker; it moves, with its tracker state, on the next pass."""
         spec = (await store.streams()).get(stream_id)
-        rec = (await store.pods()).get(body.worker)
+        found = by_name((await store.pods()).values()).get(body.worker)
+        rec = found[0] if found is not None else None
         if spec is None or rec is None:
             raise HTTPException(404, f"no stream {stream_id!r} or no worker {body.worker!r}")
         if spec.priority == "critical" and rec.spot:

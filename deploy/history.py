@@ -8,7 +8,7 @@ from the pod records and the placements (Redis, so any replica can keep it):
 * ``ondemand_usd_per_hour``: what the same pods would cost on on-demand;
 * ``usd_per_stream_hour``: ``usd_per_hour`` / ``streams_placed`` (null with
   no stream placed);
-* ``streams_placed``: streams assigned to a pod that exists;
+* ``streams_placed``: streams assigned to a worker (one per GPU) of a pod that exists;
 * ``pods``: billed pods per tier (the tiers of the settings: a fixed set).
 
 Memory is fixed at creation: preallocated arrays of ``points`` doubles (360:
@@ -77,7 +77,8 @@ class FleetHistory:
         """Write one point at Unix time ``at`` from the pod records and the placements."""
         billed = [p for p in pods.values() if p.provider_id is not None]
         burn = sum(p.cost_per_hr for p in billed)
-        placed = sum(1 for pod in assigned.values() if pod in pods)
+        workers = {w.name for rec in pods.values() for w in rec.workers()}  # one per GPU
+        placed = sum(1 for worker in assigned.values() if worker in workers)
         row = {
             "usd_per_hour": burn,
             "ondemand_usd_per_hour": sum(max(p.ondemand_per_hr, p.cost_per_hr) for p in billed),
