@@ -4,6 +4,7 @@
 
     .venv/bin/python bench/tracker.py [--model samples/models/yolox_nano_416.onnx]
         [--data ../shared/data] [--sequence NAME ...] [--repeats 5] [--only accuracy|speed]
+        [--set KEY=JSON ...]
 
 1. Accuracy on the development set (``bench/_devset.py``): every sequence under
    ``--data`` (TUD-Campus, TUD-Stadtmitte, KITTI-17, MOT16-09), each at every
@@ -26,6 +27,9 @@
    descheduled on a shared machine does not count for either side. Only
    ``update`` calls are timed, never input conversion.
 
+``--set KEY=JSON`` (repeatable) changes a setting of ``default`` (in both
+halves; the other modes keep theirs), to try an alternative on the whole grid.
+
 Prints the tables and writes ``bench/results/tracker.json`` (every run of every
 cell, every ratio) and ``tracker.png``. Exit status 0 when the default's worst
 ratio is >= 1 and the speed targets hold. Needs the bench-only packages
@@ -37,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +65,7 @@ from bench._progress import Progress  # noqa: E402
 from bench._results import write_results  # noqa: E402
 from framerelay.commands.eval_tracker import load_detections  # noqa: E402
 from framerelay.detections import Detections  # noqa: E402
+from framerelay.errors import ConfigError  # noqa: E402
 from tracker import available_trackers, create_tracker  # noqa: E402
 from tracker import eval as ev  # noqa: E402
 
@@ -88,7 +95,9 @@ class Row:
 # ------------------------------------------------------------------ accuracy
 
 
-def accuracy(model: Path, seqs: Sequence[dev.DevSequence], bar: Progress) -> list[Row]:
+def accuracy(
+    model: Path, seqs: Sequence[dev.DevSequence], bar: Progress, overrides: dict[str, Any]
+) -> list[Row]:
     rows: list[Row] = []
     for seq in seqs:
         found = load_detections(seq.video, model, cache_dir=ROOT / ".cache" / "detections")
@@ -97,19 +106,19 @@ def accuracy(model: Path, seqs: Sequence[dev.DevSequence], bar: Progress) -> lis
         bar.advance()
         for sampling in dev.SAMPLINGS:
             kept = dev.sample(frames, sampling, seq.name)
-            rows += _cell(
-                seq, sampling, kept, gt, dev.sampled_rate(seq.fps, len(frames), len(kept))
-            )
+            rate = dev.sampled_rate(seq.fps, len(frames), len(kept))
+            rows += _cell(seq, sampling, kept, gt, rate, overrides)
             bar.advance()
     return rows
 
 
 def _cell(seq: dev.DevSequence, sampling: dev.Sampling, kept: Sequence[ev.Frame],
-          gt: ev.GroundTruth, rate: float) -> list[Row]:  # fmt: skip
+          gt: ev.GroundTruth, rate: float, overrides: dict[str, Any]) -> list[Row]:  # fmt: skip
     kept = ev.select_frames(kept, 1)  # person class only
     rows: list[Row] = []
     for name in OURS:
-        outs, secs = ev.run_tracker(create_tracker(name), kept)
+        trk = create_tracker(name, **(overrides if name == "default" else {}))
+        outs, secs = ev.run_tracker(trk, kept)
         rows.append(_row(seq.name, sampling.label, len(kept), name, ev.score(outs, gt), secs))
     for name in dev.THEIRS:
         for mode in dev.MODES:
@@ -200,8 +209,8 @@ def synthetic(n_objects: int, frames: int, seed: int = 0, fps: float = 25.0) -> 
     return out
 
 
-def _time_ours(dets: Sequence[Detections], fps: float) -> float:
-    trk = create_tracker("default")
+def _time_ours(dets: Sequence[Detections], fps: float, overrides: dict[str, Any]) -> float:
+    trk = create_tracker("default", **overrides)
     start = time.process_time()
     for k, d in enumerate(dets):
         trk.update(d, k / fps)
@@ -224,13 +233,17 @@ def _time_theirs(dets: Sequence[Detections], fps: float) -> float:
 
 
 def speed(
-    repeats: int, bar: Progress, frames: int = 1000, fps: float = 25.0
+    repeats: int,
+    bar: Progress,
+    overrides: dict[str, Any],
+    frames: int = 1000,
+    fps: float = 25.0,
 ) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for n in SPEED_TARGETS:
         dets = synthetic(n, frames, fps=fps)
         timers: dict[str, Callable[[Sequence[Detections], float], float]] = {
-            "ours": _time_ours,
+            "ours": partial(_time_ours, overrides=overrides),
             "theirs": _time_theirs,
         }
         best = {k: float("inf") for k in timers}
@@ -329,7 +342,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/tracker.json",
                    help="the JSON (the PNG goes beside it)")  # fmt: skip
     p.add_argument("--only", choices=("accuracy", "speed"), help="run one half (for quick checks)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                   help="a setting of `default` to try, e.g. low_noise=2 (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
+    args.overrides = _overrides(p, args.set)
     if missing := [m for m in NEEDS if importlib.util.find_spec(m) is None]:
         p.error(f"needs {' and '.join(missing)}: {INSTALL}")
     if not 1 <= args.repeats <= 50:
@@ -347,15 +363,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _overrides(p: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=JSON`` items as settings, checked by building a tracker."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set wants KEY=JSON, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            p.error(f"--set {key}: {value!r} is not JSON (strings need quotes)")
+    try:
+        create_tracker("default", **out)
+    except ConfigError as exc:
+        p.error(str(exc))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     seqs: list[dev.DevSequence] = args.seqs
     steps = len(seqs) * (1 + len(dev.SAMPLINGS)) + (2 if args.only != "accuracy" else 0)
     with Progress(steps, "tracker", "steps") as bar:
-        rows = accuracy(args.model, seqs, bar) if seqs else []
+        rows = accuracy(args.model, seqs, bar, args.overrides) if seqs else []
         verdict = verdicts(rows)
         summ = summary(verdict) if rows else []
-        sp = speed(args.repeats, bar) if args.only != "accuracy" else []
+        sp = speed(args.repeats, bar, args.overrides) if args.only != "accuracy" else []
     if rows:
         _print_rows(rows)
         _print_ratios(verdict)
@@ -372,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "roboflow_trackers": getattr(trackers, "__version__", "2.6.1"),
         "sequences": [{"name": s.name, "fps": s.fps, "gt": str(s.gt)} for s in seqs],
         "samplings": [asdict(s) for s in dev.SAMPLINGS],
+        "default_overrides": args.overrides,
         "accuracy": [asdict(r) for r in rows],
         "verdict": verdict,
         "summary": summ,
