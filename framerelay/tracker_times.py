@@ -20,7 +20,7 @@ class TrackerTimesConfig(BaseModel):
 
     max_lost_s: float | None = Field(
         None, ge=0.0, le=3600.0,
-        description="A confirmed track unmatched for longer is dropped (default 1).",
+        description="A confirmed track unmatched for longer is dropped (default 1.2).",
     )  # fmt: skip
     max_gap_s: float | None = Field(
         None, ge=0.0, le=60.0,
@@ -29,11 +29,12 @@ class TrackerTimesConfig(BaseModel):
     )  # fmt: skip
     tentative_max_gap_s: float | None = Field(
         None, ge=0.0, le=60.0,
-        description="A tentative track unmatched for longer is dropped (default 0).",
+        description="A tentative track unmatched for longer is dropped (default 0.2).",
     )  # fmt: skip
     direction_window_s: float | None = Field(
-        None, ge=0.0, le=10.0, description="Baseline of a track's motion direction."
-    )
+        None, ge=0.0, le=10.0,
+        description="Baseline of a track's motion direction (default 0.12).",
+    )  # fmt: skip
 
     def to_wire(self) -> wire.TrackerTimes | None:
         """The OPEN's ``tracker_settings``; None when nothing is set."""

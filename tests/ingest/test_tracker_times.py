@@ -61,6 +61,12 @@ def test_the_api_bounds_are_the_trackers_own() -> None:
         assert ours == theirs, name
 
 
+def test_the_api_says_the_trackers_own_defaults() -> None:
+    for name, field in TrackerTimesConfig.model_fields.items():
+        default = TrackerSettings.model_fields[name].default
+        assert f"(default {default:g}" in (field.description or ""), name
+
+
 def test_the_orchestrator_passes_them_on_and_older_definitions_keep_their_digest() -> None:
     plain = StreamSpec(id="cam", url="x.mp4")
     own = StreamSpec(id="cam", url="x.mp4", tracker_settings={"max_gap_s": 20})
