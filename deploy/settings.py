@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     field_validator,
     model_validator,
@@ -67,6 +68,49 @@ class GpuTypeConfig(BaseModel):
     spot_usd_per_hr: float | None = Field(None, ge=0, le=1e6, description="...on spot.")
 
 
+VOLUME_CACHE = "framerelay/cache"
+"""The workers' artefact cache (built models, TensorRT engines), under the volume's mount."""
+_CACHE_ENV = "FRAMERELAY_WORKER_DETECTOR__CACHE_DIR"
+_ENGINE_ENV = "FRAMERELAY_WORKER_DETECTOR__ENGINE_CACHE_DIR"
+
+
+class TierVolume(BaseModel):
+    """A volume every pod of the tier mounts: model files and the artefact cache
+    (TensorRT engines, built models), so a second pod of a GPU type starts without
+    building. Give the field of the provider in use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runpod_id: str | None = Field(
+        None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$",
+        description="RunPod network volume id (networkVolumeId).",
+    )  # fmt: skip
+    data_center: str | None = Field(
+        None, min_length=1, max_length=40, pattern=r"^[A-Za-z0-9-]+$",
+        description="The RunPod volume's data centre: a network volume lives in one, and "
+        "pods that mount it run there (the tier's data_centers must include it).",
+    )  # fmt: skip
+    claim: str | None = Field(
+        None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Kubernetes PersistentVolumeClaim (ReadWriteMany for several pods).",
+    )  # fmt: skip
+    local_dir: Path | None = Field(None, description="local provider: a shared directory.")
+    mount_path: str = Field(
+        "/workspace", pattern=r"^/[A-Za-z0-9._/-]*$", max_length=200,
+        description="Where pods see the volume (RunPod's volumeMountPath; a PVC's mountPath).",
+    )  # fmt: skip
+
+    def cache_dir(self, root: str | Path) -> str:
+        return f"{str(root).rstrip('/')}/{VOLUME_CACHE}"
+
+    def worker_env(self, root: str | Path) -> dict[str, str]:
+        """The worker's artefact cache and TensorRT engine cache on the volume (``root``:
+        where the pod sees it); the engine cache is named too, since the CUDA image sets
+        one of its own (a local directory)."""
+        cache = self.cache_dir(root)
+        return {_CACHE_ENV: cache, _ENGINE_ENV: f"{cache}/trt"}
+
+
 class TierConfig(BaseModel):
     """A pool of like GPU workers: what to rent, how many, when."""
 
@@ -100,6 +144,10 @@ class TierConfig(BaseModel):
         description="RunPod template to create the tier's pods from (it supplies the image, "
         "its disk and shared env; see docs/deploy.md).",
     )
+    volume: TierVolume | None = Field(
+        None, description="A network volume (RunPod) / PVC (Kubernetes) / shared directory "
+        "(local) for model files and the workers' artefact and engine caches.",
+    )  # fmt: skip
     windows: tuple[Window, ...] = ()
     lead_s: float = Field(
         900.0, ge=0, le=86_400, description="Scale up this long before a window opens."
@@ -131,14 +179,31 @@ def default_tiers() -> list[TierConfig]:
     ]
 
 
-class RunPodSettings(BaseModel):
+class _TierVolumes(BaseModel):
+    """The tiers' volumes, shared with a provider's settings by OrchestratorSettings (a
+    provider sees a pod's tier name, not the tier)."""
+
+    _volumes: dict[str, TierVolume] = PrivateAttr(default_factory=dict)
+
+    def set_volumes(self, volumes: dict[str, TierVolume]) -> None:
+        self._volumes = dict(volumes)
+
+    def volume_for(self, tier: str) -> TierVolume | None:
+        return self._volumes.get(tier)
+
+
+class RunPodSettings(_TierVolumes):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
     base_url: str = "https://rest.runpod.io/v1"
     image: str = Field(WORKER_IMAGE, description="Worker image.")
     container_disk_gb: int = Field(20, ge=1, le=2000)
-    network_volume_id: str | None = None
+    network_volume_id: str | None = Field(
+        None, description="Network volume of every pod whose tier names none (a tier's "
+        "volume.runpod_id wins); mounted at volume_mount_path.",
+    )  # fmt: skip
+    volume_mount_path: str = Field("/workspace", pattern=r"^/[A-Za-z0-9._/-]*$")
     timeout_s: float = Field(30.0, gt=0, le=600)
     max_retries: int = Field(4, ge=0, le=20, description="Retries of 429/5xx per request.")
     backoff_s: float = Field(
@@ -152,7 +217,7 @@ class RunPodSettings(BaseModel):
     )
 
 
-class LocalSettings(BaseModel):
+class LocalSettings(_TierVolumes):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: Path = DEFAULT_MODEL
@@ -167,7 +232,7 @@ class LocalSettings(BaseModel):
     tls: bool = Field(False, description="Local workers serve wss:// with a CA certificate too.")
 
 
-class KubernetesSettings(BaseModel):
+class KubernetesSettings(_TierVolumes):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     namespace: str = "framerelay"
@@ -346,6 +411,28 @@ class OrchestratorSettings(ServiceSettings):
                         f"tier {t.name}: no GPU type in gpu_types has the {need:g} GB of VRAM "
                         f"its models take ({', '.join(t.models)})"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _volumes(self) -> OrchestratorSettings:
+        wanted = {"runpod": "runpod_id", "kubernetes": "claim", "local": "local_dir"}
+        field = wanted[self.provider]
+        for t in self.tiers:
+            v = t.volume
+            if v is None:
+                continue
+            if getattr(v, field) is None:
+                raise ValueError(f"tier {t.name}: volume needs {field} for the {self.provider} "
+                                 "provider")  # fmt: skip
+            if v.data_center and t.data_centers and v.data_center not in t.data_centers:
+                raise ValueError(
+                    f"tier {t.name}: its network volume is in {v.data_center}, which is not "
+                    f"in its data_centers {list(t.data_centers)} (RunPod mounts a network "
+                    "volume only in its own data centre)"
+                )
+        volumes = {t.name: t.volume for t in self.tiers if t.volume is not None}
+        for provider in (self.runpod, self.local, self.kubernetes):
+            provider.set_volumes(volumes)
         return self
 
     def tier(self, name: str) -> TierConfig | None:

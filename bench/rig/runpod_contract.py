@@ -1,6 +1,7 @@
 """A contract server for the RunPod REST API v1, for tests and the fleet bench.
 
 It follows the documented API (``POST /pods``, ``POST /templates``,
+``POST /networkvolumes``, ``GET /networkvolumes/{id}``,
 ``GET /templates[/{id}]``, ``GET /pods``,
 ``GET /pods/{id}``, ``POST /pods/{id}/stop|start``, ``DELETE /pods/{id}``;
 Bearer key; pod fields ``desiredStatus``, ``costPerHr`` (a string, as the docs
@@ -13,7 +14,10 @@ A ``launcher`` may back each pod with a real process (a local worker, or one per
 GPU for a multi-GPU pod): the pod's ``portMappings`` then point at it, as on RunPod.
 A pod made from a template (``templateId``) gets the template's image, ports, start
 command and disk unless the body gives them, and the template's env with the body's
-on top.
+on top. A pod's ``networkVolumeId`` must name a volume made here, and its data centre
+must be among the body's ``dataCenterIds`` when it gives any (a network volume lives in
+one data centre); the pod records the volume, its ``volumeMountPath`` and the data
+centre it runs in.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class CreatePod(BaseModel):
     ports: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     networkVolumeId: str | None = None
+    volumeMountPath: str = Field("/workspace", pattern=r"^/")
     dataCenterIds: list[str] | None = None
     containerDiskInGb: int | None = Field(None, ge=1)
 
@@ -92,6 +97,16 @@ class CreatePod(BaseModel):
         if self.imageName is None and self.templateId is None:
             raise ValueError("give imageName or templateId")
         return self
+
+
+class CreateNetworkVolume(BaseModel):
+    """The documented ``POST /networkvolumes`` body: a volume lives in one data centre."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=255)
+    size: int = Field(ge=1, le=4000, description="GB")
+    dataCenterId: str = Field(min_length=1)
 
 
 Launcher = Callable[[dict[str, Any]], tuple[str, int | dict[str, int], Callable[[], None]]]
@@ -119,6 +134,7 @@ class ContractState:
         self.clock = clock
         self.pods: dict[str, dict[str, Any]] = {}
         self.templates: dict[str, dict[str, Any]] = {}
+        self.volumes: dict[str, dict[str, Any]] = {}
         self.faults = Faults()
         self.launcher: Launcher | None = None
         self.requests: list[tuple[str, str]] = []
@@ -137,6 +153,23 @@ class ContractState:
         template = {"id": secrets.token_hex(5), **body.model_dump()}
         self.templates[template["id"]] = template
         return template
+
+    def add_volume(self, body: CreateNetworkVolume) -> dict[str, Any]:
+        volume = {"id": secrets.token_hex(5), **body.model_dump()}
+        self.volumes[volume["id"]] = volume
+        return volume
+
+    def volume_problem(self, body: CreatePod) -> str | None:
+        """Why RunPod would refuse the pod's network volume (None: it would not)."""
+        if body.networkVolumeId is None:
+            return None
+        volume = self.volumes.get(body.networkVolumeId)
+        if volume is None:
+            return f"network volume {body.networkVolumeId} not found"
+        if body.dataCenterIds and volume["dataCenterId"] not in body.dataCenterIds:
+            return (f"network volume {volume['id']} is in {volume['dataCenterId']}, not in "
+                    f"dataCenterIds {body.dataCenterIds}")  # fmt: skip
+        return None
 
     def _gpu_type(self, body: CreatePod) -> str | None:
         for gpu in body.gpuTypeIds:
@@ -166,11 +199,19 @@ class ContractState:
             "dockerStartCmd": body.dockerStartCmd or t.get("dockerStartCmd", []),
             "containerDiskInGb": body.containerDiskInGb or t.get("containerDiskInGb", 50),
             "networkVolumeId": body.networkVolumeId, "publicIp": None, "portMappings": None,
+            "volumeMountPath": body.volumeMountPath if body.networkVolumeId else None,
+            "dataCenterId": self._data_center(body),
             "_created": self.clock(), "_cloud": body.cloudType,
         }  # fmt: skip
         with self._lock:
             self.pods[pod["id"]] = pod
         return pod
+
+    def _data_center(self, body: CreatePod) -> str:
+        volume = self.volumes.get(body.networkVolumeId or "")
+        if volume is not None:  # a pod with a network volume runs in its data centre
+            return str(volume["dataCenterId"])
+        return (body.dataCenterIds or ["EU-RO-1"])[0]
 
     def view(self, pod: dict[str, Any]) -> dict[str, Any]:
         if pod["publicIp"] is None and self.clock() - pod["_created"] >= self.faults.provision_s:
@@ -260,10 +301,24 @@ def create_app(state: ContractState) -> FastAPI:  # noqa: C901 - one route table
             return JSONResponse({"error": "template not found"}, status_code=404)
         return template
 
+    @app.post("/v1/networkvolumes", status_code=200)
+    async def create_volume(body: CreateNetworkVolume) -> Any:
+        return state.add_volume(body)
+
+    @app.get("/v1/networkvolumes/{volume_id}")
+    async def get_volume(volume_id: str) -> Any:
+        volume = state.volumes.get(volume_id)
+        if volume is None:
+            return JSONResponse({"error": "network volume not found"}, status_code=404)
+        return volume
+
     @app.post("/v1/pods", status_code=201)
     async def create(body: CreatePod) -> Any:
         if body.templateId is not None and body.templateId not in state.templates:
             return JSONResponse({"error": f"template {body.templateId} not found"}, status_code=400)
+        problem = state.volume_problem(body)
+        if problem is not None:
+            return JSONResponse({"error": problem}, status_code=400)
         pod = state.create(body)
         if pod is None:
             return JSONResponse({"error": f"create pod: {NO_CAPACITY}"}, status_code=500)

@@ -8,7 +8,10 @@ from ``/readyz``, liveness from ``/healthz``; each pod runs as uid 65534 on a
 read-only root, as the restricted Pod Security Standard of deploy/k8s's
 namespace asks. A pod's certificate and key go in a ``kubernetes.io/tls``
 Secret of its own (same name as the pod), mounted at ``/etc/framerelay/tls``;
-other secret env comes from the Secret ``secret_name``. Manifests go to
+other secret env comes from the Secret ``secret_name``. A tier's ``volume.claim`` (a
+PersistentVolumeClaim, ReadWriteMany for several pods) is mounted at its
+``mount_path`` and holds the models and the workers' artefact cache
+(``FRAMERELAY_WORKER_DETECTOR__CACHE_DIR``), TensorRT engines included. Manifests go to
 kubectl on stdin, never on its command line. The rendering is validated in
 tests; applying needs a cluster and kubectl.
 """
@@ -42,6 +45,8 @@ WORKER_LIMITS = {"cpu": "4", "memory": "8Gi"}
 """As the static GPU pool of deploy/k8s/overlays/prod (tests/deploy/test_kustomize.py)."""
 SCRATCH = (("trt-cache", "/var/cache/framerelay/trt", "8Gi"), ("tmp", "/tmp", "256Mi"))  # noqa: S108
 """The worker's writable paths on its read-only root: (volume, mount path, size limit)."""
+VOLUME = "models"
+"""The tier's PersistentVolumeClaim (models and the artefact cache), when it names one."""
 _LONG_B64 = re.compile(r"[A-Za-z0-9+/=_-]{40,}")
 
 
@@ -60,7 +65,9 @@ def render_tls_secret(spec: PodSpec, settings: KubernetesSettings) -> dict[str, 
 
 
 def _env(spec: PodSpec, settings: KubernetesSettings) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    volume = settings.volume_for(spec.tier)
+    plain = {**(volume.worker_env(volume.mount_path) if volume else {}), **spec.env}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plain.items())]
     env += [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": settings.secret_name, "key": k}}}
         for k in sorted(spec.secret_env)
@@ -81,6 +88,9 @@ def _container(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[s
     mounts: list[dict[str, Any]] = [{"name": n, "mountPath": path} for n, path, _ in SCRATCH]
     if tls:
         mounts.insert(0, {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
+    volume = settings.volume_for(spec.tier)
+    if volume is not None and volume.claim:
+        mounts.append({"name": VOLUME, "mountPath": volume.mount_path})
     return {
         "name": "worker",
         "image": spec.image or settings.image,
@@ -124,6 +134,9 @@ def _pod_spec(spec: PodSpec, settings: KubernetesSettings, tls: bool) -> dict[st
     if tls:
         volumes.insert(0, {"name": "tls", "secret": {"secretName": spec.name,
                                                      "defaultMode": 0o440}})  # fmt: skip
+    volume = settings.volume_for(spec.tier)
+    if volume is not None and volume.claim:
+        volumes.append({"name": VOLUME, "persistentVolumeClaim": {"claimName": volume.claim}})
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, settings, tls)],
         "automountServiceAccountToken": False,

@@ -10,7 +10,8 @@ warms up, RUNNING once it announced its URL, EXITED when the process died
 A worker gets its environment explicitly (the launcher passes no copy of
 this process's). With TLS on, its certificate and key are written to a
 private folder (0700, files 0600) and passed by path; the folder goes with
-the pod.
+the pod. A tier's ``volume.local_dir`` is the pods' shared "network volume": their
+workers keep their artefact cache there (``<dir>/framerelay/cache``).
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ class LocalProvider:
         if spec.name in self.pods and not self.pods[spec.name].terminated:
             raise ProviderError(f"local pod {spec.name!r} already exists")
         secrets = dict(spec.secret_env)
-        shared = secrets.pop(_SECRETS, None)
-        env = {**spec.env, **(self._env_hook(spec) if self._env_hook else {})}
+        hs256 = secrets.pop(_SECRETS, None)
+        volume = self.settings.volume_for(spec.tier)
+        shared = volume.worker_env(volume.local_dir) if volume and volume.local_dir else {}
+        env = {**shared, **spec.env, **(self._env_hook(spec) if self._env_hook else {})}
         env["FRAMERELAY_WORKER_HOST"] = "127.0.0.1"  # local processes: loopback only
         cert, key = secrets.pop(_CERT_PEM, None), secrets.pop(_KEY_PEM, None)
         tls_dir = None
@@ -95,7 +98,7 @@ class LocalProvider:
         env.update({k: v.get_secret_value() for k, v in secrets.items()})
         args = ["--model", str(self.settings.model), "--threads", str(self.settings.threads)]
         worker = LocalWorker(
-            shared.get_secret_value() if shared is not None else None,
+            hs256.get_secret_value() if hs256 is not None else None,
             worker_id=spec.name, args=args, env=env, gpus=spec.gpu_count,
         )  # fmt: skip
         pod = _Pod(spec, worker, tls_dir)

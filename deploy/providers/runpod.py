@@ -17,6 +17,13 @@ a tier's ``template_id`` the body names the template (``templateId``) and leaves
 what the template supplies (``imageName``, ``containerDiskInGb``); the pod's own env,
 GPUs and ports are still sent.
 
+A tier's ``volume`` (a RunPod network volume) goes in the body as ``networkVolumeId``
+and ``volumeMountPath``; a network volume lives in one data centre and a pod that
+mounts it runs there, so the create asks for that data centre only (``dataCenterIds``).
+The pod's workers get their artefact cache on it
+(``FRAMERELAY_WORKER_DETECTOR__CACHE_DIR=<mount>/framerelay/cache``, unless the pod's
+env says otherwise): the first pod of a GPU type builds the engines, the next read them.
+
 The pod's env carries what :mod:`deploy.pod_trust` gives it: the public key
 set, and with ``tls`` (the default) its own certificate and key
 (``FRAMERELAY_WORKER_TLS_CERT_PEM`` / ``..._KEY_PEM``); its tunnel is then
@@ -89,6 +96,7 @@ class RunPodProvider:
             transport=transport,
         )
         self._prices: dict[str, GpuPrice] = {}
+        self._volume_centres: dict[str, str] = {}
         self.retries = 0
 
     async def _request(
@@ -125,15 +133,52 @@ class RunPodProvider:
             )
         return resp
 
-    def _options(self, spec: PodSpec) -> Iterator[tuple[str, str, str | None]]:
-        centres: tuple[str | None, ...] = spec.data_centers or (None,)
+    async def _volume_centre(self, spec: PodSpec) -> str | None:
+        """The data centre of the tier's network volume: its setting, else RunPod's word
+        (``GET /networkvolumes/{id}``, asked once per volume)."""
+        volume = self.settings.volume_for(spec.tier)
+        if volume is None or not volume.runpod_id:
+            return None
+        if volume.data_center:
+            return volume.data_center
+        if volume.runpod_id not in self._volume_centres:
+            resp = await self._request("GET", f"/networkvolumes/{volume.runpod_id}")
+            self._check(resp, f"find network volume {volume.runpod_id}")
+            body = resp.json()
+            centre = body.get("dataCenterId") if isinstance(body, dict) else None
+            if not isinstance(centre, str) or not centre:
+                raise ProviderError(f"RunPod did not say where network volume "
+                                    f"{volume.runpod_id} is (no dataCenterId)")  # fmt: skip
+            self._volume_centres[volume.runpod_id] = centre
+        centre = self._volume_centres[volume.runpod_id]
+        if spec.data_centers and centre not in spec.data_centers:
+            raise ProviderError(
+                f"tier {spec.tier}: network volume {volume.runpod_id} is in {centre}, not in "
+                f"its data_centers {list(spec.data_centers)}; a pod mounts a network volume "
+                "only in the volume's data centre"
+            )
+        return centre
+
+    def _options(self, spec: PodSpec, centre: str | None) -> Iterator[tuple[str, str, str | None]]:
+        centres: tuple[str | None, ...] = (centre,) if centre else spec.data_centers or (None,)
         for gpu in spec.gpu_types:
             for cloud in spec.cloud_types:
                 for dc in centres:
                     yield gpu, cloud, dc
 
+    def _volume(self, spec: PodSpec) -> tuple[str | None, str, dict[str, str]]:
+        """(network volume id, mount path, the worker env it brings): the tier's volume,
+        else the pod's or the provider's ``network_volume_id``."""
+        tier = self.settings.volume_for(spec.tier)
+        if tier is not None and tier.runpod_id:
+            return tier.runpod_id, tier.mount_path, tier.worker_env(tier.mount_path)
+        volume = spec.network_volume_id or self.settings.network_volume_id
+        return volume, self.settings.volume_mount_path, {}
+
     def _body(self, spec: PodSpec, gpu: str, cloud: str, dc: str | None) -> dict[str, Any]:
-        env = {**spec.env, **{k: v.get_secret_value() for k, v in spec.secret_env.items()}}
+        volume, mount, volume_env = self._volume(spec)
+        env = {**volume_env, **spec.env,
+               **{k: v.get_secret_value() for k, v in spec.secret_env.items()}}  # fmt: skip
         body: dict[str, Any] = {
             "name": spec.name,
             "gpuTypeIds": [gpu],
@@ -150,16 +195,17 @@ class RunPodProvider:
             body["containerDiskInGb"] = spec.container_disk_gb or self.settings.container_disk_gb
         if spec.gpu_count > 1:  # one worker per GPU, on ports port .. port + N - 1
             body["dockerStartCmd"] = spec.worker_args
-        volume = spec.network_volume_id or self.settings.network_volume_id
-        if volume:
+        if volume:  # RunPod mounts it in place of the volume disk
             body["networkVolumeId"] = volume
+            body["volumeMountPath"] = mount
         if dc is not None:
             body["dataCenterIds"] = [dc]
         return body
 
     async def create(self, spec: PodSpec) -> PodInfo:
         tried: list[str] = []
-        for gpu, cloud, dc in self._options(spec):
+        centre = await self._volume_centre(spec)  # with a network volume: its data centre
+        for gpu, cloud, dc in self._options(spec, centre):
             resp = await self._request("POST", "/pods", self._body(spec, gpu, cloud, dc))
             where = f"{gpu}/{cloud}" + (f"/{dc}" if dc else "")
             if resp.status_code in (200, 201):

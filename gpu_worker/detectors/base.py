@@ -67,12 +67,18 @@ class Acceleration:
     """Box decode, top-k and NMS run in the model's graph; only kept boxes come back."""
     batch_buckets: tuple[int, ...] = ()
     """Batch sizes a batch is padded up to, each prepared at start (none: any size)."""
+    artefact_cache: Literal["hit", "built"] | None = None
+    """The start's built model came from the artefact cache (hit) or was built and stored
+    there (built); None without a cache directory."""
+    artefact_key: str | None = None
 
     def as_info(self) -> dict[str, object]:
         cache = None if self.engine_cache_dir is None else str(self.engine_cache_dir)
         return {"fp16": self.fp16, "io_binding": self.io_binding, "engine_cache_dir": cache,
                 "in_graph_prep": self.in_graph_prep, "in_graph_post": self.in_graph_post,
-                "batch_buckets": list(self.batch_buckets)}  # fmt: skip
+                "batch_buckets": list(self.batch_buckets),
+                "artefact_cache": self.artefact_cache,
+                "artefact_key": self.artefact_key}  # fmt: skip
 
 
 def acceleration_of(detector: object) -> Acceleration:
@@ -112,6 +118,13 @@ class OnnxDetectorSettings(_Common):
         description="TensorRT engine and timing caches; None: the image's volume "
         "/var/cache/framerelay/trt when writable, else $XDG_CACHE_HOME/framerelay/trt.",
     )
+    cache_dir: Path | None = Field(
+        None,
+        description="Built artefacts (the prepared graph, ONNX Runtime's optimised model, "
+        "TensorRT engines), one directory per model digest, providers, machine and "
+        "settings; put it on a network volume so a second worker of the same GPU type "
+        "starts without building. None: no artefact cache.",
+    )
     io_binding: IoBindingMode = Field(
         "auto",
         description="Bind input/output buffers (input on the device, output to pinned memory); "
@@ -137,9 +150,13 @@ class OnnxDetectorSettings(_Common):
     )
 
     def engine_cache_path(self) -> Path:
-        """Where TensorRT keeps engines and timing caches (not created here)."""
+        """Where TensorRT keeps engines and timing caches (not created here); with
+        ``cache_dir`` set the detector uses a keyed directory under it (``<path>/<key>``),
+        and without ``engine_cache_dir`` the path is ``<cache_dir>/trt``."""
         if self.engine_cache_dir is not None:
             return self.engine_cache_dir
+        if self.cache_dir is not None:
+            return self.cache_dir / "trt"
         if IMAGE_ENGINE_CACHE.is_dir() and os.access(IMAGE_ENGINE_CACHE, os.W_OK | os.X_OK):
             return IMAGE_ENGINE_CACHE
         xdg = os.environ.get("XDG_CACHE_HOME", "")

@@ -13,6 +13,7 @@ for the final model only. On a GPU provider runs go through IO binding
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import logging
 import time
@@ -28,13 +29,13 @@ from framerelay.coco import COCO_CLASSES
 from framerelay.detections import Detections
 from framerelay.errors import ModelError
 from framerelay.geometry import Letterbox
+from gpu_worker.artefact_cache import build_lock
+from gpu_worker.detectors import build_cache as bc
 from gpu_worker.detectors import ort_providers as op
 from gpu_worker.detectors.base import Acceleration, ModelInput, OnnxDetectorSettings
 from gpu_worker.detectors.batch_axis import dynamic_batch_model
 from gpu_worker.detectors.buckets import bucket_for, bucket_sizes
 from gpu_worker.detectors.graph_edit import Format as GraphFormat
-from gpu_worker.detectors.graph_post import split_detections, with_nms
-from gpu_worker.detectors.graph_prep import with_uint8_input
 from gpu_worker.detectors.io_binding import BoundRunner
 from gpu_worker.detectors.postprocess import (
     PostprocessSettings,
@@ -61,6 +62,46 @@ class OnnxDetector:
         self._post = PostprocessSettings(
             settings.confidence_threshold, settings.nms_iou, settings.max_detections
         )
+        chosen = choose_providers(settings.providers)
+        started = time.perf_counter()
+        store = bc.open_store(settings, chosen, ort.__version__)
+        meta = store.lookup() if store is not None else None
+        if meta is not None and store is not None:
+            shape, trt = self._from_cache(store, meta, settings, chosen)
+        else:
+            model_bytes, shape = self._prepare(settings)
+            self._session, trt = self._accelerate(model_bytes, settings, shape, store)
+            if store is not None:
+                self._store(store, model_bytes, shape, chosen)
+        took = time.perf_counter() - started
+        if store is not None:
+            what = "found in" if meta is not None else "built and stored in"
+            log.info("model %s %s the artefact cache %s in %.2f s",
+                     settings.model.name, what, store.folder, took)  # fmt: skip
+        self.providers: tuple[str, ...] = tuple(self._session.get_providers())
+        self._runner = self._bound_runner(settings)
+        self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
+        use_buckets = self._batched and self._wants(settings.batch_buckets, settings)
+        self._buckets: tuple[int, ...] = bucket_sizes(settings.max_batch) if use_buckets else ()
+        self.acceleration = Acceleration(
+            fp16=settings.fp16 and op.TENSORRT in self.providers,
+            io_binding=self._runner is not None,
+            engine_cache_dir=trt if op.TENSORRT in self.providers else None,
+            in_graph_prep=self._uint8,
+            in_graph_post=self._in_graph_post,
+            batch_buckets=self._buckets,
+            artefact_cache=None if store is None else "hit" if meta is not None else "built",
+            artefact_key=None if store is None else store.key,
+        )
+        self._pad = np.zeros((shape.height, shape.width, 3), np.uint8)
+
+    def _prepare(self, settings: OnnxDetectorSettings) -> tuple[bytes, op.ModelShape]:
+        """The model as it will run (batch axis, in-graph pre/post-processing), built from
+        the file; sets the facts the detector needs (format, classes, input handling)."""
+        # onnx (the graph rewrites) is imported here only: a start from the cache skips it
+        from gpu_worker.detectors.graph_post import with_nms
+        from gpu_worker.detectors.graph_prep import with_uint8_input
+
         model_bytes = settings.model.read_bytes()
         self._session = self._open(model_bytes, settings, [op.CPU])
         self._batched = self._batch_axis_is_dynamic()
@@ -80,21 +121,42 @@ class OnnxDetector:
         self._in_graph_post = self._wants(settings.in_graph_post, settings)
         if self._in_graph_post:
             model_bytes = with_nms(model_bytes, fmt, (shape.width, shape.height), self._post)
-        self._session, cache = self._accelerate(model_bytes, settings, shape)
-        self.providers: tuple[str, ...] = tuple(self._session.get_providers())
-        self._runner = self._bound_runner(settings)
-        self._grid = yolox_grid(shape.width, shape.height) if self.format == "yolox" else None
-        use_buckets = self._batched and self._wants(settings.batch_buckets, settings)
-        self._buckets: tuple[int, ...] = bucket_sizes(settings.max_batch) if use_buckets else ()
-        self.acceleration = Acceleration(
-            fp16=settings.fp16 and op.TENSORRT in self.providers,
-            io_binding=self._runner is not None,
-            engine_cache_dir=cache if op.TENSORRT in self.providers else None,
-            in_graph_prep=self._uint8,
-            in_graph_post=self._in_graph_post,
-            batch_buckets=self._buckets,
-        )
-        self._pad = np.zeros((shape.height, shape.width, 3), np.uint8)
+        return model_bytes, shape
+
+    def _store(
+        self, store: bc.Store, model: bytes, shape: op.ModelShape, chosen: list[str]
+    ) -> None:
+        """Keep what this start built: ORT's optimised model on the CPU, else the prepared
+        graph (GPU providers compile it; TensorRT keeps its engines beside it)."""
+        facts = bc.Facts(shape, self._batched, self.format, self.class_names, self._uint8,
+                         self._in_graph_post)  # fmt: skip
+        try:
+            if chosen == [op.CPU]:
+                store.save(bc.OPTIMIZED, bc.optimized_model(model, self._options(self.settings)),
+                           facts)  # fmt: skip
+            else:
+                store.save(bc.PREPARED, model, facts)
+        except OSError as exc:  # a full or read-only volume: serve anyway, build next time
+            log.warning("could not store the built model in %s: %s", store.folder, exc)
+
+    def _from_cache(
+        self, store: bc.Store, meta: dict[str, Any], settings: OnnxDetectorSettings,
+        chosen: list[str],
+    ) -> tuple[op.ModelShape, Path | None]:  # fmt: skip
+        facts = bc.facts_of(meta)
+        shape = facts.shape
+        self._batched, self.format, self.class_names = facts.batched, facts.format, facts.classes
+        self._uint8, self._in_graph_post = facts.uint8, facts.in_graph_post
+        self.input_size = (shape.width, shape.height)
+        self._input_name = shape.input_name
+        if settings.class_names:
+            self.class_names = settings.class_names
+        model = store.read(str(meta["kind"]))
+        if meta["kind"] == bc.OPTIMIZED:  # already optimised for this CPU: load as it is
+            self._session = self._open(model, settings, [op.CPU], optimize=False)
+            return shape, None
+        self._session, trt = self._accelerate(model, settings, shape, store)
+        return shape, trt
 
     def _model_shape(self) -> op.ModelShape:
         inp = self._session.get_inputs()[0]
@@ -116,10 +178,14 @@ class OnnxDetector:
         return mode == "on"
 
     def _accelerate(
-        self, model: bytes, settings: OnnxDetectorSettings, shape: op.ModelShape
-    ) -> tuple[ort.InferenceSession, Path | None]:
+        self, model: bytes, settings: OnnxDetectorSettings, shape: op.ModelShape,
+        store: bc.Store | None,
+    ) -> tuple[ort.InferenceSession, Path | None]:  # fmt: skip
         """The session on the chosen providers (the CPU one when only the CPU is there and
-        the model was not rewritten)."""
+        the model was not rewritten). TensorRT's engines go to the engine cache directory,
+        with an artefact cache to its keyed subdirectory (``<engine cache>/<key>``); a
+        build there holds the directory's lock, so a second worker starting at once waits
+        and then reads the engines."""
         chosen = choose_providers(settings.providers)
         if chosen == [op.CPU]:
             if self._uint8 or self._in_graph_post:
@@ -127,9 +193,13 @@ class OnnxDetector:
             return self._session, None
         cache: Path | None = None
         if op.TENSORRT in chosen:
-            cache = op.prepare_cache_dir(settings.engine_cache_path())
+            path = settings.engine_cache_path()
+            if store is not None:  # engines are valid for one model, GPU type, version
+                path = path / store.key
+            cache = op.prepare_cache_dir(path)
         options = op.GpuOptions(settings.fp16, cache, settings.max_batch)
-        session = self._open(model, settings, op.build_providers(chosen, options, shape))
+        with build_lock(cache, bc.LOCK_TIMEOUT_S) if cache else contextlib.nullcontext():
+            session = self._open(model, settings, op.build_providers(chosen, options, shape))
         return session, cache
 
     def _bound_runner(self, settings: OnnxDetectorSettings) -> BoundRunner | None:
@@ -138,10 +208,21 @@ class OnnxDetector:
             return None
         return BoundRunner(self._session, "cuda" if gpu else "cpu")
 
-    @staticmethod
+    @classmethod
     def _open(
-        model: bytes, settings: OnnxDetectorSettings, providers: Sequence[Any]
-    ) -> ort.InferenceSession:
+        cls, model: bytes, settings: OnnxDetectorSettings, providers: Sequence[Any],
+        *, optimize: bool = True,
+    ) -> ort.InferenceSession:  # fmt: skip
+        opts = cls._options(settings)
+        if not optimize:  # an optimised model from the artefact cache
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(model, opts, providers=list(providers))
+        except Exception as exc:  # onnxruntime raises several unrelated types
+            raise ModelError(f"cannot load {settings.model} with onnxruntime: {exc}") from exc
+
+    @staticmethod
+    def _options(settings: OnnxDetectorSettings) -> ort.SessionOptions:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = settings.threads
         if not settings.spin:
@@ -150,10 +231,7 @@ class OnnxDetector:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        try:
-            return ort.InferenceSession(model, opts, providers=list(providers))
-        except Exception as exc:  # onnxruntime raises several unrelated types
-            raise ModelError(f"cannot load {settings.model} with onnxruntime: {exc}") from exc
+        return opts
 
     def _batch_axis_is_dynamic(self) -> bool:
         return not isinstance(self._session.get_inputs()[0].shape[0], int)
@@ -276,6 +354,8 @@ class OnnxDetector:
         dropped: in-graph rows of images past the chunk, raw rows past it)."""
         tensor = self._to_tensor(chunk, bucket_for(len(chunk), self._buckets))
         if self._in_graph_post:
+            from gpu_worker.detectors.graph_post import split_detections
+
             return split_detections(self._run_post(tensor), [m.letterbox for m in chunk])
         raw = self._run(tensor)
         return [self._decode(raw[i], m) for i, m in enumerate(chunk)]

@@ -53,6 +53,8 @@ def test_cpu_defaults_report_nothing_accelerated(plain: OnnxDetector) -> None:
         "in_graph_prep": False,
         "in_graph_post": False,
         "batch_buckets": [],
+        "artefact_cache": None,
+        "artefact_key": None,
     }
     auto = _detector()  # auto: off on the CPU provider
     assert not auto.acceleration.io_binding

@@ -157,6 +157,8 @@ def test_acceleration_info() -> None:
         "in_graph_prep": False,
         "in_graph_post": False,
         "batch_buckets": [],
+        "artefact_cache": None,
+        "artefact_key": None,
     }
     assert acceleration_of(object()).as_info() == {
         "fp16": False,
@@ -165,4 +167,6 @@ def test_acceleration_info() -> None:
         "in_graph_prep": False,
         "in_graph_post": False,
         "batch_buckets": [],
+        "artefact_cache": None,
+        "artefact_key": None,
     }
