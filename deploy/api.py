@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -287,7 +288,12 @@ def _streams_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
                  summary="Add a stream", tags=["streams"],
                  responses=errors(409, e409="A stream with this id exists"))  # fmt: skip
     async def add_stream(spec: StreamSpec) -> dict[str, Any]:
-        """Add a stream; the next reconcile pass places it on a worker."""
+        """Add a stream; the next reconcile pass places it on a worker. With a model
+        registry, a model it lacks is a 422 naming the models it has."""
+        problem = orch.model_problem(spec.model)
+        if problem is not None:
+            raise RequestValidationError([{"type": "unknown_model", "loc": ("body", "model"),
+                                           "msg": problem}])  # fmt: skip
         if spec.id in await store.streams():
             raise HTTPException(409, f"stream {spec.id!r} exists; remove it first")
         await store.put_stream(spec)

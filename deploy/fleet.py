@@ -20,6 +20,8 @@ moment:
   can be had again, then placement moves them back and the extra drains).
 * A pod of ``gpu_count`` > 1 runs one worker per GPU (:mod:`deploy.workers`): each
   is probed, canaried and placed on its own; the pod goes when one of them fails.
+* Placement is model-aware: the workers' models (their ``/info``, read by every probe)
+  and the registry's memory needs decide where a stream's model can run.
 """
 
 from __future__ import annotations
@@ -57,12 +59,15 @@ from deploy.store import Store
 from deploy.workers import (
     apply_probe,
     by_name,
+    fleet_model_needs,
     move_reason,
     pod_load,
+    pod_slots,
     pod_unhealthy,
     stream_load,
 )
 from framerelay.backoff import Backoff
+from framerelay.model_registry import ModelRegistry, builtin_registry
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,7 @@ class Fleet:
     clock: Clock
     worker_env: dict[str, str] = field(default_factory=dict)
     trust: PodTrust | None = None  # keys and certificates for new pods (None: simulations)
+    registry: ModelRegistry = field(default_factory=builtin_registry)  # models' memory needs
     events: EventLog = field(default_factory=EventLog)
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     prices: dict[str, GpuPrice] = field(default_factory=dict)
@@ -406,23 +412,18 @@ class Fleet:
     # -- placement and cost ----------------------------------------------------
 
     def _slots(self, pods: dict[str, PodRecord]) -> list[Slot]:
-        """Ready workers (one per GPU of a pod); a batch-only tier's take streams only inside
-        its windows (its workers warm up ``lead_s`` early, but batch work starts when the
-        window opens)."""
-        now, slots = self.clock.now(), []
+        """Ready workers (one per GPU of a pod) with their models; a batch-only tier's take
+        streams only inside its windows (its workers warm up ``lead_s`` early, but batch
+        work starts when the window opens)."""
+        now, slots = self.clock.now(), list[Slot]()
         for rec in pods.values():
             tier = self.settings.tier(rec.tier)
             if tier is None or rec.state != "running":
                 continue
             if tier.batch_only and not in_window(tier, now, self.tz):
                 continue
-            usd = rec.cost_per_hr / rec.gpu_count
-            for w in rec.workers():
-                if not w.ready:
-                    continue
-                cap = tier.capacity_fps or w.capacity_fps or self.settings.default_capacity_fps
-                cap *= self.settings.target_utilization
-                slots.append(Slot(w.name, rec.tier, rec.spot, cap, usd, 0.0, tier.batch_only))
+            default = self.settings.default_capacity_fps
+            slots += pod_slots(rec, tier, default, self.settings.target_utilization)
         return slots
 
     async def _place(self, pods: dict[str, PodRecord]) -> None:
@@ -433,6 +434,7 @@ class Fleet:
         result = place(
             streams.values(), self._slots(pods), current, self.settings.model_costs,
             batch_pinned=batch_pinned, pins=pins,
+            models=fleet_model_needs(self.registry, pods.values()),
         )  # fmt: skip
         self.unplaced = sorted(result.unplaced)
         ready = {s.name for s in self._slots(pods)}

@@ -42,6 +42,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
+from deploy.models import WorkerModels
 from deploy.tls import describe_http_error
 from framerelay import wire
 from framerelay.coco import COCO_CLASSES
@@ -90,6 +91,9 @@ class Probe:
     """The worker's own ``/readyz``; None when not asked (it did not answer ``/healthz``)."""
     models: tuple[str, ...] = ()
     """The models loaded on the worker (its ``/info``); each was checked by its canary."""
+    worker_models: WorkerModels | None = None
+    """The worker's budget, loaded models and default (its ``/info``); None when ``/info``
+    was not read or the worker is from before models."""
 
 
 class Prober(Protocol):
@@ -284,10 +288,9 @@ class WorkerProber:
             return None
         return f"HTTP {resp.status_code}: {_reason(resp.text) or resp.reason_phrase}"
 
-    async def _info(
-        self, http_url: str, token: str, ext: dict[str, str] | None
-    ) -> tuple[float, tuple[str, ...]]:
-        """The capacity and the loaded models other than the default one (``/info``)."""
+    async def _info(self, http_url: str, token: str, ext: dict[str, str] | None) -> Probe:
+        """What ``/info`` says: the capacity, the loaded models other than the default one
+        (to canary) and the worker's models for placement."""
         resp = await self._http.get(
             f"{http_url}/info", headers={"Authorization": f"Bearer {token}"}, extensions=ext
         )
@@ -298,8 +301,11 @@ class WorkerProber:
         resp.raise_for_status()
         info = resp.json()
         if not isinstance(info, dict):
-            return 0.0, ()
-        return _capacity(info.get("capacity_fps")), loaded_models(info)
+            return Probe(alive=True, ready=True)
+        return Probe(
+            alive=True, ready=True, capacity_fps=_capacity(info.get("capacity_fps")),
+            models=loaded_models(info), worker_models=WorkerModels.from_info(info),
+        )  # fmt: skip
 
     async def probe(
         self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
@@ -311,17 +317,17 @@ class WorkerProber:
             unready = await self._heartbeat(http_url, ext)
             if unready is not None:  # no canary: the worker refuses tunnels while unready
                 return Probe(alive=True, ready=False, error=f"worker not ready: {unready}")
-            capacity, models = await self._info(http_url, token, ext)
+            seen = await self._info(http_url, token, ext)
         except FramerelayError as exc:
             return Probe(alive=False, error=f"heartbeat failed: {exc}")
         except (httpx.HTTPError, ValueError) as exc:
             return Probe(alive=False, error=f"heartbeat failed: {describe_http_error(exc)}")
         if not canary:
-            return Probe(alive=True, capacity_fps=capacity, ready=True, models=models)
-        probe = await self._canary(tunnel_url, token, tls_name, capacity)
+            return seen
+        probe = await self._canary(tunnel_url, token, tls_name, seen.capacity_fps)
         if probe.canary_ok:
-            probe = await self._model_canaries(probe, tunnel_url, token, tls_name, models)
-        return probe
+            probe = await self._model_canaries(probe, tunnel_url, token, tls_name, seen.models)
+        return replace(probe, worker_models=seen.worker_models)
 
     async def _canary(
         self, tunnel_url: str, token: str, tls_name: str | None, capacity: float

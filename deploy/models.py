@@ -10,13 +10,16 @@ creates a second one for the same intent.
 from __future__ import annotations
 
 import enum
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from framerelay.model_registry import MODEL_NAME, ModelName
 from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
 
@@ -41,7 +44,12 @@ class StreamSpec(BaseModel):
     url: str = Field(min_length=1, description="Anything the ingest's PyAV opens.")
     priority: Priority = "standard"
     fps: float = Field(5.0, gt=0, le=240, description="Frames per second to analyse.")
-    model: str = Field("yolox_nano", max_length=64, description="Model name (demand weight).")
+    model: str = Field(
+        "yolox_nano", pattern=MODEL_NAME,
+        description="The model the workers run on this stream: a name of the model registry "
+        "(1-64 letters, digits, '.', '_' or '-', starting with a letter or digit); also its "
+        "demand weight (model_costs).",
+    )  # fmt: skip
     tracker: str = Field("default", max_length=64)
     tracker_settings: TrackerTimesConfig | None = Field(
         None, description="The stream's own tracker time settings, passed to the ingest."
@@ -134,6 +142,68 @@ def worker_name(pod: str, index: int, count: int) -> str:
     return pod if count == 1 else f"{pod}-gpu{index}"
 
 
+MAX_WORKER_MODELS = 64
+"""Models of one worker's ``/info`` kept in its state, at most."""
+_MODEL_NAME = re.compile(MODEL_NAME)
+
+
+class WorkerModels(BaseModel):
+    """A worker's models as its ``/info`` says (issue 17): what placement needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    budget_mb: float = Field(ge=0, le=1e7, description="Its model memory budget; 0: none.")
+    loaded: dict[ModelName, Annotated[float, Field(ge=0, le=1e7)]] = Field(
+        default_factory=dict, description="Models loaded (or pinned) -> their memory (MiB)."
+    )
+    pinned: tuple[ModelName, ...] = Field((), description="Models it never evicts.")
+    default: ModelName | None = Field(None, description="The model of streams naming none.")
+    load_s: dict[ModelName, Annotated[float, Field(ge=0, le=86_400)]] = Field(
+        default_factory=dict, description="How long each loaded model took to load."
+    )
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, object]) -> WorkerModels | None:
+        """Read from ``/info`` tolerantly: None for a worker from before models (or an
+        implausible budget); entries that are not plausible are skipped."""
+        budget, models = info.get("vram_budget_mb"), info.get("models")
+        if not _plausible(budget, 1e7) or not isinstance(models, list):
+            return None
+        held = [h for h in map(_held, models[:MAX_WORKER_MODELS]) if h is not None]
+        default = info.get("default_model")
+        named = default if isinstance(default, str) and _MODEL_NAME.fullmatch(default) else None
+        return cls(
+            budget_mb=float(budget),  # type: ignore[arg-type] # checked by _plausible
+            loaded={name: mb for name, mb, _, _ in held},
+            pinned=tuple(name for name, _, pinned, _ in held if pinned),
+            default=named,
+            load_s={name: s for name, _, _, s in held if s is not None},
+        )
+
+
+def _held(entry: object) -> tuple[str, float, bool, float | None] | None:
+    """(name, MiB, pinned, load seconds) of a model ``/info`` lists as loaded or pinned."""
+    if not isinstance(entry, dict):
+        return None
+    name, mb, pinned = entry.get("name"), entry.get("vram_mb"), entry.get("pinned") is True
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name) or not _plausible(mb, 1e7):
+        return None
+    if not (pinned or entry.get("loaded") is True):
+        return None
+    load_s = entry.get("load_s")
+    return name, float(mb), pinned, float(load_s) if _plausible(load_s, 86_400) else None  # type: ignore[arg-type]
+
+
+def _plausible(value: object, most: float) -> bool:
+    """A finite number (not a bool) in [0, most]."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value <= most
+    )
+
+
 class WorkerState(BaseModel):
     """One worker as the orchestrator sees it: where it answers and how healthy it is.
 
@@ -155,6 +225,12 @@ class WorkerState(BaseModel):
     last_canary: float | None = None
     canary_ms: float | None = Field(None, description="Round trip of the last passed canary.")
     last_error: str | None = Field(None, max_length=500)
+    models: WorkerModels | None = Field(
+        None,
+        description="Its models, budget and default as its last /info said (issue 17); None: "
+        "unknown (a worker from before models, or not probed yet). Records written before "
+        "this field load as unknown.",
+    )
 
 
 class PodRecord(WorkerState):

@@ -10,14 +10,14 @@
 * Among allowed workers of equal price, best fit: the fullest one the stream
   still fits (fewer, fuller workers).
 * Model-aware (issue 17), for workers whose models are known (``Slot.vram_budget_mb``
-  set, from the worker's ``/info``): a worker takes a stream only if it has the
-  stream's model loaded, or room for it in its budget once the models without
-  streams are evicted (the worker evicts those, least recently used first);
-  among workers of equal price one that has the model loaded wins (no load
-  time), then the one whose load is shortest. A stream whose model is loaded
-  nowhere thus goes to a worker with room, which loads it, instead of being left
-  unplaced (which would add a pod). Workers whose models are unknown take any
-  model, as before.
+  set, from the worker's ``/info``, which the fleet's probes keep in its state): a
+  worker takes a stream only if it has the stream's model loaded, or room for it in
+  its budget once the models without streams are evicted (the worker evicts those,
+  least recently used first); among workers of equal price one that has the model
+  loaded wins (no load time), then the one whose load is shortest. A stream whose
+  model is loaded nowhere thus goes to a worker with room, which loads it, instead of
+  being left unplaced. A worker without a budget has room for any model; workers
+  whose models are unknown take any model, as before.
 
 Pure functions; the orchestrator applies the result.
 """
@@ -27,8 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
-from deploy.models import PRIORITY_ORDER, StreamSpec
+from deploy.models import PRIORITY_ORDER, StreamSpec, WorkerModels
 
 EPS = 1e-9
 
@@ -45,7 +46,8 @@ class Slot:
     used: float = 0.0
     batch_only: bool = False
     vram_budget_mb: float | None = None
-    """The worker's model memory budget; None: unknown or none (any model fits)."""
+    """The worker's model memory budget; None: its models are unknown (any model fits,
+    none is preferred); infinite: it has no budget (any model fits, loaded ones win)."""
     loaded: Mapping[str, float] = field(default_factory=dict)
     """Models loaded on the worker -> their memory (MiB)."""
     pinned: frozenset[str] = frozenset()
@@ -93,31 +95,39 @@ class ModelNeeds:
         return self.vram_mb.get(model, 0.0)
 
 
-def worker_models(info: Mapping[str, object]) -> dict[str, object]:
-    """A worker's ``/info`` as :class:`Slot` keywords (``vram_budget_mb``, ``loaded``,
-    ``pinned``); empty (models unknown) for a worker without a budget or from before
-    models. Read tolerantly: entries that are not plausible are skipped."""
-    budget, models = info.get("vram_budget_mb"), info.get("models")
-    if not _mb(budget) or not budget or not isinstance(models, list):
+class SlotModels(TypedDict, total=False):
+    """A worker's models as :class:`Slot` keywords (empty: unknown, any model fits)."""
+
+    vram_budget_mb: float
+    loaded: Mapping[str, float]
+    pinned: frozenset[str]
+
+
+def slot_models(models: WorkerModels | None) -> SlotModels:
+    """:class:`Slot` keywords for a worker's models (:attr:`WorkerState.models`); a worker
+    without a budget has room for any model (but one that has it loaded still wins)."""
+    if models is None:
         return {}
-    loaded: dict[str, float] = {}
-    pinned = set()
-    for m in models:
-        if isinstance(m, dict) and isinstance(m.get("name"), str) and _mb(m.get("vram_mb")):
-            if m.get("loaded") is True or m.get("pinned") is True:
-                loaded[m["name"]] = float(m["vram_mb"])
-            if m.get("pinned") is True:
-                pinned.add(m["name"])
-    return {"vram_budget_mb": float(budget), "loaded": loaded, "pinned": frozenset(pinned)}  # type: ignore[arg-type]
+    budget = models.budget_mb or math.inf
+    return {"vram_budget_mb": budget, "loaded": dict(models.loaded),
+            "pinned": frozenset(models.pinned)}  # fmt: skip
 
 
-def _mb(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 <= value <= 1e7
-    )
+def worker_models(info: Mapping[str, object]) -> SlotModels:
+    """A worker's ``/info`` as :class:`Slot` keywords (``vram_budget_mb``, ``loaded``,
+    ``pinned``); empty (models unknown) for a worker from before models. Read tolerantly
+    (:meth:`WorkerModels.from_info`)."""
+    return slot_models(WorkerModels.from_info(info))
+
+
+def model_needs(vram_mb: Mapping[str, float], workers: Iterable[WorkerModels | None]) -> ModelNeeds:
+    """What placement knows of each model: its memory (the registry's ``vram_mb``) and its
+    load time (the longest any worker reported)."""
+    load_s: dict[str, float] = {}
+    for models in workers:
+        for name, s in (models.load_s if models else {}).items():
+            load_s[name] = max(s, load_s.get(name, 0.0))
+    return ModelNeeds(dict(vram_mb), load_s)
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from deploy.tls import verify_context
 from framerelay.auth import KeySet, TokenIssuer
 from framerelay.auth.config import load_keys, require_keys
 from framerelay.errors import FramerelayError
-from framerelay.model_registry import load_registry
+from framerelay.model_registry import ModelRegistry, load_registry
 
 log = logging.getLogger(__name__)
 CANARY_TOKEN_TTL_S = 300.0
@@ -50,9 +50,12 @@ def make_provider(settings: OrchestratorSettings) -> Provider:
     return KubernetesProvider(settings.kubernetes)
 
 
-def make_prober(settings: OrchestratorSettings, trust: PodTrust) -> WorkerProber:
+def make_prober(
+    settings: OrchestratorSettings, trust: PodTrust, registry: ModelRegistry | None = None
+) -> WorkerProber:
     """Heartbeats and canaries with tunnel tokens the pods verify, over TLS checked
-    against the pod CA (when TLS is on)."""
+    against the pod CA (when TLS is on); each model's canary from ``registry`` (read from
+    the settings when not given)."""
     issuer = TokenIssuer(trust.worker_keys)
 
     def token_for(worker: str) -> str:
@@ -63,7 +66,7 @@ def make_prober(settings: OrchestratorSettings, trust: PodTrust) -> WorkerProber
     canary = Canary(
         min_persons=settings.canary_min_persons,
         timeout_s=settings.canary_timeout_s,
-        registry=load_registry(settings.model_registry),
+        registry=registry or load_registry(settings.model_registry),
     )
     return WorkerProber(
         canary, token_for, heartbeat_timeout_s=settings.heartbeat_timeout_s, ssl_context=ctx
@@ -90,13 +93,14 @@ class Orchestrator:
         self.keys = orchestrator_keys(settings)
         self.provider = provider or make_provider(settings)
         self.trust = make_trust(settings, self.keys, self.provider)
-        self._prober = prober or make_prober(settings, self.trust)
+        self.registry = load_registry(settings.model_registry)  # a bad file: ConfigError
+        self._prober = prober or make_prober(settings, self.trust, self.registry)
         link = ingest or self._ingest_link()
         self.redis = redis or Redis.from_url(settings.redis_url)
         self.store = Store(self.redis, settings.key_prefix)
         self.fleet = Fleet(
             settings, self.provider, self.store, self._prober, link, clock or SystemClock(),
-            trust=self.trust,
+            trust=self.trust, registry=self.registry,
         )  # fmt: skip
         self.history = FleetHistory([t.name for t in settings.tiers])
         self.auth_refused: collections.Counter[str] = collections.Counter()
@@ -104,6 +108,17 @@ class Orchestrator:
         self.leader = False
         self.ticks = 0
         self.last_error: str | None = None
+
+    def model_problem(self, model: str) -> str | None:
+        """Why a stream may not name ``model`` (None: it may). With a model registry
+        (``model_registry``) a model it lacks is refused, with the names it has; without
+        one any well-formed name is taken and the workers' registries decide."""
+        if self.settings.model_registry is None or model in self.registry:
+            return None
+        return (  # the name itself is not echoed (a 422 repeats no submitted value)
+            f"unknown model: the orchestrator's model registry "
+            f"({self.settings.model_registry.name}) has {self.registry.names()}"
+        )
 
     def _ingest_link(self) -> IngestLink:
         url = self.settings.ingest_url

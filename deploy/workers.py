@@ -17,6 +17,9 @@ from typing import Literal
 
 from deploy.health import Probe
 from deploy.models import PodRecord, WorkerState
+from deploy.placement import ModelNeeds, Slot, model_needs, slot_models
+from deploy.settings import TierConfig
+from framerelay.model_registry import ModelRegistry
 
 Change = Literal["ready", "unhealthy", "canary_not_ready"]
 
@@ -30,6 +33,8 @@ def apply_probe(
         worker.last_canary = now
     if probe.capacity_fps > 0:
         worker.capacity_fps = probe.capacity_fps
+    if probe.alive and probe.ready is True:  # its /info was read: models as it says now
+        worker.models = probe.worker_models
     if not (probe.alive and probe.ready is not False and probe.canary_ok is not False):
         worker.fails += 1
         worker.last_error = (probe.error or "failed")[:500]
@@ -97,3 +102,23 @@ def move_reason(old: str | None, new: str | None, ready: set[str], pin: str | No
     if pin == new:
         return "moved by an operator (pin)"
     return f"moved from {old}: cheaper, or {old} is over capacity or not allowed"
+
+
+def fleet_model_needs(registry: ModelRegistry, pods: Iterable[PodRecord]) -> ModelNeeds:
+    """Each model's memory (the registry's ``vram_mb``) and load time (the longest any
+    worker of ``pods`` reported), for model-aware placement."""
+    vram = {name: entry.vram_mb for name, entry in registry.entries.items()}
+    return model_needs(vram, (w.models for rec in pods for w in rec.workers()))
+
+
+def pod_slots(rec: PodRecord, tier: TierConfig, default_fps: float, use: float) -> list[Slot]:
+    """The pod's ready workers as placement sees them: each GPU's capacity (the tier's,
+    else measured, else ``default_fps``) times ``use`` (target utilisation), its share of
+    the pod's price, and its models (as its last ``/info`` said)."""
+    usd = rec.cost_per_hr / rec.gpu_count
+    slots = []
+    for w in (w for w in rec.workers() if w.ready):
+        cap = (tier.capacity_fps or w.capacity_fps or default_fps) * use
+        models = slot_models(w.models)
+        slots.append(Slot(w.name, rec.tier, rec.spot, cap, usd, 0.0, tier.batch_only, **models))
+    return slots

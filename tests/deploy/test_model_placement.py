@@ -12,6 +12,7 @@ whose models are unknown take any model.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,10 @@ def test_slots_whose_models_are_unknown_take_any_model() -> None:
     ("info", "expected"),
     [
         ({"capacity_fps": 3}, {}),
-        ({"vram_budget_mb": 0, "models": []}, {}),
+        (  # no budget: room for any model, but one that has it loaded still wins
+            {"vram_budget_mb": 0, "models": []},
+            {"vram_budget_mb": math.inf, "loaded": {}, "pinned": frozenset()},
+        ),
         ({"vram_budget_mb": float("nan"), "models": []}, {}),
         (
             {
