@@ -65,11 +65,19 @@ def facts_of(meta: dict[str, Any]) -> Facts:
 
 
 def gpu_name() -> str:
-    """The first visible GPU's name ('' when NVML cannot say): the GPU type."""
+    """The first visible GPU's name (the GPU type): NVML's word, else the driver's
+    ``/proc`` entry (no nvidia-ml-py), else ``unknown``."""
     from gpu_worker.gpu_stats import read_gpus
 
     status = read_gpus()
-    return status.gpus[0].name if status.gpus else ""
+    if status.gpus:
+        return status.gpus[0].name
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            for line in info.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.startswith("Model:"):
+                    return line.removeprefix("Model:").strip()
+    return "unknown"
 
 
 def build_facts(

@@ -66,9 +66,11 @@ class OnnxDetector:
         started = time.perf_counter()
         store = bc.open_store(settings, chosen, ort.__version__)
         meta = store.lookup() if store is not None else None
-        if meta is not None and store is not None:
-            shape, trt = self._from_cache(store, meta, settings, chosen)
+        cached = self._try_cache(store, meta, settings) if store and meta else None
+        if cached is not None:
+            shape, trt = cached
         else:
+            meta = None
             model_bytes, shape = self._prepare(settings)
             self._session, trt = self._accelerate(model_bytes, settings, shape, store)
             if store is not None:
@@ -139,10 +141,21 @@ class OnnxDetector:
         except OSError as exc:  # a full or read-only volume: serve anyway, build next time
             log.warning("could not store the built model in %s: %s", store.folder, exc)
 
+    def _try_cache(
+        self, store: bc.Store, meta: dict[str, Any], settings: OnnxDetectorSettings
+    ) -> tuple[op.ModelShape, Path | None] | None:
+        """The detector from its cached artefact, or None (built again) when the artefact
+        is missing or does not load: a damaged cache costs a build, never the start."""
+        try:
+            return self._from_cache(store, meta, settings)
+        except (OSError, ModelError) as exc:
+            log.warning("artefact cache entry %s did not load (%s); building again",
+                        store.key, str(exc).splitlines()[0][:200])  # fmt: skip
+            return None
+
     def _from_cache(
-        self, store: bc.Store, meta: dict[str, Any], settings: OnnxDetectorSettings,
-        chosen: list[str],
-    ) -> tuple[op.ModelShape, Path | None]:  # fmt: skip
+        self, store: bc.Store, meta: dict[str, Any], settings: OnnxDetectorSettings
+    ) -> tuple[op.ModelShape, Path | None]:
         facts = bc.facts_of(meta)
         shape = facts.shape
         self._batched, self.format, self.class_names = facts.batched, facts.format, facts.classes

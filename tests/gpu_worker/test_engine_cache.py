@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,28 @@ def test_a_half_written_entry_is_a_miss(tmp_path: Path) -> None:
     again = _detector(tmp_path)
     assert again.acceleration.artefact_cache == "built"
     assert json.loads((folder / "meta.json").read_text())["kind"].endswith(".onnx")
+
+
+def test_a_damaged_artefact_is_built_again(tmp_path: Path) -> None:
+    first = _detector(tmp_path)
+    folder = tmp_path / "models" / first.acceleration.artefact_key
+    (folder / "model.ort-optimized.onnx").write_bytes(b"not a model")
+    again = _detector(tmp_path)
+    assert again.acceleration.artefact_cache == "built"
+    assert _detector(tmp_path).acceleration.artefact_cache == "hit"
+
+
+def test_workers_starting_together_both_serve_and_leave_one_complete_entry(
+    tmp_path: Path,
+) -> None:
+    """No lock on the CPU artefact: both build, each rename is atomic, the entry is whole."""
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda _: _detector(tmp_path), range(2))
+    assert a.acceleration.artefact_key == b.acceleration.artefact_key
+    assert {a.acceleration.artefact_cache, b.acceleration.artefact_cache} <= {"built", "hit"}
+    folder = tmp_path / "models" / a.acceleration.artefact_key
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "model.ort-optimized.onnx"]
+    assert _detector(tmp_path).acceleration.artefact_cache == "hit"
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
