@@ -10,10 +10,20 @@ Every call carries a token (aud ``framerelay-ingest``, scopes
 and renewed before it expires. With a TLS pod the body names the certificate
 name the ingest must verify (``tls_server_name``). An ``https://`` ingest is
 verified with ``ingest_ca`` (or the system's CAs).
+
+**Several ingests.** ``ingest_url`` may list several replicas, comma-separated
+(``http://ingest-a:8080,http://ingest-b:8080``): every call goes to all of
+them at once. With sharded ingests (``FRAMERELAY_INGEST_SHARDS__ENABLED``) a
+replica that accepts a placement stores it in the shared Redis, so the one
+that runs the stream applies it (at once, or within its renew interval): an
+assignment counts as accepted when one replica accepted it, an unassignment
+when every replica that answered did (404: it was gone there). Without
+sharding list one ingest only: each replica would run the stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -28,6 +38,7 @@ import httpx
 from deploy.models import StreamSpec
 from deploy.tls import describe_http_error, verify_context
 from framerelay.auth import TokenIssuer
+from framerelay.errors import ConfigError
 from framerelay.model_registry import BUILTIN_NAME
 from framerelay.net import is_loopback
 
@@ -128,11 +139,14 @@ class HttpIngestLink:
         timeout_s: float = 5.0,
         ca: Path | None = None,
     ) -> None:
-        url = base_url.rstrip("/")
+        urls = ingest_urls(base_url)
         verify: ssl.SSLContext | bool = verify_context(ca, "the ingest API") if ca else True
-        if url.startswith("http://") and not is_loopback(urlsplit(url).hostname):
-            log.warning("the ingest API %s is plain http: tokens cross the network in clear", url)
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout_s, verify=verify)
+        for url in urls:
+            if url.startswith("http://") and not is_loopback(urlsplit(url).hostname):
+                log.warning("the ingest API %s is plain http: tokens cross the network in clear",
+                            url)  # fmt: skip
+        self._https = [httpx.AsyncClient(base_url=u, timeout=timeout_s, verify=verify)
+                       for u in urls]  # fmt: skip
         self._token = IngestToken(issuer)
 
     async def assign(
@@ -149,25 +163,47 @@ class HttpIngestLink:
         }
         if tls_server_name is not None:
             body["tls_server_name"] = tls_server_name
-        return await self._call("PUT", f"/v1/streams/{stream.id}/worker", body)
+        answers = await self._fan_out("PUT", f"/v1/streams/{stream.id}/worker", body)
+        return any(answers)
 
     async def unassign(self, stream_id: str) -> bool:
-        return await self._call("DELETE", f"/v1/streams/{stream_id}/worker", None)
+        answers = await self._fan_out("DELETE", f"/v1/streams/{stream_id}/worker", None)
+        reached = [a for a in answers if a is not None]
+        return bool(reached) and all(reached)
 
-    async def _call(self, method: str, path: str, body: dict[str, object] | None) -> bool:
+    async def _fan_out(
+        self, method: str, path: str, body: dict[str, object] | None
+    ) -> list[bool | None]:
+        """Every replica's answer: True (accepted), False (refused), None (unreachable)."""
+        calls = (self._call(http, method, path, body) for http in self._https)
+        return list(await asyncio.gather(*calls))
+
+    async def _call(
+        self, http: httpx.AsyncClient, method: str, path: str, body: dict[str, object] | None
+    ) -> bool | None:
         headers = {"Authorization": f"Bearer {self._token.get()}"}
         try:
-            resp = await self._http.request(method, path, json=body, headers=headers)
+            resp = await http.request(method, path, json=body, headers=headers)
         except httpx.HTTPError as exc:
-            log.warning("ingest %s %s failed: %s", method, path, describe_http_error(exc))
-            return False
+            log.warning("ingest %s %s%s failed: %s", method, http.base_url, path,
+                        describe_http_error(exc))  # fmt: skip
+            return None
         if resp.status_code >= 400 and not (method == "DELETE" and resp.status_code == 404):
-            log.warning("ingest %s %s: HTTP %d %s", method, path, resp.status_code, _detail(resp))
+            log.warning("ingest %s %s%s: HTTP %d %s", method, http.base_url, path,
+                        resp.status_code, _detail(resp))  # fmt: skip
             return False
         return True
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await asyncio.gather(*(http.aclose() for http in self._https))
+
+
+def ingest_urls(value: str) -> list[str]:
+    """The ingest replicas in ``ingest_url`` (comma-separated), each without a final /."""
+    urls = [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
+    if not urls:
+        raise ConfigError("FRAMERELAY_ORCH_INGEST_URL names no ingest")
+    return urls
 
 
 def _detail(resp: httpx.Response) -> str:

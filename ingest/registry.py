@@ -143,6 +143,8 @@ class StreamRegistry:
         self._stuck: set[str] = set()
         """Unhealthy tunnels whose streams had nowhere to go (logged once)."""
         self._closing = False
+        self._parked: dict[str, Snapshot] = {}
+        """Snapshots of unserved streams (taken over, not placed yet): resumed at placement."""
         self.default: str | None = None
         if default_url is not None:
             check_worker_url(default_url, allow_insecure=self.options.allow_insecure)
@@ -172,6 +174,12 @@ class StreamRegistry:
         """Streams served by a worker other than the default one: stream id -> worker id."""
         return {sid: w for sid, w in self._where.items() if w != self.default}
 
+    def snapshot(self, stream_id: str) -> Snapshot | None:
+        """The latest session snapshot the worker serving ``stream_id`` sent (None: none)."""
+        client = self._clients.get(self._where.get(stream_id, ""))
+        found = client.snapshots.get(stream_id) if client is not None else None
+        return found if found is not None else self._parked.get(stream_id)
+
     def get(self, stream_id: str) -> IngestStream:
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -180,12 +188,23 @@ class StreamRegistry:
 
     # -- changing ----------------------------------------------------------------
 
-    def create(self, config: StreamConfig, *, first_epoch: int = 0) -> IngestStream:
-        """Start a new stream on the default tunnel (unserved without one until placed).
-        StreamExists if the id is taken, wherever that stream runs."""
+    def create(
+        self,
+        config: StreamConfig,
+        *,
+        first_epoch: int = 0,
+        snapshot: Snapshot | None = None,
+        start_at_s: float | None = None,
+        served: bool = True,
+    ) -> IngestStream:
+        """Start a new stream on the default tunnel (unserved without one, or without
+        ``served``, until placed), resuming ``snapshot`` and starting a file ``start_at_s``
+        in (a stream taken over from another ingest replica). StreamExists if the id is
+        taken."""
         if config.id in self._streams:
             raise StreamExists(f"stream {config.id!r} already exists")
-        return self._start(config, first_epoch, self.default)
+        worker = self.default if served else None
+        return self._start(config, first_epoch, worker, snapshot, start_at_s)
 
     async def update(self, config: StreamConfig) -> IngestStream:
         """Replace a stream by one with the new definition (its next epoch), on the same
@@ -237,6 +256,7 @@ class StreamRegistry:
                 return readdressed
             close = not self._unhealthy(stream_id)  # no CLOSE into a stall
             snapshot = await self._detach(stream_id, close=close)
+            snapshot = snapshot or self._parked.pop(stream_id, None)
             self._attach(self._streams[stream_id], worker_id, snapshot)
             self.moves += old is not None
             log.info("stream %s: %s -> %s (snapshot: %s)",
@@ -279,17 +299,27 @@ class StreamRegistry:
 
     # -- streams on tunnels --------------------------------------------------------
 
-    def _start(self, config: StreamConfig, first_epoch: int, worker: str | None) -> IngestStream:
+    def _start(
+        self,
+        config: StreamConfig,
+        first_epoch: int,
+        worker: str | None,
+        snapshot: Snapshot | None = None,
+        start_at_s: float | None = None,
+    ) -> IngestStream:
         stream = IngestStream(
             config,
             asyncio.get_running_loop(),
             self.options.max_inflight,
             link_up=functools.partial(self._link_up, config.id),
             first_epoch=first_epoch,
+            start_at_s=start_at_s,
         )
         self._streams[config.id] = stream
         if worker is not None and worker in self._clients:
-            self._attach(stream, worker, None)
+            self._attach(stream, worker, snapshot)
+        elif snapshot is not None:
+            self._parked[config.id] = snapshot
         stream.launch()
         return stream
 
@@ -338,6 +368,7 @@ class StreamRegistry:
         return client is not None and client.unhealthy
 
     async def _forget(self, stream_id: str, *, close: bool) -> None:
+        self._parked.pop(stream_id, None)
         await self._detach(stream_id, close=close)
         self._streams.pop(stream_id, None)
         self._leaving.discard(stream_id)

@@ -25,6 +25,7 @@ from framerelay import memory
 from framerelay.errors import FramerelayError
 from ingest.auth import tunnel_tokens
 from ingest.bus import ResultBus
+from ingest.leases import Route
 from ingest.registry import (
     DEFAULT_TUNNEL,
     StreamExists,
@@ -33,6 +34,7 @@ from ingest.registry import (
     UnknownStream,
 )
 from ingest.settings import IngestSettings, StreamConfig
+from ingest.shard_glue import ShardedStreams
 from ingest.source import SourceSpec
 from ingest.store import StreamStore
 from ingest.stream import IngestStream
@@ -65,6 +67,12 @@ class IngestService:
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
         """Serializes the API's changes (each persists, then changes the registry)."""
+        self.sharded = (
+            ShardedStreams(settings, self.registry, store, self._changing)
+            if settings.shards.enabled
+            else None
+        )
+        """Shard mode (:mod:`ingest.shards`): this replica runs the streams it leases."""
         self.started = asyncio.Event()
         """Set once ``run`` has loaded and started the configured and stored streams."""
 
@@ -84,6 +92,10 @@ class IngestService:
 
     async def create_stream(self, config: StreamConfig) -> IngestStream:
         """Persist and start a new stream (StreamExists if the id runs, placed or not)."""
+        if self.sharded is not None:
+            SourceSpec.from_config(config)
+            await self.sharded.create(config)
+            return self.registry.get(config.id)
         async with self._changing:
             if config.id in self.registry.streams:
                 raise StreamExists(f"stream {config.id!r} already exists")
@@ -104,6 +116,8 @@ class IngestService:
 
     async def remove_stream(self, stream_id: str) -> None:
         """Forget a stream (in the store too), stop it and free its state on both sides."""
+        if self.sharded is not None:
+            return await self.sharded.remove(stream_id)
         async with self._changing:
             self.registry.get(stream_id)
             if self.store is not None:
@@ -119,11 +133,17 @@ class IngestService:
         config: StreamConfig | None = None,
     ) -> bool:
         """The orchestrator places (or moves) a stream; see :meth:`StreamRegistry.place`."""
+        if self.sharded is not None:
+            stored = config.stored() if config is not None else None
+            route = Route(worker_id, url, tls_server_name, stored)
+            return await self.sharded.place(stream_id, route, config)
         async with self._changing:
             return await self.registry.place(stream_id, worker_id, url, tls_server_name, config)
 
     async def unplace_stream(self, stream_id: str) -> None:
         """The orchestrator stops a stream it placed (the store keeps a stored one)."""
+        if self.sharded is not None:
+            return await self.sharded.unplace(stream_id)
         async with self._changing:
             if stream_id not in self.registry.placed():
                 raise UnknownStream(f"no placed stream {stream_id!r}")
@@ -139,8 +159,11 @@ class IngestService:
         """Run until ``stop`` (or, with ``until_finished``, until every source ended).
         ``before_streams`` is awaited once the stored definitions are read and before
         any stream starts (the Redis publisher settles where result ids continue)."""
+        shards = None
         try:
             await self._load(before_streams)
+            if self.sharded is not None:
+                shards = asyncio.create_task(self.sharded.coordinator.run(stop), name="shards")
             while not stop.is_set():
                 streams = list(self.streams.values())
                 if until_finished and streams and all(s.finished for s in streams):
@@ -150,7 +173,11 @@ class IngestService:
                         await stop.wait()
         finally:
             stop.set()
+            if shards is not None:  # stops our streams and releases their leases first
+                await asyncio.gather(shards, return_exceptions=True)
             await self.registry.aclose(DRAIN_TIMEOUT_S)
+            if self.sharded is not None:
+                await self.sharded.aclose()
 
     async def _load(self, before_streams: Callable[[], Awaitable[object]] | None) -> None:
         """Start the configured and stored streams (a stored definition wins)."""
@@ -159,6 +186,10 @@ class IngestService:
             configs.update((cfg.id, cfg) for cfg in await self.store.load())
         if before_streams is not None:
             await before_streams()
+        if self.sharded is not None:  # the coordinator starts the streams this replica leases
+            self._pending = []
+            self.started.set()
+            return
         for cfg in configs.values():
             if cfg.id in self.registry.streams:  # created over the API meanwhile
                 continue

@@ -23,6 +23,7 @@ from framerelay.net import is_loopback
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
+from ingest.shard_settings import ShardSettings
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
 MAX_SOURCE_SIDE = 16_384
@@ -436,6 +437,11 @@ class IngestSettings(ServiceSettings):
         description="Redis hash holding this ingest's stream definitions.",
     )
 
+    shards: ShardSettings = Field(
+        default_factory=ShardSettings,
+        description="Several ingest replicas on one Redis share the streams (ingest.shards).",
+    )
+
     orchestrator_url: str | None = Field(
         None,
         max_length=2048,
@@ -483,6 +489,13 @@ class IngestSettings(ServiceSettings):
         if problem is not None:  # never quotes the password
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> IngestSettings:
+        if self.shards.enabled and self.redis_url is None:
+            raise ValueError("FRAMERELAY_INGEST_SHARDS__ENABLED needs FRAMERELAY_REDIS_URL "
+                             "(the replicas share leases, routes and snapshots there)")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _check_api_tls(self) -> IngestSettings:

@@ -60,6 +60,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--api-tls-key", type=Path, help="private key of --api-tls-cert")
     p.add_argument("--api-tls-client-ca", type=Path, help="mTLS: API clients' CA")
     p.add_argument("--out", type=Path, help="also append results to this JSON Lines file")
+    p.add_argument(
+        "--shard",
+        action="store_true",
+        help="share the streams with the other ingest replicas on FRAMERELAY_REDIS_URL "
+        "(leases; a dead replica's streams are taken over)",
+    )
+    p.add_argument("--replica-id", help="this replica's id (default: host-pid-random)")
     p.set_defaults(func=run)
 
 
@@ -93,6 +100,11 @@ def _build_settings(args: argparse.Namespace) -> Any:
         "out",
     )
     over: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    shards = {"enabled": True} if getattr(args, "shard", False) else {}
+    if getattr(args, "replica_id", None) is not None:
+        shards["replica_id"] = args.replica_id
+    if shards:
+        over["shards"] = shards
     streams = [
         StreamConfig(
             id=f"stream-{i + 1}",

@@ -1,0 +1,194 @@
+"""Sharded ingests (ingest.leases, ingest.shards) against the real Redis on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from framerelay import wire
+from framerelay.protocol import SessionSnapshot
+from ingest.leases import LeaseBoard, Route
+from ingest.settings import IngestSettings, StreamConfig
+from ingest.shard_settings import ShardSettings
+from ingest.shards import ShardCoordinator, ShardHooks
+
+pytestmark = pytest.mark.integration
+URL = "redis://127.0.0.1:6379/0"
+TTL_S = 0.4
+
+
+def on_redis(body: Callable[[Redis, str], Awaitable[None]]) -> None:
+    """Run ``body(client, prefix)`` on the loopback Redis under a fresh prefix."""
+
+    async def main() -> None:
+        client = Redis.from_url(URL)
+        prefix = f"test:shards:{uuid.uuid4().hex[:8]}"
+        try:
+            await body(client, prefix)
+        finally:
+            keys = [k async for k in client.scan_iter(f"{prefix}:*")]
+            if keys:
+                await client.delete(*keys)
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def _snap(last_t: float = 12.0) -> SessionSnapshot:
+    return wire.SessionClock(epoch=3, offset=2.0, last_t=last_t, last_captured=1.0e9), b"blob"
+
+
+def test_a_lease_is_held_by_one_replica_and_fenced_after_expiry() -> None:
+    on_redis(_test_a_lease_is_held_by_one_replica_and_fenced_after_expiry)
+
+
+async def _test_a_lease_is_held_by_one_replica_and_fenced_after_expiry(
+    client: Redis, prefix: str
+) -> None:
+    a, b = (LeaseBoard(client, prefix, name, TTL_S) for name in ("a", "b"))
+    assert await a.acquire("cam") == 1
+    assert await b.acquire("cam") == 0
+    assert await a.acquire("cam") == 1  # ours already: same epoch
+    assert await a.renew("cam", 1) and not await b.renew("cam", 1)
+    assert await a.put_snapshot("cam", 1, _snap(), 60)
+    await asyncio.sleep(TTL_S + 0.2)  # a died: its lease expires
+    assert await b.acquire("cam") == 2
+    assert not await a.renew("cam", 1)
+    assert not await a.put_snapshot("cam", 1, _snap(99.0), 60)  # fenced off
+    assert not await a.release("cam", 1)
+    got = await b.snapshot("cam")
+    assert got is not None and got[0].last_t == 12.0 and got[1] == b"blob"
+    assert await b.owners(["cam", "other"]) == {"cam": ("b", 2)}
+    assert await b.release("cam", 2) and await b.owners(["cam"]) == {}
+
+
+def test_replicas_are_live_while_they_heartbeat() -> None:
+    on_redis(_test_replicas_are_live_while_they_heartbeat)
+
+
+async def _test_replicas_are_live_while_they_heartbeat(client: Redis, prefix: str) -> None:
+    a, b = (LeaseBoard(client, prefix, name, TTL_S) for name in ("a", "b"))
+    await a.heartbeat()
+    assert await b.heartbeat() == ["a", "b"]
+    await asyncio.sleep(TTL_S + 0.2)
+    assert await b.heartbeat() == ["b"]
+
+
+def test_routes_are_shared() -> None:
+    on_redis(_test_routes_are_shared)
+
+
+async def _test_routes_are_shared(client: Redis, prefix: str) -> None:
+    a, b = (LeaseBoard(client, prefix, name, TTL_S) for name in ("a", "b"))
+    route = Route("gpu-1", "ws://127.0.0.1:1/v1/tunnel", None, {"id": "cam", "url": "x.mp4"})
+    await a.put_route("cam", route)
+    assert await b.routes() == {"cam": route}
+    await b.drop_route("cam")
+    assert await a.routes() == {}
+
+
+class FakeService:
+    """The coordinator's hooks, recording what it asked."""
+
+    def __init__(self, streams: list[str]) -> None:
+        self.configs = {s: StreamConfig(id=s, url=f"{s}.mp4", realtime=True) for s in streams}
+        self.running: dict[str, tuple[SessionSnapshot | None, float | None]] = {}
+        self.snaps: dict[str, SessionSnapshot] = {}
+
+    def hooks(self) -> ShardHooks:
+        async def wanted() -> dict[str, StreamConfig]:
+            return dict(self.configs)
+
+        async def start(cfg: StreamConfig, snap: Any, at: Any, route: Any) -> None:
+            self.running[cfg.id] = (snap, at)
+
+        async def stop(sid: str) -> None:
+            self.running.pop(sid, None)
+
+        async def noop(*_: Any) -> None:
+            return None
+
+        return ShardHooks(wanted=wanted, start=start, stop=stop, snapshot=self.snaps.get,
+                          route=noop, running=lambda s: s in self.running, update=noop)  # fmt: skip
+
+
+def _coordinator(client: Redis, prefix: str, name: str, svc: FakeService) -> ShardCoordinator:
+    settings = ShardSettings(replica_id=name, lease_ttl_s=TTL_S * 2, renew_interval_s=0.1,
+                             rebalance_interval_s=0.1, prefix=prefix)  # fmt: skip
+    board = LeaseBoard(client, prefix, name, settings.lease_ttl_s)
+    return ShardCoordinator(board, settings, svc.hooks())
+
+
+def test_fair_share_then_takeover_with_the_snapshot() -> None:
+    on_redis(_test_fair_share_then_takeover_with_the_snapshot)
+
+
+async def _test_fair_share_then_takeover_with_the_snapshot(client: Redis, prefix: str) -> None:
+    streams = [f"cam-{i}" for i in range(4)]
+    sa, sb = FakeService(streams), FakeService(streams)
+    a, b = _coordinator(client, prefix, "a", sa), _coordinator(client, prefix, "b", sb)
+    await a.board.heartbeat()
+    await b.board.heartbeat()
+    await a.tick()
+    await b.tick()
+    assert len(sa.running) == len(sb.running) == 2
+    assert not set(sa.running) & set(sb.running)
+    for sid in sa.running:
+        sa.snaps[sid] = _snap()
+    await asyncio.sleep(0.3)  # the snapshot sync is part of run(); copy them as it would
+    for sid, held in a.held.items():
+        assert await a.board.put_snapshot(sid, held.epoch, sa.snaps[sid], 60)
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(sb.running) < 4:  # a stopped renewing (kill -9): b takes its streams over
+        assert asyncio.get_running_loop().time() < deadline, sb.running
+        await b.tick()
+        await asyncio.sleep(0.1)
+    for sid in sa.running:
+        snap, at = sb.running[sid]
+        assert snap is not None and snap[0].last_t == 12.0
+        assert at is not None and at > 10.0  # past the snapshot's frame (pts 10 s)
+        assert b.held[sid].epoch == 2
+
+
+def test_a_lost_lease_stops_the_stream() -> None:
+    on_redis(_test_a_lost_lease_stops_the_stream)
+
+
+async def _test_a_lost_lease_stops_the_stream(client: Redis, prefix: str) -> None:
+    svc = FakeService(["cam"])
+    a = _coordinator(client, prefix, "a", svc)
+    await a.tick()
+    assert "cam" in svc.running
+    await client.set(f"{prefix}:lease:cam", "b|7")  # another replica holds it now
+    await a.tick()
+    assert "cam" not in svc.running and a.lost == 1
+
+
+def test_a_replica_over_its_share_hands_one_stream_over() -> None:
+    on_redis(_test_a_replica_over_its_share_hands_one_stream_over)
+
+
+async def _test_a_replica_over_its_share_hands_one_stream_over(client: Redis, prefix: str) -> None:
+    streams = ["cam-0", "cam-1"]
+    sa, sb = FakeService(streams), FakeService(streams)
+    a, b = _coordinator(client, prefix, "a", sa), _coordinator(client, prefix, "b", sb)
+    await a.tick()
+    assert len(sa.running) == 2  # alone: everything
+    await b.board.heartbeat()
+    await a.tick()  # now over its share of 1: releases one
+    await b.tick()
+    assert len(sa.running) == len(sb.running) == 1
+
+
+def test_shards_need_redis_and_sane_times() -> None:
+    with pytest.raises(ValidationError, match="needs FRAMERELAY_REDIS_URL"):
+        IngestSettings(shards={"enabled": True})
+    with pytest.raises(ValidationError, match="at most a quarter"):
+        ShardSettings(lease_ttl_s=2, renew_interval_s=1)
+    assert not IngestSettings().shards.enabled

@@ -1,0 +1,84 @@
+"""The orchestrator's link reaches every sharded ingest replica; a placement is stored in
+Redis and applied by the one replica that runs the stream (real APIs on 127.0.0.1, the
+loopback Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.ingest_link import HttpIngestLink
+from deploy.models import StreamSpec
+from framerelay.auth import TokenIssuer
+from ingest.app import create_app
+from ingest.service import IngestService
+from ingest.settings import IngestSettings
+from ingest.store import RedisStore
+from tests.conftest import CLIP
+from tests.deploy.orch_support import serving_here
+from tests.support.auth import ed_keys
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.integration
+URL = "redis://127.0.0.1:6379/0"
+
+
+@asynccontextmanager
+async def replica(name: str, prefix: str, keys: str) -> AsyncIterator[tuple[IngestService, str]]:
+    settings = IngestSettings(
+        signing_keys=keys, redis_url=URL, store_key=f"{prefix}:streams",
+        worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel",  # nobody there
+        shards={"enabled": True, "replica_id": name, "lease_ttl_s": 2, "renew_interval_s": 0.2,
+                "prefix": prefix},
+    )  # fmt: skip
+    store = RedisStore(URL, settings.store_key)
+    service = IngestService(settings, store=store)
+    stop = asyncio.Event()
+    run = asyncio.create_task(service.run(stop))
+    try:
+        async with serving_here(create_app(service)) as base:
+            yield service, base
+    finally:
+        stop.set()
+        await asyncio.gather(run, return_exceptions=True)
+        await store.close()
+
+
+async def _scenario() -> None:
+    keys = ed_keys()
+    prefix = f"test:shards:{uuid.uuid4().hex[:8]}"
+    redis = Redis.from_url(URL)
+    try:
+        async with AsyncExitStack() as stack:
+            a, base_a = await stack.enter_async_context(replica("a", prefix, keys.to_json()))
+            b, base_b = await stack.enter_async_context(replica("b", prefix, keys.to_json()))
+            link = HttpIngestLink(f"{base_a}, {base_b}/", TokenIssuer(keys))
+            stack.push_async_callback(link.aclose)
+            spec = StreamSpec(id="cam-1", url=str(CLIP), realtime=True, loop=True)
+            tunnel = f"ws://127.0.0.1:{free_port()}/v1/tunnel"
+            assert await link.assign(spec, "gpu-7", tunnel)
+            runs = [s for s in (a, b) if "cam-1" in s.streams]
+            assert len(runs) == 1  # one replica runs it, the other only stored the route
+            assert runs[0].registry.where["cam-1"] == "gpu-7"
+            assert await redis.hexists(f"{prefix}:routes", "cam-1")
+            assert await link.unassign("cam-1")
+            assert not await redis.hexists(f"{prefix}:routes", "cam-1")
+            for _ in range(50):  # the owner stops it at once or within a renewal
+                if "cam-1" not in a.streams and "cam-1" not in b.streams:
+                    break
+                await asyncio.sleep(0.1)
+            assert "cam-1" not in a.streams and "cam-1" not in b.streams
+    finally:
+        found = [k async for k in redis.scan_iter(f"{prefix}:*")]
+        if found:
+            await redis.delete(*found)
+        await redis.aclose()
+
+
+def test_the_link_reaches_every_replica_and_one_runs_the_stream() -> None:
+    asyncio.run(asyncio.wait_for(_scenario(), 60))
