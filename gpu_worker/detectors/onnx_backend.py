@@ -213,7 +213,19 @@ class OnnxDetector:
         options = op.GpuOptions(settings.fp16, cache, settings.max_batch)
         with build_lock(cache, bc.LOCK_TIMEOUT_S) if cache else contextlib.nullcontext():
             session = self._open(model, settings, op.build_providers(chosen, options, shape))
+            if cache is not None:  # TensorRT may build at the first run: do it while locked
+                self._first_run(session, shape)
         return session, cache
+
+    @staticmethod
+    def _first_run(session: ort.InferenceSession, shape: op.ModelShape) -> None:
+        """One run of a blank image, so every engine exists (and is in the cache) before
+        the build lock is let go."""
+        inp = session.get_inputs()[0]
+        dtype = {"tensor(uint8)": np.uint8, "tensor(float16)": np.float16}.get(inp.type)
+        dims = (1, shape.height, shape.width, shape.channels) if shape.channels_last else (
+            1, shape.channels, shape.height, shape.width)  # fmt: skip
+        session.run(None, {inp.name: np.zeros(dims, dtype or np.float32)})
 
     def _bound_runner(self, settings: OnnxDetectorSettings) -> BoundRunner | None:
         gpu = op.on_gpu(self.providers)

@@ -186,3 +186,28 @@ def test_an_unwritable_cache_is_a_one_line_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="CACHE_DIR") as err:
         ArtefactCache(blocker / "cache").prepare()
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.gpu
+def test_tensorrt_engines_are_built_once_per_key(tmp_path: Path) -> None:
+    """On a GPU: the first detector builds TensorRT engines into ``<cache>/trt/<key>``;
+    the second finds its prepared graph and the engines, and rewrites none."""
+    import onnxruntime as ort
+
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no TensorRT provider (install onnxruntime-gpu)")
+    started = time.perf_counter()
+    first = _detector(tmp_path, providers="tensorrt", max_batch=4)
+    cold_s = time.perf_counter() - started
+    if first.providers[0] != "TensorrtExecutionProvider":
+        pytest.skip(f"TensorRT did not load; providers {first.providers}")
+    engines = tmp_path / "trt" / first.acceleration.artefact_key
+    built = {p.name: p.stat().st_mtime_ns for p in engines.iterdir()}
+    assert any(n.endswith(".engine") for n in built), built
+    started = time.perf_counter()
+    second = _detector(tmp_path, providers="tensorrt", max_batch=4)
+    warm_s = time.perf_counter() - started
+    print(f"\nTensorRT detector load: first (builds) {cold_s:.2f} s, second {warm_s:.2f} s")
+    assert second.acceleration.artefact_cache == "hit"
+    assert {p.name: p.stat().st_mtime_ns for p in engines.iterdir()} == built
+    assert warm_s < cold_s
