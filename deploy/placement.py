@@ -121,13 +121,17 @@ def worker_models(info: Mapping[str, object]) -> SlotModels:
 
 
 def model_needs(vram_mb: Mapping[str, float], workers: Iterable[WorkerModels | None]) -> ModelNeeds:
-    """What placement knows of each model: its memory (the registry's ``vram_mb``) and its
-    load time (the longest any worker reported)."""
-    load_s: dict[str, float] = {}
-    for models in workers:
-        for name, s in (models.load_s if models else {}).items():
+    """What placement knows of each model: its memory (``vram_mb``, the registry's; for a
+    model the registry lacks, what a worker that loaded it says) and its load time (the
+    longest any worker reported)."""
+    mb, load_s = dict(vram_mb), dict[str, float]()
+    for models in (m for m in workers if m is not None):
+        for name, s in models.load_s.items():
             load_s[name] = max(s, load_s.get(name, 0.0))
-    return ModelNeeds(dict(vram_mb), load_s)
+        for name, held in models.loaded.items():
+            if name not in vram_mb:
+                mb[name] = max(held, mb.get(name, 0.0))
+    return ModelNeeds(mb, load_s)
 
 
 @dataclass(slots=True)

@@ -167,6 +167,24 @@ def test_the_fleet_sends_a_model_where_it_fits_beside_the_models_with_streams(
     assert unaware.assign["trucks"] == a.name  # what the fleet did before: refused there
 
 
+def test_without_a_registry_a_models_memory_is_what_a_worker_that_loaded_it_says(
+    tmp_path: Path,
+) -> None:
+    fleet = _fleet(tmp_path)  # the built-in registry only
+    a, b, c = _pod(0), _pod(1), _pod(2)
+    fleet._apply_probe(a, _probe(_info(("vehicles", 300, 1))), 1000.0)
+    fleet._apply_probe(b, _probe(_info(("trucks", 320, 0))), 1000.0)
+    fleet._apply_probe(c, _probe(_info()), 1000.0)
+    pods = {p.name: p for p in (a, b, c)}
+    needs = fleet_model_needs(fleet.registry, pods.values())
+    assert (needs.mb("yolox_nano"), needs.mb("vehicles"), needs.mb("trucks")) == (256, 300, 320)
+    assert needs.mb("other") == 0  # loaded nowhere, unknown: the workers decide
+    trucks = StreamSpec(id="trucks", url="x", fps=5, model="trucks")
+    cars = StreamSpec(id="cars", url="x", fps=5, model="vehicles")
+    out = place([cars, trucks], fleet._slots(pods), {"cars": a.name}, {}, models=needs)
+    assert out.assign == {"cars": a.name, "trucks": b.name}  # loaded there wins
+
+
 GOOD = ["yolox_nano", "vehicles", "YOLO11n.v2", "a", "m-1_2.x", "x" * 64]
 BAD = ["", "a b", "../x", "-x", ".x", "x" * 65, "vehículos", "a/b", "a\nb"]
 
