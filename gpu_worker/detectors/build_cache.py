@@ -12,7 +12,7 @@ What a start builds from a model file, and what it is keyed by:
 
 The key (:func:`build_facts`) is the model file's sha256, the providers, the ORT
 version, the CPU fingerprint, the GPU's name (its type: engines are per compute
-capability and TensorRT version, the latter bundled with the ORT build), and every
+capability), the installed TensorRT's version when TensorRT is chosen, and every
 setting that changes the built graph.
 """
 
@@ -24,6 +24,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,15 @@ def gpu_name() -> str:
     return "unknown"
 
 
+def tensorrt_version() -> str:
+    """The installed TensorRT's version ('' when no pip package says): engines are
+    valid for one TensorRT version only."""
+    for dist in ("tensorrt", "tensorrt-cu12", "tensorrt_libs", "tensorrt-cu12-libs"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return f"{dist} {metadata.version(dist)}"
+    return ""
+
+
 def build_facts(
     settings: OnnxDetectorSettings, chosen: Sequence[str], ort_version: str, digest: str
 ) -> dict[str, object]:
@@ -90,6 +100,7 @@ def build_facts(
         "onnxruntime": ort_version,
         "cpu": cpu_fingerprint(),
         "gpu": gpu_name() if on_gpu else "",
+        "tensorrt": tensorrt_version() if op.TENSORRT in chosen else "",
         "fp16": settings.fp16 and op.TENSORRT in chosen,
         "max_batch": settings.max_batch,
         "format": settings.format,
