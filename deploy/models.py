@@ -14,10 +14,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from framerelay.model_registry import MODEL_NAME, ModelName
 from framerelay.tracker_times import TrackerTimesConfig
@@ -31,6 +32,10 @@ POD_DOMAIN = "pods.framerelay"
 """Pod certificates name ``<pod>.<POD_DOMAIN>``; the ingest verifies that name."""
 MAX_GPUS = 8
 """Most GPUs in one pod (RunPod's limit too)."""
+_MODEL_NAME = re.compile(MODEL_NAME)
+STORED: Mapping[str, object] = MappingProxyType({"stored": True})
+"""Validation context of records read back from the store (``model_validate_json(raw,
+context=STORED)``): rules tightened since they were written do not stop them loading."""
 _POD_NAME = re.compile(r"^(?P<fleet>[a-z0-9]+)-(?P<tier>.+)-(?P<slot>\d+)-g(?P<gen>\d+)$")
 
 
@@ -45,7 +50,7 @@ class StreamSpec(BaseModel):
     priority: Priority = "standard"
     fps: float = Field(5.0, gt=0, le=240, description="Frames per second to analyse.")
     model: str = Field(
-        "yolox_nano", pattern=MODEL_NAME,
+        "yolox_nano", max_length=64, json_schema_extra={"pattern": MODEL_NAME},
         description="The model the workers run on this stream: a name of the model registry "
         "(1-64 letters, digits, '.', '_' or '-', starting with a letter or digit); also its "
         "demand weight (model_costs).",
@@ -60,6 +65,18 @@ class StreamSpec(BaseModel):
         None, gt=0, le=600_000,
         description="Latency objective in ms, passed to the ingest (null: none).",
     )  # fmt: skip
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str, info: ValidationInfo) -> str:
+        """The registry's name rule, except for a stream read back with :data:`STORED` (one
+        written before the rule keeps loading, its name as it was)."""
+        if _MODEL_NAME.fullmatch(value) or (info.context or {}).get("stored") is True:
+            return value
+        raise ValueError(
+            "a model name is 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit (a name of the model registry)"
+        )
 
 
 class PodStatus(enum.StrEnum):
@@ -144,7 +161,6 @@ def worker_name(pod: str, index: int, count: int) -> str:
 
 MAX_WORKER_MODELS = 64
 """Models of one worker's ``/info`` kept in its state, at most."""
-_MODEL_NAME = re.compile(MODEL_NAME)
 
 
 class WorkerModels(BaseModel):

@@ -24,12 +24,12 @@ from deploy.clock import FakeClock
 from deploy.fleet import Fleet
 from deploy.health import Probe, StatusProber
 from deploy.ingest_link import NullIngestLink
-from deploy.models import PodRecord, StreamSpec, WorkerModels
+from deploy.models import STORED, PodRecord, StreamSpec, WorkerModels
 from deploy.placement import place
 from deploy.service import Orchestrator
 from deploy.settings import TierConfig
 from deploy.workers import fleet_model_needs
-from framerelay.model_registry import load_registry
+from framerelay.model_registry import MODEL_NAME, load_registry
 from tests.deploy.orch_support import orch_settings, serving_here
 from tests.support.auth import ed_keys, mint
 
@@ -199,6 +199,17 @@ def test_a_model_name_outside_the_rule_is_refused(name: str) -> None:
     with pytest.raises(ValidationError) as err:
         StreamSpec(id="c", url="x", model=name)
     assert [e["loc"] for e in err.value.errors()] == [("model",)]
+
+
+def test_a_stream_stored_before_the_rule_still_loads_from_the_store() -> None:
+    """A stream written when the model was only a demand weight ("yolo v8") loads when read
+    back as stored (``context=STORED``), so one old record cannot stop every pass."""
+    raw = json.dumps({"id": "old", "url": "x", "model": "yolo v8"})
+    assert StreamSpec.model_validate_json(raw, context=STORED).model == "yolo v8"
+    with pytest.raises(ValidationError):
+        StreamSpec.model_validate_json(raw)
+    schema = StreamSpec.model_json_schema()["properties"]["model"]
+    assert schema["pattern"] == MODEL_NAME and schema["maxLength"] == 64  # the API documents it
 
 
 @pytest.mark.integration
