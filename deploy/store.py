@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
-from deploy.models import PodRecord, StreamSpec
+from deploy.models import STORED, PodRecord, StreamSpec
 
 
 def _s(value: bytes | str) -> str:
@@ -50,7 +50,7 @@ class Store:
 
     async def streams(self) -> dict[str, StreamSpec]:
         raw = await self.r.hgetall(self.p + "streams")
-        return {_s(k): StreamSpec.model_validate_json(v) for k, v in raw.items()}
+        return {_s(k): StreamSpec.model_validate_json(v, context=STORED) for k, v in raw.items()}
 
     async def put_stream(self, spec: StreamSpec) -> None:
         await self.r.hset(self.p + "streams", spec.id, spec.model_dump_json())

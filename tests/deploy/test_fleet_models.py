@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 from pathlib import Path
 from typing import Any, cast
 
@@ -210,6 +211,22 @@ def test_a_stream_stored_before_the_rule_still_loads_from_the_store() -> None:
         StreamSpec.model_validate_json(raw)
     schema = StreamSpec.model_json_schema()["properties"]["model"]
     assert schema["pattern"] == MODEL_NAME and schema["maxLength"] == 64  # the API documents it
+
+    async def through_the_store() -> str:
+        from redis.asyncio import Redis
+
+        from deploy.store import Store
+
+        redis = Redis.from_url("redis://127.0.0.1:6379/0")
+        store = Store(redis, f"test-legacy-{secrets.token_hex(6)}:")
+        try:
+            await redis.hset(store.p + "streams", "old", raw)
+            return (await store.streams())["old"].model
+        finally:
+            await redis.delete(store.p + "streams")
+            await redis.aclose()
+
+    assert asyncio.run(through_the_store()) == "yolo v8"
 
 
 @pytest.mark.integration
