@@ -277,7 +277,8 @@ class Fleet:
             for tier in self.blocked
             if now < self.held_until(tier)
         }
-        self.targets = tier_targets(self.settings, streams, pods, self.prices, now, limits)
+        needs = fleet_model_needs(self.registry, pods.values())
+        self.targets = tier_targets(self.settings, streams, pods, self.prices, now, limits, needs)
         for name, floor in (await self.store.floors()).items():
             cfg = self.settings.tier(name)
             if cfg is not None and floor > 0:

@@ -15,6 +15,13 @@ streams do not divide a worker evenly):
    order tiers are listed in). A pod brings one worker per GPU (``gpu_count``):
    each is a bin of its own (a stream runs on one GPU).
 
+Model memory (issue 17): once a tier's workers have said their model memory budget
+(``/info``), a planned worker of that tier also has that budget, less its pinned
+(default) models; a stream fits it only if its model is already planned there or the
+model's memory (:class:`deploy.placement.ModelNeeds`) fits beside those planned, so a
+stream whose model fits no worker with room opens a pod instead of staying unplaced.
+Tiers whose workers have not said (or have no budget) are planned on frame rate alone.
+
 A stream larger than one worker, or with every allowed tier full, opens
 nothing; placement reports it as unplaced. ``limits`` caps tiers below their
 ``max_workers`` (a tier that just answered "no capacity" is held at the pods
@@ -25,11 +32,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
 from deploy.models import PodRecord, StreamSpec
-from deploy.placement import EPS, allowed, by_priority, demand
+from deploy.placement import EPS, ModelNeeds, allowed, by_priority, demand
 from deploy.providers.base import GpuPrice
 from deploy.schedule import may_run, warm_target
 from deploy.settings import OrchestratorSettings, TierConfig
@@ -65,6 +72,34 @@ def unit_price(tier: TierConfig, prices: Mapping[str, GpuPrice], capacity: float
     return usd / capacity if capacity > 0 else math.inf
 
 
+@dataclass(frozen=True, slots=True)
+class TierMemory:
+    """Model memory of one worker of a tier, as its workers said: free MiB beside the
+    pinned models (None: unknown, memory not planned) and the pinned models' names."""
+
+    free_mb: float | None = None
+    pinned: frozenset[str] = frozenset()
+
+    def need_mb(self, model: str, needs: ModelNeeds) -> float:
+        return 0.0 if model in self.pinned else needs.mb(model)
+
+
+def tier_memory(tier: TierConfig, pods: Iterable[PodRecord]) -> TierMemory:
+    """The tightest model memory among the tier's ready workers that have a budget."""
+    said = [
+        w.models
+        for p in pods
+        if p.tier == tier.name
+        for w in p.workers()
+        if w.ready and w.models is not None and w.models.budget_mb > 0
+    ]
+    if not said:
+        return TierMemory()
+    free = min(m.budget_mb - sum(m.loaded.get(n, 0.0) for n in m.pinned) for m in said)
+    pinned = frozenset.intersection(*(frozenset(m.pinned) for m in said))
+    return TierMemory(max(0.0, free), pinned)
+
+
 @dataclass(slots=True)
 class _Planned:
     """One worker of the planned fleet."""
@@ -73,6 +108,23 @@ class _Planned:
     rank: tuple[float, bool, int]
     room: float
     used: float = 0.0
+    memory: TierMemory = TierMemory()
+    models: dict[str, float] = field(default_factory=dict)
+    """Models planned here (not pinned) -> their MiB."""
+
+    def fits(self, model: str, need: float, needs: ModelNeeds) -> bool:
+        if self.used + need > self.room + EPS:
+            return False
+        free = self.memory.free_mb
+        if free is None or model in self.models:
+            return True
+        return sum(self.models.values()) + self.memory.need_mb(model, needs) <= free + EPS
+
+    def take(self, model: str, need: float, needs: ModelNeeds) -> None:
+        self.used += need
+        mb = self.memory.need_mb(model, needs)
+        if self.memory.free_mb is not None and mb > 0:
+            self.models[model] = mb
 
 
 def plan_workers(
@@ -82,10 +134,13 @@ def plan_workers(
     prices: Mapping[str, GpuPrice],
     warm: Mapping[str, int],
     limits: Mapping[str, int] | None = None,
+    memory: Mapping[str, TierMemory] | None = None,
+    needs: ModelNeeds | None = None,
 ) -> dict[str, int]:
     """Pods per tier (tiers in ``warm``: the runnable ones) to carry ``streams``; a pod
-    of the tier's ``gpu_count`` brings that many workers (bins), each ``capacity``."""
-    limits = limits or {}
+    of the tier's ``gpu_count`` brings that many workers (bins), each ``capacity`` and
+    the tier's model ``memory`` (``needs``: each model's MiB)."""
+    limits, memory, needs = limits or {}, memory or {}, needs or ModelNeeds()
     index = {t.name: i for i, t in enumerate(settings.tiers)}
     tiers = [t for t in settings.tiers if t.name in warm]
     rank = {t.name: (unit_price(t, prices, capacity[t.name]), not t.spot, index[t.name])
@@ -93,8 +148,9 @@ def plan_workers(
     room = {t.name: capacity[t.name] * settings.target_utilization for t in tiers}
     most = {t.name: min(t.max_workers, limits.get(t.name, t.max_workers)) for t in tiers}
     count = {t.name: min(warm[t.name], most[t.name]) for t in tiers}
+    mem = {t.name: memory.get(t.name, TierMemory()) for t in tiers}
     planned = [
-        _Planned(t, rank[t.name], room[t.name])
+        _Planned(t, rank[t.name], room[t.name], memory=mem[t.name])
         for t in tiers
         for _ in range(count[t.name] * t.gpu_count)
     ]
@@ -104,16 +160,19 @@ def plan_workers(
         need = demand(stream, settings.model_costs)
         ok = [t for t in by_rank if allowed(stream, t.spot, t.batch_only, pinned)]
         names = {t.name for t in ok}
-        fits = [p for p in planned if p.tier.name in names and p.used + need <= p.room + EPS]
+        model = stream.model
+        fits = [p for p in planned if p.tier.name in names and p.fits(model, need, needs)]
         if fits:
-            min(fits, key=lambda p: (p.rank, p.room - p.used - need)).used += need
+            min(fits, key=lambda p: (p.rank, p.room - p.used - need)).take(model, need, needs)
             continue
-        tier = next((t for t in ok if count[t.name] < most[t.name] and need <= room[t.name]), None)
+        tier = next((t for t in ok if count[t.name] < most[t.name]
+                     and _Planned(t, rank[t.name], room[t.name], memory=mem[t.name])
+                     .fits(model, need, needs)), None)  # fmt: skip
         if tier is not None:  # a new pod: its first worker takes the stream
-            planned.append(_Planned(tier, rank[tier.name], room[tier.name], need))
-            planned += [
-                _Planned(tier, rank[tier.name], room[tier.name]) for _ in range(tier.gpu_count - 1)
-            ]
+            new = [_Planned(tier, rank[tier.name], room[tier.name], memory=mem[tier.name])
+                   for _ in range(tier.gpu_count)]  # fmt: skip
+            new[0].take(model, need, needs)
+            planned += new
             count[tier.name] += 1
     return count
 
@@ -125,6 +184,7 @@ def tier_targets(
     prices: Mapping[str, GpuPrice],
     now: float,
     limits: Mapping[str, int] | None = None,
+    needs: ModelNeeds | None = None,
 ) -> dict[str, int]:
     tz = ZoneInfo(settings.timezone)
     capacity = {
@@ -136,5 +196,6 @@ def tier_targets(
         for t in settings.tiers
         if may_run(t, now, tz) and t.max_workers > 0
     }
-    planned = plan_workers(settings, streams, capacity, prices, warm, limits)
+    memory = {t.name: tier_memory(t, pods.values()) for t in settings.tiers}
+    planned = plan_workers(settings, streams, capacity, prices, warm, limits, memory, needs)
     return {t.name: planned.get(t.name, 0) for t in settings.tiers}
