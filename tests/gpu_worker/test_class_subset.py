@@ -35,8 +35,8 @@ def _detect(model: Path, names: tuple[str, ...] | None) -> list[tuple[str, float
     image = simplejpeg.decode_jpeg(prepared.data, colorspace="BGR")
     det = detector.infer([ModelInput(image, prepared.letterbox)])[0]
     keep = det.confidence >= 0.3
-    return [(detector.class_names[c], float(s)) for c, s in
-            zip(det.class_id[keep].tolist(), det.confidence[keep].tolist(), strict=True)]  # fmt: skip
+    found = zip(det.class_id[keep].tolist(), det.confidence[keep].tolist(), strict=True)
+    return [(detector.class_names[c], float(s)) for c, s in found]
 
 
 def test_the_docs_command_makes_a_vehicles_model_that_finds_the_coco_models_car(
