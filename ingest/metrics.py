@@ -40,6 +40,10 @@ a label never counts a thing twice:
   ``{worker}`` (unexpected errors, each followed by a reconnect) and
   ``..._tunnel_stream_crashes_total{worker}`` (streams failed by their sender
   or result handling);
+* sharded ingests (:mod:`ingest.shards`): ``framerelay_ingest_shard_stream_epoch``
+  ``{stream,replica}`` (the lease epoch of each stream this replica runs),
+  ``..._shard_live_replicas``, ``..._shard_takeovers_total`` and
+  ``..._shard_lost_leases_total``;
 * end-to-end latency per stream (:mod:`ingest.latency`): the histogram
   ``framerelay_ingest_result_latency_seconds{stream}`` (10 ms .. 30 s; from
   capture where the source says when, else from decode),
@@ -68,6 +72,7 @@ from prometheus_client.core import (
 )
 
 from ingest.latency import LatencyFrom
+from ingest.shards import ShardCollector
 from ingest.stream import StreamState
 from ingest.tunnel_health import TunnelState
 
@@ -268,5 +273,8 @@ def _tunnel_gauges(gauges: dict[str, GaugeMetricFamily], name: str, client: Tunn
 
 
 def register_stream_metrics(service: IngestService, registry: CollectorRegistry) -> None:
-    """Add the stream collector to ``registry`` (the ingest's private one)."""
+    """Add the stream collector to ``registry`` (the ingest's private one), and the shard
+    collector when the ingest is sharded (:mod:`ingest.shards`)."""
     registry.register(StreamCollector(service))
+    if service.sharded is not None:
+        registry.register(ShardCollector(service.sharded.coordinator))

@@ -51,6 +51,7 @@ from framerelay import wire
 from framerelay.errors import ConfigError
 from framerelay.results import ResultRecord
 from ingest.auth import check_worker_url
+from ingest.resume import ResumeAt
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient, supervise
@@ -194,17 +195,17 @@ class StreamRegistry:
         *,
         first_epoch: int = 0,
         snapshot: Snapshot | None = None,
-        start_at_s: float | None = None,
+        resume: ResumeAt | None = None,
         served: bool = True,
     ) -> IngestStream:
         """Start a new stream on the default tunnel (unserved without one, or without
-        ``served``, until placed), resuming ``snapshot`` and starting a file ``start_at_s``
-        in (a stream taken over from another ingest replica). StreamExists if the id is
+        ``served``, until placed), resuming ``snapshot`` and starting a file at ``resume``
+        ( (a stream taken over from another ingest replica). StreamExists if the id is
         taken."""
         if config.id in self._streams:
             raise StreamExists(f"stream {config.id!r} already exists")
         worker = self.default if served else None
-        return self._start(config, first_epoch, worker, snapshot, start_at_s)
+        return self._start(config, first_epoch, worker, snapshot, resume)
 
     async def update(self, config: StreamConfig) -> IngestStream:
         """Replace a stream by one with the new definition (its next epoch), on the same
@@ -305,7 +306,7 @@ class StreamRegistry:
         first_epoch: int,
         worker: str | None,
         snapshot: Snapshot | None = None,
-        start_at_s: float | None = None,
+        resume: ResumeAt | None = None,
     ) -> IngestStream:
         stream = IngestStream(
             config,
@@ -313,7 +314,7 @@ class StreamRegistry:
             self.options.max_inflight,
             link_up=functools.partial(self._link_up, config.id),
             first_epoch=first_epoch,
-            start_at_s=start_at_s,
+            resume=resume,
         )
         self._streams[config.id] = stream
         if worker is not None and worker in self._clients:

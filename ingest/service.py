@@ -73,6 +73,8 @@ class IngestService:
             else None
         )
         """Shard mode (:mod:`ingest.shards`): this replica runs the streams it leases."""
+        if self.sharded is not None:
+            self.bus.tap(self.sharded.coordinator.result_seen)
         self.started = asyncio.Event()
         """Set once ``run`` has loaded and started the configured and stored streams."""
 
@@ -107,6 +109,8 @@ class IngestService:
     async def update_stream(self, config: StreamConfig) -> IngestStream:
         """Persist a new definition and restart the stream with it (next epoch), on the
         worker that serves it."""
+        if self.sharded is not None and config.id not in self.registry.streams:
+            await self.sharded.not_here(config.id)
         async with self._changing:
             self.registry.get(config.id)
             SourceSpec.from_config(config)

@@ -5,9 +5,12 @@ the service's registry, and carries the API's changes across replicas:
 
 * ``POST /v1/streams`` stores the definition in the shared store and runs the
   stream here (StreamExists if another replica holds it);
-* ``PUT``/``DELETE /v1/streams/{id}`` change the shared store; the replica that
-  runs the stream restarts or stops it (at once when it is this one, else at
-  its next renewal);
+* ``PUT /v1/streams/{id}`` is for the replica that runs the stream (another
+  answers 404 naming it); a changed definition in the shared store is picked
+  up by its runner at the next renewal too;
+* ``DELETE /v1/streams/{id}`` works on any replica: the definition leaves the
+  shared store, and the runner stops the stream (at once when it is this one,
+  else at its next renewal);
 * the orchestrator's ``PUT /v1/streams/{id}/worker`` is stored in the shared
   routes: the stream's owner applies it (at once when it is this one), and a
   new stream starts here; ``DELETE`` drops the route and the stream.
@@ -25,6 +28,7 @@ from framerelay.errors import ConfigError, FramerelayError
 from framerelay.protocol import SessionSnapshot
 from ingest.leases import TIMEOUT_S, LeaseBoard, Route
 from ingest.registry import StreamExists, StreamRegistry, UnknownStream
+from ingest.resume import ResumeAt
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.shards import ShardCoordinator, ShardHooks
 from ingest.store import StoreError, StreamStore
@@ -71,7 +75,7 @@ class ShardedStreams:
             return self._known
         out = dict(self._configured)
         out.update((c.id, c) for c in stored)
-        for sid, route in self.coordinator._routes.items():
+        for sid, route in self.coordinator.routes.items():
             if sid not in out and route.stream is not None:
                 try:
                     out[sid] = StreamConfig.model_validate(route.stream)
@@ -81,12 +85,12 @@ class ShardedStreams:
         return out
 
     async def _start(self, config: StreamConfig, snap: SessionSnapshot | None,
-                     start_at: float | None, route: Route | None) -> None:  # fmt: skip
+                     resume: ResumeAt | None, route: Route | None) -> None:  # fmt: skip
         epoch = snap[0].epoch + 1 if snap is not None and snap[0].epoch is not None else 0
         async with self._lock:
             if config.id in self.registry.streams:
                 await self.registry.remove(config.id)
-            self.registry.create(config, first_epoch=epoch, snapshot=snap, start_at_s=start_at,
+            self.registry.create(config, first_epoch=epoch, snapshot=snap, resume=resume,
                                  served=route is None)  # fmt: skip
             if route is not None:
                 await self.registry.place(config.id, route.worker_id, route.url,
@@ -121,6 +125,14 @@ class ShardedStreams:
         self._known[config.id] = config
         if not await self.coordinator.claim(config):
             raise StreamExists(f"stream {config.id!r} is run by another ingest replica")
+
+    async def not_here(self, stream_id: str) -> None:
+        """UnknownStream naming the replica that runs ``stream_id``, if another does."""
+        owner = (await self.board.owners([stream_id])).get(stream_id)
+        if owner is not None and owner[0] != self.board.replica:
+            raise UnknownStream(
+                f"stream {stream_id!r} runs on ingest replica {owner[0]!r}: send the change there"
+            )
 
     async def remove(self, stream_id: str) -> None:
         """Forget the stream everywhere; stop it here if it runs here."""

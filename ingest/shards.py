@@ -22,7 +22,8 @@ expire: within ``lease_ttl_s`` + ``renew_interval_s`` the survivors take them.
 over resumes the session from it (track ids continue), in the next epoch, and
 starts a file where the stream was: for a file paced like a live camera, as far
 on as the time since that snapshot (the camera did not wait); for a file read
-as fast as possible, at the last frame answered.
+as fast as possible, at the snapshot's frame (the few answered after it are sent
+again, in the new epoch), its tracker clock bridging only the restart.
 
 **Fair share.** A replica takes free streams up to ``ceil(streams / live
 replicas)``; one holding more hands one over per ``rebalance_interval_s``
@@ -38,19 +39,26 @@ import logging
 import math
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
 from framerelay.errors import FramerelayError
 from framerelay.protocol import SessionSnapshot
 from ingest.leases import LeaseBoard, Route
+from ingest.resume import ResumeAt
 from ingest.settings import StreamConfig
 from ingest.shard_settings import ShardSettings
 
 log = logging.getLogger(__name__)
 SNAPSHOT_SYNC_S = 0.2
+"""New snapshots are looked for at every result, and at least this often (each is written
+once): a takeover resumes from the newest, or ids born after it would be handed out again
+by the resumed tracker."""
+SNAPSHOT_AFTER_RESULT_S = 0.01
 SAFE_FRACTION = 0.75
 """A lease counts as ours for this fraction of its TTL after the last good renewal."""
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
@@ -71,7 +79,7 @@ class ShardHooks:
 
     wanted: Callable[[], Awaitable[dict[str, StreamConfig]]]
     start: Callable[
-        [StreamConfig, SessionSnapshot | None, float | None, Route | None], Awaitable[None]
+        [StreamConfig, SessionSnapshot | None, ResumeAt | None, Route | None], Awaitable[None]
     ]
     stop: Callable[[str], Awaitable[None]]
     snapshot: Callable[[str], SessionSnapshot | None]
@@ -93,8 +101,16 @@ class ShardCoordinator:
         self.takeovers = 0
         self.lost = 0
         self._shed_at = 0.0
-        self._routes: dict[str, Route] = {}
+        self.routes: dict[str, Route] = {}
+        """The orchestrator's placements as last read from Redis."""
         self._failing: str | None = None
+        self._fresh = asyncio.Event()
+        """A result came in: its stream's snapshot may be new (copy it before waiting)."""
+
+    def result_seen(self, _record: object) -> None:
+        """A bus tap: wake the snapshot copier (the worker sends a frame's snapshot before
+        its result, so the snapshot reaches Redis about as soon as the result does)."""
+        self._fresh.set()
 
     @property
     def replica(self) -> str:
@@ -129,10 +145,10 @@ class ShardCoordinator:
     async def tick(self) -> None:
         self.live = await self.board.heartbeat()
         await self._renew()
+        self.routes = await self.board.routes()  # before wanted: routes bring definitions
         wanted = await self.hooks.wanted()
         for sid in [s for s in self.held if s not in wanted]:
             await self.give_up(sid, "release")
-        self._routes = await self.board.routes()
         await self._apply_routes()
         for sid in [s for s in self.held if s in wanted]:
             await self.hooks.update(wanted[sid])  # a definition changed through another replica
@@ -178,16 +194,22 @@ class ShardCoordinator:
     async def claim(self, config: StreamConfig, route: Route | None = None) -> bool:
         """Take the stream's lease if free and start it here (resuming its snapshot), on
         ``route`` (default: the stream's shared route, if any)."""
+        if config.id in self.held:
+            return True
         sent = time.monotonic()
         epoch = await self.board.acquire(config.id)
         if epoch == 0:
             return False
         self.held[config.id] = Held(epoch, sent + self.settings.lease_ttl_s * SAFE_FRACTION)
         snap = await self.board.snapshot(config.id)
-        start_at = self._start_at(config, snap)
-        route = route or self._routes.get(config.id)
+        resume = self._resume_at(config, snap)
+        if snap is not None and not self.hooks.realtime(config):
+            snap = _rebased(snap)
+        if route is not None:
+            self.routes[config.id] = route
+        route = route or self.routes.get(config.id)
         try:
-            await self.hooks.start(config, snap, start_at, route)
+            await self.hooks.start(config, snap, resume, route)
         except (FramerelayError, ValueError) as exc:
             log.error("shards: stream %s not started: %s", config.id, exc)
             await self._drop(config.id, "release", release=True)
@@ -195,22 +217,23 @@ class ShardCoordinator:
         self.takeovers += snap is not None
         await self.board.log(config.id, epoch, "start")
         log.info("shards: %s runs stream %s (epoch %d, snapshot: %s, from %s s)", self.replica,
-                 config.id, epoch, snap is not None, start_at)  # fmt: skip
+                 config.id, epoch, snap is not None, resume)  # fmt: skip
         return True
 
-    def _start_at(self, config: StreamConfig, snap: SessionSnapshot | None) -> float | None:
-        """Where a file resumes: the snapshot's last frame, plus the time since for a file
-        paced like a live camera. None: from the start."""
+    def _resume_at(self, config: StreamConfig, snap: SessionSnapshot | None) -> ResumeAt | None:
+        """Where a file resumes: the snapshot's last frame; for a file paced like a live
+        camera, moving on in real time from its capture. None: from the start."""
         if snap is None or snap[0].epoch is None or snap[0].last_t < -1e17:
             return None
         clock = snap[0]
-        at = clock.last_t - clock.offset
+        at = max(0.0, clock.last_t - clock.offset)
         if self.hooks.realtime(config) and clock.last_captured > 0:
-            at += min(max(0.0, time.time() - clock.last_captured), 3600.0)
-        return max(0.0, at)
+            since = max(clock.last_captured, time.time() - 3600.0)
+            return ResumeAt(at, since)
+        return ResumeAt(at)
 
     async def _apply_routes(self) -> None:
-        for sid, route in self._routes.items():
+        for sid, route in self.routes.items():
             if sid in self.held and self.hooks.running(sid):
                 await self.hooks.route(sid, route)
 
@@ -255,18 +278,25 @@ class ShardCoordinator:
     async def _sync_snapshots(self, stop: asyncio.Event) -> None:
         """Copy each held stream's newest snapshot to Redis (fenced by its epoch)."""
         while not stop.is_set():
-            for sid, held in list(self.held.items()):
-                snap = self.hooks.snapshot(sid)
-                if snap is None or snap is held.synced:
-                    continue
-                try:
-                    ok = await self.board.put_snapshot(sid, held.epoch, snap,
-                                                       self.settings.snapshot_ttl_s)  # fmt: skip
-                except REDIS_ERRORS:
-                    break  # the tick notices and logs Redis failing
-                if ok:
-                    held.synced = snap
-            await _wait(stop, SNAPSHOT_SYNC_S)
+            self._fresh.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SNAPSHOT_SYNC_S):
+                    await self._fresh.wait()
+            await asyncio.sleep(SNAPSHOT_AFTER_RESULT_S)  # the worker sends it after the result
+            await self._copy_snapshots()
+
+    async def _copy_snapshots(self) -> None:
+        for sid, held in list(self.held.items()):
+            snap = self.hooks.snapshot(sid)
+            if snap is None or snap is held.synced:
+                continue
+            try:
+                ok = await self.board.put_snapshot(sid, held.epoch, snap,
+                                                   self.settings.snapshot_ttl_s)  # fmt: skip
+            except REDIS_ERRORS:
+                return  # the tick notices and logs Redis failing
+            if ok:
+                held.synced = snap
 
     def describe(self) -> dict[str, object]:
         return {
@@ -276,6 +306,38 @@ class ShardCoordinator:
             "takeovers": self.takeovers,
             "lost": self.lost,
         }
+
+
+class ShardCollector:
+    """Prometheus: the streams this replica holds (with their epochs), the live replicas,
+    takeovers and lost leases."""
+
+    def __init__(self, coordinator: ShardCoordinator) -> None:
+        self._c = coordinator
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        c, p = self._c, "framerelay_ingest_shard_"
+        held = GaugeMetricFamily(p + "stream_epoch", "Lease epoch of each stream this "
+                                 "replica runs", labels=["stream", "replica"])  # fmt: skip
+        for sid, h in sorted(c.held.items()):
+            held.add_metric([sid, c.replica], float(h.epoch))
+        yield held
+        yield GaugeMetricFamily(p + "live_replicas", "Live ingest replicas", value=len(c.live))
+        yield CounterMetricFamily(p + "takeovers", "Streams resumed here from a shared "
+                                  "snapshot", value=c.takeovers)  # fmt: skip
+        lost = "Streams stopped here: their lease was lost or not renewed in time"
+        yield CounterMetricFamily(p + "lost_leases", lost, value=c.lost)
+
+
+def _rebased(snap: SessionSnapshot) -> SessionSnapshot:
+    """A file read as fast as possible resumes at its last frame: the worker bridges the
+    new epoch by the capture-time gap, so make that gap the restart's, not the outage's
+    (the scene did not move while nobody read the file)."""
+    clock = msgspec.structs.replace(snap[0], last_captured=time.time())
+    return clock, snap[1]
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

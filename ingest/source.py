@@ -50,6 +50,7 @@ from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
 from ingest import interrupt
 from ingest.catchup import Catchup
+from ingest.resume import ResumeAt, seek
 from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 
 LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
@@ -275,9 +276,9 @@ class AVSource:
         """The current session's lag tracker (live sources)."""
         self.large = False
         """The last session had large frames: :meth:`release` trims the C heap."""
-        self.start_at_s: float | None = None
-        """Start the next session this far into a file (a stream taken over from another
-        ingest replica resumes where it was); used once."""
+        self.resume: ResumeAt | None = None
+        """Start the next session there in a file (a stream taken over from another ingest
+        replica resumes where it was); used once."""
         memory.tune()
 
     def session(
@@ -298,7 +299,8 @@ class AVSource:
                 stream.thread_type = "AUTO"
                 opened = self._opened(container, stream)
                 on_open(opened)
-                skip = self._seek(container, stream, opened.time_base)
+                resume, self.resume = (None if self.spec.network else self.resume), None
+                skip = seek(container, stream, opened.time_base, resume, self.spec.loop)
                 ended = self._decode(container, stream, opened.time_base, stop, on_frame, skip)
             finally:
                 container.close()
@@ -333,23 +335,6 @@ class AVSource:
             codec=ctx.name,
             format=fmt,
         )
-
-    def _seek(
-        self, container: av.container.InputContainer, stream: VideoStream, tb: Fraction
-    ) -> float | None:
-        """Seek a file to ``start_at_s`` (once; wrapped into a looped file's length): the
-        frames before it are to be skipped (None: none)."""
-        at, self.start_at_s = self.start_at_s, None
-        if at is None or at <= 0 or self.spec.network:
-            return None
-        length = container.duration / 1_000_000 if container.duration else None
-        if length is not None and at >= length:
-            at = at % length if self.spec.loop else length
-        try:
-            container.seek(int(at / tb), stream=stream, backward=True)
-        except (av.error.FFmpegError, OSError, ValueError):
-            return None  # not seekable: read from the start
-        return at
 
     def _auth_failed(self, exc: av.error.FFmpegError) -> SourceAuthFailed:
         return SourceAuthFailed(
@@ -388,10 +373,10 @@ class AVSource:
         tb: Fraction,
         stop: threading.Event,
         on_frame: Callable[[Decoded], bool],
-        skip_before: float | None = None,
+        skip_before: ResumeAt | None = None,
     ) -> bool:
         """Decode until the end (True) or until stopped (False); frames before
-        ``skip_before`` (seconds) are decoded but not handed on."""
+        ``skip_before`` (as it is when they are decoded) are not handed on."""
         pacer = FramePacer() if self.spec.pace else None
         watch = _NoFrameWatch(self.spec)
         sizes = _SizeWatch(self)
@@ -414,7 +399,7 @@ class AVSource:
             for frame in frames:
                 sizes.check(frame)
                 if skip_before is not None and frame.pts is not None:
-                    if float(frame.pts * tb) < skip_before:
+                    if float(frame.pts * tb) < skip_before.now():
                         continue
                     skip_before = None
                 if pacer is not None and frame.pts is not None:

@@ -63,6 +63,7 @@ from ingest.handoff import LatestSlot, SlotClosed
 from ingest.latency import StreamLatency
 from ingest.prepare import Prepared, Preparer, Unsendable
 from ingest.reconnect import SourceRunner
+from ingest.resume import ResumeAt
 from ingest.settings import StreamConfig
 from ingest.source import (
     AVSource,
@@ -100,7 +101,7 @@ class IngestStream:
         *,
         link_up: Callable[[], bool] | None = None,
         first_epoch: int = 0,
-        start_at_s: float | None = None,
+        resume: ResumeAt | None = None,
     ) -> None:
         self.config = config
         self.id = config.id
@@ -139,8 +140,8 @@ class IngestStream:
         self._frames = FrameClock()
         """Decode-order time: the clock of the rate bound and of the epoch budget for files
         read as fast as possible (live sources use the wall clock)."""
-        self._start_at_s = start_at_s
-        """A file starts this far in (a stream taken over from another replica)."""
+        self._resume = resume
+        """Where a file starts (a stream taken over from another replica)."""
         self._seq = 0
         self._taken = 0
         self._source: AVSource | None = None
@@ -257,7 +258,7 @@ class IngestStream:
             on_decode_error=lambda: self._count("decode_error"),
             on_skip=lambda: self._count("behind"),
         )
-        source.start_at_s, self._start_at_s = self._start_at_s, None
+        source.resume, self._resume = self._resume, None
         self._source = source
         cfg = self.config
         return SourceRunner(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +17,7 @@ from framerelay.protocol import SessionSnapshot
 from ingest.leases import LeaseBoard, Route
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.shard_settings import ShardSettings
-from ingest.shards import ShardCoordinator, ShardHooks
+from ingest.shards import ShardCoordinator, ShardHooks, _rebased
 
 pytestmark = pytest.mark.integration
 URL = "redis://127.0.0.1:6379/0"
@@ -152,7 +153,7 @@ async def _test_fair_share_then_takeover_with_the_snapshot(client: Redis, prefix
     for sid in sa.running:
         snap, at = sb.running[sid]
         assert snap is not None and snap[0].last_t == 12.0
-        assert at is not None and at > 10.0  # past the snapshot's frame (pts 10 s)
+        assert at is not None and at.now() > 10.0  # past the snapshot's frame (pts 10 s)
         assert b.held[sid].epoch == 2
 
 
@@ -192,3 +193,18 @@ def test_shards_need_redis_and_sane_times() -> None:
     with pytest.raises(ValidationError, match="at most a quarter"):
         ShardSettings(lease_ttl_s=2, renew_interval_s=1)
     assert not IngestSettings().shards.enabled
+
+
+@pytest.mark.parametrize(
+    ("realtime", "lo", "hi"), [(True, 10.0 + 5.0, 10.0 + 7.0), (False, 10.0, 10.0)]
+)
+def test_where_a_taken_over_file_resumes(realtime: bool, lo: float, hi: float) -> None:
+    """The snapshot's frame is at pts 10 s (last_t 12 - offset 2), captured 6 s ago."""
+    svc = FakeService([])
+    coordinator = _coordinator(Redis.from_url(URL), "unused", "a", svc)
+    cfg = StreamConfig(id="cam", url="cam.mp4", realtime=realtime)
+    clock = wire.SessionClock(epoch=3, offset=2.0, last_t=12.0, last_captured=time.time() - 6)
+    resume = coordinator._resume_at(cfg, (clock, b""))
+    assert resume is not None and lo <= resume.now() <= hi
+    rebased = _rebased((clock, b""))[0]
+    assert rebased.last_t == 12.0 and time.time() - rebased.last_captured < 1

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -65,6 +66,11 @@ async def _scenario() -> None:
             runs = [s for s in (a, b) if "cam-1" in s.streams]
             assert len(runs) == 1  # one replica runs it, the other only stored the route
             assert runs[0].registry.where["cam-1"] == "gpu-7"
+            owner = base_a if runs[0] is a else base_b
+            async with httpx.AsyncClient() as http:
+                metrics = (await http.get(f"{owner}/metrics")).text
+            assert 'framerelay_ingest_shard_stream_epoch{replica="' in metrics
+            assert "framerelay_ingest_shard_live_replicas " in metrics
             assert await redis.hexists(f"{prefix}:routes", "cam-1")
             assert await link.unassign("cam-1")
             assert not await redis.hexists(f"{prefix}:routes", "cam-1")
@@ -82,3 +88,40 @@ async def _scenario() -> None:
 
 def test_the_link_reaches_every_replica_and_one_runs_the_stream() -> None:
     asyncio.run(asyncio.wait_for(_scenario(), 60))
+
+
+async def _stream_api() -> None:
+    keys = ed_keys()
+    prefix = f"test:shards:{uuid.uuid4().hex[:8]}"
+    token = TokenIssuer(keys).mint("test", ["streams:read", "streams:write"], 600, aud="ingest")
+    auth = {"Authorization": f"Bearer {token}"}
+    redis = Redis.from_url(URL)
+    try:
+        async with AsyncExitStack() as stack:
+            a, base_a = await stack.enter_async_context(replica("a", prefix, keys.to_json()))
+            b, base_b = await stack.enter_async_context(replica("b", prefix, keys.to_json()))
+            http = await stack.enter_async_context(httpx.AsyncClient(headers=auth))
+            cam = {"id": "cam-9", "url": str(CLIP), "realtime": True, "loop": True}
+            r = await http.post(f"{base_a}/v1/streams", json=cam)
+            assert r.status_code in (200, 201), r.text
+            assert "cam-9" in a.streams and "cam-9" not in b.streams
+            r = await http.post(f"{base_b}/v1/streams", json=cam)
+            assert r.status_code == 409, r.text  # runs on a
+            r = await http.put(f"{base_b}/v1/streams/cam-9", json={**cam, "fps": 2})
+            assert r.status_code == 404 and "replica 'a'" in r.text, r.text
+            r = await http.delete(f"{base_b}/v1/streams/cam-9")
+            assert r.status_code in (200, 204), r.text
+            for _ in range(50):  # a stops it at its next renewal
+                if "cam-9" not in a.streams:
+                    break
+                await asyncio.sleep(0.1)
+            assert "cam-9" not in a.streams and "cam-9" not in b.streams
+    finally:
+        found = [k async for k in redis.scan_iter(f"{prefix}:*")]
+        if found:
+            await redis.delete(*found)
+        await redis.aclose()
+
+
+def test_the_stream_api_across_replicas() -> None:
+    asyncio.run(asyncio.wait_for(_stream_api(), 60))
