@@ -293,7 +293,11 @@ class OrchestratorSettings(ServiceSettings):
     tls_client_ca: Path | None = Field(None, description="CA bundle; set to require mTLS.")
     ca_dir: Path = Field(Path("framerelay-ca"), description="The pod CA (ca.pem, ca.key).")
     pod_cert_ttl_h: float = Field(72.0, ge=1, le=2160, description="Lifetime of pod certificates.")
-    ingest_url: str | None = Field(None, description="Ingest API to push assignments to.")
+    ingest_url: str | None = Field(
+        None,
+        description="Ingest API to push assignments to; several sharded replicas as "
+        "comma-separated URLs (each call goes to all).",
+    )
     ingest_ca: Path | None = Field(None, description="CA bundle to verify an https ingest.")
     tick_s: float = Field(2.0, gt=0, le=3600, description="Reconcile period.")
     lease_ttl_s: float = Field(
