@@ -27,7 +27,7 @@ on-demand ratios (published RunPod discounts span about 0.3-0.65x).
 
     python bench/fleet.py [--redis-url URL] [--step-minutes 10]
 
-Then sizing by need (``bench/fleet_sizing.py``): two models on two GPU types,
+Then sizing by need (``bench/_fleet_sizing.py``): two models on two GPU types,
 the ranking of the types with the reason for each, and the day's cost per
 stream-hour on the chosen type against all on-demand and against one GPU type
 chosen by price per hour alone.
@@ -58,11 +58,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._fleet_sizing import report as report_sizing  # noqa: E402
+from bench._fleet_sizing import sizing_day  # noqa: E402
 from bench._progress import Progress  # noqa: E402
 from bench._redis import add_redis_url, redis_for_bench  # noqa: E402
 from bench._results import write_results  # noqa: E402
-from bench.fleet_sizing import report as report_sizing  # noqa: E402
-from bench.fleet_sizing import sizing_day  # noqa: E402
 from bench.rig.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 from deploy.clock import FakeClock  # noqa: E402
 from deploy.cost import CostTotals  # noqa: E402

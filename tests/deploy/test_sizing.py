@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
-from bench.fleet_sizing import sizing_day
+from bench._fleet_sizing import sizing_day
 from bench.rig.runpod_contract import PRICES
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet

@@ -88,10 +88,10 @@ def test_second_worker_on_the_volume_starts_from_the_cache(tmp_path: Path) -> No
     assert first_info["artefact_key"] == second_info["artefact_key"]
     assert any(name.endswith("model.ort-optimized.onnx") for name in built), built
     assert _entries(volume) == built  # nothing rewritten: the second did not rebuild
-    assert second_load < first_load
-    # the whole start: the warm-up benchmark and imports dominate it on this CPU, so
-    # the saving is a fraction of a second; allow for noise on a shared machine
-    assert second_s < first_s + 0.5 * TIMEOUT_FACTOR
+    # The times are printed, not asserted (a timed assertion fails on a loaded CI
+    # machine: 4.7 s against 3.5 s once): the cache hit is asserted above; the speed-up
+    # is a figure (model load 0.29 -> 0.03 s here; the whole start is dominated by
+    # imports and the warm-up benchmark on a CPU).
 
 
 def _detector(cache: Path, **fields: Any) -> Any:
