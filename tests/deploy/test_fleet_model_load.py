@@ -29,7 +29,7 @@ from tests.conftest import CLIP
 from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
 from tests.support.models import KITTI_STILL, write_registry
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration  # functional (no timing figure asserted): runs in parallel
 TRUCKS = f"""
 [models.trucks]
 file = "vehicles.onnx"

@@ -30,7 +30,7 @@ from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
 from tests.support.auth import ed_keys
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration  # functional (no timing figure asserted): runs in parallel
 KEY = "rpa_" + "Tw0GpuK3y" * 3
 POD = "fr-big-0-g0"
 WORKERS = (f"{POD}-gpu0", f"{POD}-gpu1")
