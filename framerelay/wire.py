@@ -471,18 +471,12 @@ def _refuse(got: int, mtype: int, hlen: int, size: int, limits: Limits, version:
         )
     if mtype not in _BY_TYPE:
         raise ProtocolError(f"unknown message type {mtype}")
-    if hlen > limits.max_header:
-        raise ProtocolError(
-            f"header of {hlen} B exceeds {limits.max_header} B", close_code=CloseCode.TOO_BIG
-        )
     end = _PREFIX_SIZE + hlen
-    if size < end:
+    if hlen <= limits.max_header and size < end:
         raise ProtocolError(
             f"truncated message: header says {hlen} B, {size - _PREFIX_SIZE} B present"
         )
-    raise ProtocolError(
-        f"payload of {size - end} B exceeds {limits.max_payload} B", close_code=CloseCode.TOO_BIG
-    )
+    _too_big(hlen, size - end, limits)
 
 
 def _refuse_header(mtype: int, raw: bytes, exc: Exception) -> NoReturn:

@@ -52,10 +52,11 @@ from framerelay.errors import ConfigError
 from framerelay.results import ResultRecord
 from ingest.auth import check_worker_url
 from ingest.resume import ResumeAt
-from ingest.settings import IngestSettings, StreamConfig
+from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient, supervise
 from ingest.tunnel_health import TunnelState
+from ingest.tunnel_options import TunnelOptions as TunnelOptions
 
 log = logging.getLogger(__name__)
 DEFAULT_TUNNEL = "default"
@@ -72,29 +73,6 @@ class StreamExists(ConfigError):
 
 class UnknownStream(ConfigError):
     """No stream has this id."""
-
-
-@dataclass(frozen=True)
-class TunnelOptions:
-    """How streams are sent and tunnels opened (the ingest's settings)."""
-
-    max_inflight: int = 4
-    frame_timeout_s: float = 10.0
-    reconnect_max_s: float = 10.0
-    heartbeat_interval_s: float = 0.5
-    stall_after_s: float = 3.0
-    allow_insecure: bool = False
-
-    @classmethod
-    def of(cls, settings: IngestSettings) -> TunnelOptions:
-        return cls(
-            max_inflight=settings.max_inflight,
-            frame_timeout_s=settings.frame_timeout_s,
-            reconnect_max_s=settings.reconnect_max_s,
-            heartbeat_interval_s=settings.heartbeat_interval_s,
-            stall_after_s=settings.stall_after_s,
-            allow_insecure=settings.allow_insecure_workers,
-        )
 
 
 @dataclass(frozen=True)

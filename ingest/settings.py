@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -19,11 +18,16 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 from framerelay.model_registry import MODEL_NAME
-from framerelay.net import is_loopback
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
 from ingest.shard_settings import ShardSettings
+from ingest.urls import ORCHESTRATOR_TOKEN_ENV as ORCHESTRATOR_TOKEN_ENV
+from ingest.urls import URL_SCHEMES as URL_SCHEMES
+from ingest.urls import orchestrator_url_problem as orchestrator_url_problem
+from ingest.urls import redact_url as redact_url
+from ingest.urls import url_has_userinfo as url_has_userinfo
+from ingest.urls import url_problem as url_problem
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
 MAX_SOURCE_SIDE = 16_384
@@ -202,68 +206,6 @@ class StreamConfig(BaseModel):
         if self.password is not None:
             data["password"] = self.password.get_secret_value()
         return data
-
-
-URL_SCHEMES = (
-    "rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "srt", "udp", "tcp", "rtp", "ftp", "file",
-)  # fmt: skip
-"""Network schemes a stream URL may use (anything else is a file path, without ``://``)."""
-
-
-def url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be a stream's source, without echoing it (it may hold a password)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in url):
-        return "contains a control character (a newline or tab?)"
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return None  # a file path
-    if scheme.lower() not in URL_SCHEMES:
-        shown = scheme if len(scheme) <= 16 and scheme.isascii() else scheme[:16] + "..."
-        return (f"unknown scheme {shown!r}: use {', '.join(s + '://' for s in URL_SCHEMES)} or "
-                "a file path")  # fmt: skip
-    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
-    if scheme.lower() != "file" and not host:
-        return f"no host after {scheme}://"
-    return None
-
-
-ORCHESTRATOR_TOKEN_ENV = "FRAMERELAY_INGEST_ORCHESTRATOR_TOKEN"  # noqa: S105 - a name
-
-
-def orchestrator_url_problem(url: str) -> str | None:
-    """Why the ingest must not read the orchestrator API at ``url`` (None: it may), without
-    echoing the URL. ``https://`` always; plain ``http://`` only to this host (loopback)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in url):
-        return "contains a control character (a newline or tab?)"
-    try:
-        parts = urlsplit(url)
-        host, _ = parts.hostname or "", parts.port
-    except ValueError:
-        return "not a valid URL; expected https://host[:port]"
-    if parts.scheme not in ("http", "https") or not host:
-        return "must be https://host[:port] (http:// only to this host)"
-    if "@" in parts.netloc:
-        return f"must not hold credentials (user:password@): set {ORCHESTRATOR_TOKEN_ENV}"
-    if parts.query or parts.fragment:
-        return "must not have a query or fragment; expected https://host[:port][/path]"
-    if parts.scheme == "http" and not is_loopback(host):
-        return (f"refusing plain http:// to orchestrator host {host!r}: its token would cross "
-                "the network unencrypted; use https:// (verified with "
-                "FRAMERELAY_INGEST_ORCHESTRATOR_CA, else the system's CAs)")  # fmt: skip
-    return None
-
-
-def url_has_userinfo(url: str) -> bool:
-    _, sep, rest = url.partition("://")
-    return bool(sep) and "@" in rest.split("/", 1)[0]
-
-
-def redact_url(url: str) -> str:
-    """The URL with any ``user:password@`` replaced by ``***@``, for logs and answers."""
-    if not url_has_userinfo(url):
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
 class ResultsSettings(BaseModel):

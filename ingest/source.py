@@ -50,6 +50,7 @@ from framerelay.errors import SourceError
 from framerelay.timeline import MPEGTS_WRAP_BITS
 from ingest import interrupt
 from ingest.catchup import Catchup
+from ingest.pacing import FramePacer as FramePacer
 from ingest.resume import ResumeAt, seek
 from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 
@@ -483,21 +484,3 @@ class _NoFrameWatch:
                 f"{self._spec.display}: {self._packets} packets in {quiet:.0f} s gave no frame "
                 "(codec change or corrupt stream); reopening"
             )
-
-
-class FramePacer:
-    """Sleeps so frames come out at the rate of their PTS."""
-
-    def __init__(self) -> None:
-        self._origin: tuple[float, float] | None = None  # (pts seconds, monotonic)
-
-    def wait(self, t: float, stop: threading.Event) -> None:
-        now = time.monotonic()
-        if self._origin is None or t < self._origin[0]:
-            self._origin = (t, now)
-            return
-        due = self._origin[1] + (t - self._origin[0])
-        if due - now > 5.0:  # a forward PTS jump: re-anchor instead of stalling
-            self._origin = (t, now)
-        elif due > now:
-            stop.wait(due - now)
