@@ -32,8 +32,15 @@ the ranking of the types with the reason for each, and the day's cost per
 stream-hour on the chosen type against all on-demand and against one GPU type
 chosen by price per hour alone.
 
+Then a night of batch jobs (``bench/_fleet_jobs.py``, issue 18): 8 jobs of recordings
+submitted 22:00-02:00 on a spot tier that scales from zero (seeded preemptions, work
+since the last checkpoint redone), against the same jobs on on-demand scaled the same
+way and against an always-on on-demand pool sized for the peak.
+
 Prints the costs and savings; writes ``bench/results/fleet.json`` and
 ``fleet.png`` (pods per tier through the day, and the three bills).
+``--night-only`` runs the night alone (no Redis, about a second) into
+``fleet_night.json`` and ``fleet_night.png``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import argparse
 import asyncio
 import collections
 import datetime as dt
+import math
 import secrets
 import sys
 import tempfile
@@ -58,11 +66,14 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._fleet_jobs import PREEMPT_PER_POD_H, SEED, night  # noqa: E402
+from bench._fleet_jobs import plot as plot_night  # noqa: E402
+from bench._fleet_jobs import report as report_night  # noqa: E402
 from bench._fleet_sizing import report as report_sizing  # noqa: E402
 from bench._fleet_sizing import sizing_day  # noqa: E402
 from bench._progress import Progress  # noqa: E402
 from bench._redis import add_redis_url, redis_for_bench  # noqa: E402
-from bench._results import write_results  # noqa: E402
+from bench._results import RESULTS, write_results  # noqa: E402
 from bench.rig.runpod_contract import PRICES, ContractState, running_contract_server  # noqa: E402
 from deploy.clock import FakeClock  # noqa: E402
 from deploy.cost import CostTotals  # noqa: E402
@@ -251,6 +262,18 @@ async def run_day(
     }
 
 
+def _rate(text: str) -> float:
+    """Spot preemptions per pod-hour: a finite number in 0..10."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and 0 <= rate <= 10):
+        raise argparse.ArgumentTypeError(f"a number of preemptions per pod-hour in 0..10, not "
+                                         f"{text[:40]!r}")  # fmt: skip
+    return rate
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,13 +281,26 @@ def main() -> int:
     add_redis_url(ap)
     ap.add_argument("--step-minutes", type=int, default=int(STEP_S / 60),
                     choices=(5, 10, 15, 30, 60), help="the simulated clock's step")  # fmt: skip
+    ap.add_argument("--night-only", action="store_true",
+                    help="only the night of batch jobs (no Redis): fleet_night.json")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help="draws the night's jobs and its spot preemptions")  # fmt: skip
+    ap.add_argument("--preempt-per-pod-hour", type=_rate, default=PREEMPT_PER_POD_H,
+                    help="the night's spot preemption rate (0..10)")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the results' folder")
     args = ap.parse_args()
+    jobs = night(args.seed, args.preempt_per_pod_hour)
+    if args.night_only:
+        report_night(jobs)
+        write_results("fleet_night", jobs, plot_night, folder=args.out)
+        return 0
     step_s = args.step_minutes * 60
     steps = 2 * (int(24 * 3600 / step_s) + 1)  # the spot run, then the on-demand one
     with redis_for_bench(args.redis_url, "fleet") as url, Progress(steps, "fleet", "steps") as bar:
         out = asyncio.run(run_day(url, step_s, bar))
+    out["night_jobs"] = jobs
     report(out)
-    write_results("fleet", out, plot)
+    write_results("fleet", out, plot, folder=args.out)
     return 0
 
 
@@ -285,6 +321,8 @@ def report(out: dict[str, Any]) -> None:
         print(f"  {row['spot_ratio']:14.2f}  {100 * row['saving_vs_ondemand_always_on']:15.1f} %"
               f"  {100 * row['saving_vs_ondemand_same_schedule']:22.1f} %")  # fmt: skip
     report_sizing(out["sizing"])
+    if "night_jobs" in out:
+        report_night(out["night_jobs"])
 
 
 def plot(fig: Figure, out: dict[str, Any]) -> None:
