@@ -1,0 +1,280 @@
+"""A client for a RunPod serverless endpoint: submit with ``/run``, poll ``/status``.
+
+Follows RunPod's documented queue-based endpoint API (docs: "Send API requests",
+serverless/endpoints/send-requests; "Operation reference",
+serverless/endpoints/operation-reference): ``POST {base}/{endpoint}/run`` with
+``{"input": ..., "policy": {"executionTimeout": ms}}`` answers ``{"id", "status":
+"IN_QUEUE"}``; ``GET .../status/{id}`` answers the job's state (``IN_QUEUE``,
+``IN_PROGRESS``, then ``COMPLETED`` with ``output``, or ``FAILED`` with ``error``,
+``CANCELLED``, ``TIMED_OUT``: serverless/endpoints/job-states); ``POST .../cancel/{id}``
+stops it; ``GET .../health`` counts jobs and workers. Base URL
+``https://api.runpod.ai/v2``; a ``/run`` body is at most 10 MB (checked here before
+sending); results are kept 30 minutes.
+
+- The API key travels only in the ``Authorization: Bearer`` header: never in a URL, a
+  log line or an error.
+- 429, 5xx and transport errors are retried with capped exponential backoff and jitter
+  (``Retry-After`` honoured); other 4xx stop at once (:class:`ServerlessError`). A
+  retried ``/run`` whose first answer was lost may have queued the job twice: callers
+  write results by a frame-fixed id, so a duplicate changes nothing.
+- Polling backs off from ``poll_initial_s`` to ``poll_max_s``; past the job's deadline
+  the job is cancelled and :class:`ServerlessTimeout` raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from framerelay.backoff import Backoff
+from framerelay.errors import ConfigError, FramerelayError
+from framerelay.net import describe_http_error, is_loopback
+
+log = logging.getLogger(__name__)
+RUNPOD_SERVERLESS_URL = "https://api.runpod.ai/v2"
+RUN_MAX_BYTES = 10 * 1024 * 1024
+"""RunPod's largest ``/run`` body (operation reference)."""
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+JobStatus = Literal["IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"]
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_MAX_RETRY_AFTER_S = 30.0
+
+
+class ServerlessError(FramerelayError):
+    """The endpoint refused a request or could not be reached within the retries."""
+
+
+class JobFailed(ServerlessError):
+    """A job ended ``FAILED``, ``CANCELLED`` or ``TIMED_OUT`` (``status``)."""
+
+    def __init__(self, job_id: str, status: str, error: str) -> None:
+        super().__init__(f"serverless job {job_id} ended {status}: {error}"[:400])
+        self.job_id = job_id
+        self.status = status
+
+
+class ServerlessTimeout(ServerlessError):
+    """A job did not end before its deadline (it was cancelled)."""
+
+
+class ServerlessSettings(BaseModel):
+    """How the ingest talks to RunPod serverless endpoints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    base_url: str = Field(RUNPOD_SERVERLESS_URL, description="RunPod's endpoint API (v2).")
+    api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
+    request_timeout_s: float = Field(30.0, gt=0, le=600)
+    max_retries: int = Field(4, ge=0, le=20, description="Retries of 429/5xx per request.")
+    backoff_s: float = Field(0.5, gt=0, le=600, description="First retry delay; doubles.")
+    poll_initial_s: float = Field(0.2, gt=0, le=60)
+    poll_max_s: float = Field(5.0, gt=0, le=600)
+    job_deadline_s: float = Field(
+        900.0, gt=0, le=86_400, description="Give a job up (and cancel it) after this long."
+    )
+    execution_timeout_s: float = Field(
+        600.0, gt=5, le=86_400, description="The job's policy.executionTimeout (RunPod: > 5 s)."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        problem = endpoint_url_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v.rstrip("/")
+
+
+def endpoint_url_problem(url: str) -> str | None:
+    """Why ``url`` may not carry the API key (None: it may): https, or http to loopback."""
+    try:
+        parts = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return "not a valid URL; expected https://host[/path]"
+    if parts.scheme not in ("http", "https") or not parts.host:
+        return "must be https://host[/path] (http:// only to this host)"
+    if parts.userinfo or parts.query or parts.fragment:
+        return "must hold no credentials, query or fragment"
+    if parts.scheme == "http" and not is_loopback(parts.host):
+        return "refusing plain http:// off this host: the API key would cross unencrypted"
+    return None
+
+
+class ServerlessLink:
+    """One endpoint's jobs (see the module). Use as ``async with``."""
+
+    def __init__(
+        self, settings: ServerlessSettings, endpoint_id: str, *, clock: Any = time.monotonic
+    ) -> None:
+        if settings.api_key is None:
+            raise ConfigError("serverless mode needs the RunPod API key (api_key)")
+        if not endpoint_id.replace("-", "").replace("_", "").isalnum() or len(endpoint_id) > 100:
+            raise ConfigError("serverless endpoint id: letters, digits, '-' and '_' only")
+        self.settings = settings
+        self.endpoint_id = endpoint_id
+        self._clock = clock
+        self._http = httpx.AsyncClient(
+            base_url=f"{settings.base_url}/{endpoint_id}",
+            headers={"Authorization": f"Bearer {settings.api_key.get_secret_value()}",
+                     "Accept": "application/json"},
+            timeout=settings.request_timeout_s, follow_redirects=False, trust_env=False,
+        )  # fmt: skip
+        self.requests = 0
+        self.retries = 0
+
+    async def __aenter__(self) -> ServerlessLink:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- operations -----------------------------------------------------------------
+    async def submit(self, job_input: dict[str, Any]) -> str:
+        """Queue a job (``POST /run``); its id."""
+        policy = {"executionTimeout": int(self.settings.execution_timeout_s * 1000)}
+        body = json.dumps({"input": job_input, "policy": policy}, separators=(",", ":"))
+        if len(body) > RUN_MAX_BYTES:
+            raise ServerlessError(
+                f"a /run body of {len(body)} bytes is over RunPod's {RUN_MAX_BYTES}-byte limit"
+            )
+        answer = await self._call("POST", "/run", content=body.encode())
+        job_id = answer.get("id") if isinstance(answer, dict) else None
+        if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
+            raise ServerlessError("the endpoint's /run answer has no job id")
+        return job_id
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        """The job's ``/status`` answer (``status`` checked to be a known state)."""
+        answer = await self._call("GET", f"/status/{_checked_id(job_id)}")
+        if not isinstance(answer, dict) or answer.get("status") not in (
+            *TERMINAL, "IN_QUEUE", "IN_PROGRESS",
+        ):  # fmt: skip
+            raise ServerlessError(f"the endpoint's /status of job {job_id} has no known status")
+        return answer
+
+    async def cancel(self, job_id: str) -> None:
+        """Cancel the job (best effort: a failure is logged, never raised)."""
+        try:
+            await self._call("POST", f"/cancel/{_checked_id(job_id)}")
+        except ServerlessError as exc:
+            log.warning("could not cancel serverless job %s: %s", job_id, exc)
+
+    async def health(self) -> dict[str, Any]:
+        answer = await self._call("GET", "/health")
+        if not isinstance(answer, dict):
+            raise ServerlessError("the endpoint's /health answer is not an object")
+        return answer
+
+    async def run(self, job_input: dict[str, Any]) -> Any:
+        """Submit and wait: the job's ``output``. :class:`JobFailed` when it fails,
+        :class:`ServerlessTimeout` (after cancelling it) past ``job_deadline_s``."""
+        job_id = await self.submit(job_input)
+        return await self.wait(job_id)
+
+    async def wait(self, job_id: str) -> Any:
+        """Poll ``job_id`` until it ends (see :meth:`run`)."""
+        deadline = self._clock() + self.settings.job_deadline_s
+        poll = Backoff(self.settings.poll_initial_s, max(self.settings.poll_max_s,
+                       self.settings.poll_initial_s), factor=1.5, jitter=0.1)  # fmt: skip
+        try:
+            while True:
+                answer = await self.status(job_id)
+                state = answer["status"]
+                if state == "COMPLETED":
+                    return answer.get("output")
+                if state in TERMINAL:
+                    raise JobFailed(job_id, state, _text(answer.get("error")) or "no error given")
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise ServerlessTimeout(
+                        f"serverless job {job_id} still {state} after "
+                        f"{self.settings.job_deadline_s:g} s; cancelled"
+                    )
+                await asyncio.sleep(min(poll.next_delay(), left))
+        except (ServerlessTimeout, asyncio.CancelledError):
+            await asyncio.shield(self.cancel(job_id))
+            raise
+
+    # --- one request, retried ---------------------------------------------------------
+    async def _call(self, method: str, path: str, content: bytes | None = None) -> Any:
+        backoff = Backoff(self.settings.backoff_s, max(self.settings.backoff_s, 30.0))
+        for attempt in range(self.settings.max_retries + 1):
+            self.requests += 1
+            problem, retry_after = await self._once(method, path, content)
+            if not isinstance(problem, _Retry):
+                return problem
+            if attempt == self.settings.max_retries:
+                raise ServerlessError(f"{method} {path}: {problem.reason} "
+                                      f"(after {attempt + 1} attempts)")  # fmt: skip
+            self.retries += 1
+            delay = backoff.next_delay() if retry_after is None else retry_after
+            log.info("serverless %s %s: %s; retrying in %.2f s", method, path,
+                     problem.reason, delay)  # fmt: skip
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(
+        self, method: str, path: str, content: bytes | None
+    ) -> tuple[Any, float | None]:
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        try:
+            resp = await self._http.request(method, path, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            return _Retry(f"unreachable: {describe_http_error(exc)}"), None
+        if resp.status_code in _RETRY_STATUS:
+            return _Retry(f"HTTP {resp.status_code}"), _retry_after(resp)
+        if len(resp.content) > MAX_ANSWER_BYTES:
+            raise ServerlessError(f"{method} {path}: answer over {MAX_ANSWER_BYTES} bytes")
+        if resp.status_code >= 400:
+            raise ServerlessError(
+                f"{method} {path}: HTTP {resp.status_code}: {_error_of(resp)}"
+                + (" (check the RunPod API key)" if resp.status_code in (401, 403) else "")
+            )
+        try:
+            return resp.json(), None
+        except ValueError:
+            raise ServerlessError(f"{method} {path}: the answer is not JSON") from None
+
+
+class _Retry:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _checked_id(job_id: str) -> str:
+    if not job_id or len(job_id) > 200 or not all(c.isalnum() or c in "-_" for c in job_id):
+        raise ServerlessError(f"not a job id: {job_id[:40]!r}")
+    return job_id
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    try:
+        value = float(resp.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return min(max(value, 0.0), _MAX_RETRY_AFTER_S) if value == value else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value)[:300]
+
+
+def _error_of(resp: httpx.Response) -> str:
+    """The server's error text, truncated (never a request header)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text.strip()[:200]
+    if isinstance(body, dict):
+        return _text(body.get("error") or body.get("message") or body)[:200]
+    return _text(body)[:200]
