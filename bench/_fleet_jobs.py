@@ -122,8 +122,9 @@ def plan_tier(name: str, *, spot: bool, pool: int = 0) -> TierConfig:
 
 @dataclass(slots=True)
 class _Task:
+    """One input of a job: its stream (at full speed), frames, progress, checkpoint."""
+
     stream: StreamSpec
-    job: str
     total: int
     done: float = 0.0
     checkpoint: int = 0
@@ -132,6 +133,8 @@ class _Task:
 
 @dataclass(slots=True)
 class _Pod:
+    """A rented worker: warm from ``ready_at``, running ``task`` (a stream id) or idle."""
+
     name: str
     ready_at: float
     task: str | None = None
@@ -182,7 +185,7 @@ def _start(plan: Plan, jobs: list[NightJob], seed: int) -> _Night:
             sid = task_stream_id(job.id, k)
             stream = StreamSpec(id=sid, url=segment, priority="batch", fps=fps,
                                 model=job.spec.model, realtime=False)  # fmt: skip
-            tasks[sid] = _Task(stream, job.id, job.frames_per_task)
+            tasks[sid] = _Task(stream, job.frames_per_task)
     return _Night(plan, settings, SEEN[gpu], jobs, tasks, random.Random(seed))
 
 
