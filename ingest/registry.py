@@ -51,6 +51,7 @@ from framerelay import wire
 from framerelay.errors import ConfigError
 from framerelay.results import ResultRecord
 from ingest.auth import check_worker_url
+from ingest.job_task import JobRuns
 from ingest.resume import ResumeAt
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
@@ -99,8 +100,11 @@ class StreamRegistry:
         ssl_context: ssl.SSLContext | None = None,
         default_url: str | None = None,
         default_worker_id: str = "*",
+        jobs: JobRuns | None = None,
     ) -> None:
         self.options = options or TunnelOptions()
+        self.jobs = jobs
+        """Runs the job task of a stream whose config has one (:mod:`ingest.job_task`)."""
         self._token_for = token_for
         self._on_result = on_result
         self._ssl = ssl_context
@@ -294,6 +298,10 @@ class StreamRegistry:
             first_epoch=first_epoch,
             resume=resume,
         )
+        if config.job is not None:  # before launch: the task decides where reading starts
+            if self.jobs is None:
+                raise ConfigError(f"stream {config.id!r} is a job task: this ingest runs none")
+            self.jobs.attach(stream)
         self._streams[config.id] = stream
         if worker is not None and worker in self._clients:
             self._attach(stream, worker, snapshot)

@@ -25,6 +25,7 @@ from framerelay import memory
 from framerelay.errors import FramerelayError
 from ingest.auth import tunnel_tokens
 from ingest.bus import ResultBus
+from ingest.job_task import JobRuns
 from ingest.leases import Route
 from ingest.registry import (
     DEFAULT_TUNNEL,
@@ -51,6 +52,9 @@ class IngestService:
         self.settings = settings
         self.store = store
         self.bus = ResultBus()
+        self.jobs = JobRuns.of(settings)
+        """Streams that run a batch job's task (ingest.job_task): their sidecars."""
+        self.bus.tap(self.jobs.result_seen)
         ctx = client_ssl_context(
             str(settings.tls_ca) if settings.tls_ca else None,
             str(settings.tls_client_cert) if settings.tls_client_cert else None,
@@ -63,6 +67,7 @@ class IngestService:
             ssl_context=ctx,
             default_url=settings.worker_url,
             default_worker_id=settings.worker_id,
+            jobs=self.jobs,
         )
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
@@ -102,6 +107,7 @@ class IngestService:
             if config.id in self.registry.streams:
                 raise StreamExists(f"stream {config.id!r} already exists")
             SourceSpec.from_config(config)  # reject what cannot run before storing it
+            self.jobs.check(config)
             if self.store is not None:
                 await self.store.put(config)
             return self.registry.create(config)
@@ -180,6 +186,7 @@ class IngestService:
             if shards is not None:  # stops our streams and releases their leases first
                 await asyncio.gather(shards, return_exceptions=True)
             await self.registry.aclose(DRAIN_TIMEOUT_S)
+            await self.jobs.aclose()
             if self.sharded is not None:
                 await self.sharded.aclose()
 

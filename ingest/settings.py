@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import (
@@ -17,6 +17,7 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
+from framerelay.jobs import JobTask
 from framerelay.model_registry import MODEL_NAME
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.tracker_times import TrackerTimesConfig
@@ -32,6 +33,8 @@ from ingest.urls import url_problem as url_problem
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
 MAX_SOURCE_SIDE = 16_384
 """The largest source side the wire carries (``framerelay.wire.Frame.src_w``)."""
+LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
+"""URL schemes whose end-of-file means a disconnect (the camera is still there)."""
 SENSITIVE_OPTIONS = ("header", "auth", "key", "token", "pass", "cookie", "secret")
 """FFmpeg options whose values the API masks (e.g. ``headers``, ``cookies``)."""
 
@@ -150,6 +153,12 @@ class StreamConfig(BaseModel):
         "counts as a breach (framerelay_ingest_slo_breaches_total).",
     )
 
+    job: JobTask | None = Field(
+        None,
+        description="Makes this stream a batch job's task (docs/jobs.md): read once at full "
+        "speed from its checkpoint, results also written to job.sidecar (null: a stream).",
+    )
+
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
@@ -189,6 +198,14 @@ class StreamConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_job(self) -> StreamConfig:
+        if self.job is not None:
+            problem = job_problem(self)
+            if problem is not None:
+                raise ValueError(problem)
+        return self
+
     def public(self) -> dict[str, Any]:
         """This definition for API answers: URL credentials and password masked."""
         data = self.model_dump(mode="json")
@@ -206,6 +223,22 @@ class StreamConfig(BaseModel):
         if self.password is not None:
             data["password"] = self.password.get_secret_value()
         return data
+
+
+def job_problem(config: StreamConfig) -> str | None:
+    """Why ``config`` cannot run its job task (None: it can)."""
+    job = config.job
+    if job is None:
+        return None
+    if config.realtime or config.loop or config.live or config.max_frames:
+        return ("a job task is read once at full speed: realtime, loop and live must be "
+                "false and max_frames 0")  # fmt: skip
+    if config.url.partition("://")[0].lower() in LIVE_SCHEMES:
+        return "a job task reads a file or a recording, not a live source"
+    sidecar = PurePosixPath(job.sidecar)
+    if not sidecar.is_absolute() or sidecar.suffix != ".jsonl" or ".." in sidecar.parts:
+        return "job.sidecar must be an absolute path ending in .jsonl, without '..'"
+    return None
 
 
 class ResultsSettings(BaseModel):

@@ -52,10 +52,9 @@ from ingest import interrupt
 from ingest.catchup import Catchup
 from ingest.pacing import FramePacer as FramePacer
 from ingest.resume import ResumeAt, seek
+from ingest.settings import LIVE_SCHEMES as LIVE_SCHEMES
 from ingest.settings import StreamConfig, redact_url, url_has_userinfo
 
-LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
-"""URL schemes whose end-of-file means a disconnect (the camera is still there)."""
 CREDENTIAL_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "http", "https"})
 WRAP_BITS = {"mpegts": MPEGTS_WRAP_BITS, "hls": MPEGTS_WRAP_BITS, "flv": 32, "live_flv": 32}
 """Width of the PTS counter by container (RTSP: FFmpeg already unwraps RTP time)."""
@@ -231,6 +230,10 @@ class Opened:
     fps: float
     codec: str
     format: str
+    frames: int = 0
+    """The frame count the container states (0: unknown)."""
+    duration_s: float | None = None
+    """The video's length the container states (None: unknown, e.g. live)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +338,8 @@ class AVSource:
             fps=float(stream.average_rate or stream.guessed_rate or 0.0),
             codec=ctx.name,
             format=fmt,
+            frames=max(0, stream.frames or 0),
+            duration_s=_duration_s(container, stream, tb),
         )
 
     def _auth_failed(self, exc: av.error.FFmpegError) -> SourceAuthFailed:
@@ -448,6 +453,14 @@ class AVSource:
         return SourceStalled(
             f"{spec.display} stalled: no data for {spec.read_timeout_s:g} s (read_timeout_s)"
         )
+
+
+def _duration_s(
+    container: av.container.InputContainer, stream: VideoStream, tb: Fraction
+) -> float | None:
+    if stream.duration and stream.duration > 0:
+        return float(stream.duration * tb)
+    return container.duration / 1_000_000 if container.duration else None
 
 
 class _SizeWatch:

@@ -60,6 +60,7 @@ from framerelay.timeline import (
 from framerelay.wire import Timing
 from ingest.console_frames import SentFrames
 from ingest.handoff import LatestSlot, SlotClosed
+from ingest.job_ledger import JobReader
 from ingest.latency import StreamLatency
 from ingest.prepare import Prepared, Preparer, Unsendable
 from ingest.reconnect import SourceRunner
@@ -151,6 +152,9 @@ class IngestStream:
         """The frames sent lately, kept while the console's live view watches this stream."""
         self._failure: str | None = None
         """Why :meth:`fail` failed this stream (the decode thread must not undo it)."""
+        self.job: JobReader | None = None
+        """A job task's reader (:mod:`ingest.job_task`, set before launch): it samples,
+        starts at the checkpoint and reads again after lost frames."""
         self._record(StreamState.STARTING, "created")
 
     @property
@@ -252,13 +256,15 @@ class IngestStream:
 
     # -- decode thread ------------------------------------------------------
 
-    def _runner(self) -> SourceRunner:
+    def _runner(self, resume: ResumeAt | None = None) -> SourceRunner:
         source = AVSource(
             self.spec,
             on_decode_error=lambda: self._count("decode_error"),
             on_skip=lambda: self._count("behind"),
         )
-        source.resume, self._resume = self._resume, None
+        source.resume, self._resume = resume or self._resume, None
+        if self._source is not None:  # a job task's earlier pass
+            self._source.release()
         self._source = source
         cfg = self.config
         return SourceRunner(
@@ -276,7 +282,10 @@ class IngestStream:
     def _run(self) -> None:
         """The decode thread: whatever goes wrong fails this stream only, with a message."""
         try:
-            self._runner().run()
+            if self.job is None:
+                self._runner().run()
+            else:
+                self.job.read(lambda at: self._runner(at).run(), self._stop)
             self._stopped("stopped" if self._stop.is_set() else "source ended")
         except SlotClosed:
             self._stopped("stopped")
@@ -381,7 +390,7 @@ class IngestStream:
         timing = self._timing(epoch, pts, item)
         if timing is None:
             return
-        if not self._sampler.keep(epoch, t, self._clock()):
+        if not self._keeps(epoch, pts, t, timeline):
             self._count("sampled_out")
             return
         preparer = self._ready_preparer()
@@ -395,8 +404,16 @@ class IngestStream:
         out = Outgoing(timing, prepared)
         self.latency.sent(timing, item.capture_time)
         self._seq += 1
+        if self.job is not None:  # pending before the sender can take it
+            self.job.offered(pts)
         if self.slot.put(out) is not None:
             self._count("replaced")
+
+    def _keeps(self, epoch: int, pts: int, t: float, timeline: Timeline) -> bool:
+        """Sampling at ``fps`` by PTS (a job task: its own rule, from its checkpoint)."""
+        if self.job is not None:
+            return self.job.wants(pts, timeline.step, timeline.time_base)
+        return self._sampler.keep(epoch, t, self._clock())
 
     def _timing(self, epoch: int, pts: int, item: Decoded) -> Timing | None:
         """The timing of the next frame sent; None (counted) when the wire refuses it."""
