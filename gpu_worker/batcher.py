@@ -332,7 +332,7 @@ class Batcher:
             model = item.session.model
             name = msgspec.UNSET if model is None else model.name
             messages: list[Reply] = [_result(item.frame, tracked, timings, name)]
-            if item.session.snapshot_due():
+            if item.session.snapshot_due(tracked):
                 messages.append(_snapshot(item))
         except Exception as exc:
             item.session.reset()

@@ -6,8 +6,9 @@ changes (reconnect, PTS reset) the tracker clock continues from where it was,
 advanced by the gap measured on the ingest clock (``captured_at``), so ids
 survive a short reconnect and time never runs backwards for the tracker.
 
-Every ``snapshot_interval_s`` (of stream time) the session emits a snapshot
-(tracker state + clock) that the ingest keeps; an OPEN carrying it resumes the
+Every ``snapshot_interval_s`` (of stream time), and after every frame that reports a
+track id the last snapshot did not know, the session emits a snapshot (tracker state +
+clock) that the ingest keeps; an OPEN carrying it resumes the
 session on any worker, so track ids continue when a stream is re-homed. The
 time from the snapshot to the first frame on the new worker is an outage: the
 first frame's tracker time is handed to the tracker's ``bridge`` first
@@ -52,6 +53,9 @@ class StreamSession:
     _next_snapshot_t: float | None = None
     _bridge_next: bool = False
     """Resumed from a snapshot: the first frame's time ends an outage."""
+    _snapped_id: int = -1
+    """The highest track id reported up to the last snapshot: a higher one is a new track,
+    whose id a session resumed from that snapshot would hand out again to someone else."""
     model: ServedModel | None = None
     """The model its frames go to (None: the batcher's own detector)."""
 
@@ -102,15 +106,25 @@ class StreamSession:
         self._last_t, self._last_captured = -1e18, 0.0
         self._next_snapshot_t = None
         self._bridge_next = False
+        self._snapped_id = -1
 
-    def snapshot_due(self) -> bool:
-        """True (and re-armed) when a snapshot should follow the last frame."""
+    def snapshot_due(self, tracked: Detections | None = None) -> bool:
+        """True (and re-armed) when a snapshot should follow the last frame (``tracked``, its
+        results): its interval is up, or it reports a track id newer than the last snapshot
+        (a new track: a takeover from an older snapshot would give its id to another)."""
         if self.snapshot_interval_s <= 0:
             return False
-        if self._next_snapshot_t is None or self._last_t >= self._next_snapshot_t:
-            self._next_snapshot_t = self._last_t + self.snapshot_interval_s
-            return True
-        return False
+        ids = tracked.tracker_id if tracked is not None else None
+        newest = int(ids.max()) if ids is not None and len(ids) else -1
+        # _MIN_STEP_S of slack: an interval of one frame period must not skip every other
+        # frame because 0.4 + 0.2 > 15/25 in floating point
+        due_t = self._next_snapshot_t
+        timely = due_t is not None and self._last_t < due_t - _MIN_STEP_S
+        if timely and newest <= self._snapped_id:
+            return False
+        self._next_snapshot_t = self._last_t + self.snapshot_interval_s
+        self._snapped_id = max(self._snapped_id, newest)
+        return True
 
 
 def time_overrides(times: TrackerTimes | None) -> dict[str, Any]:
