@@ -182,7 +182,7 @@ class EndpointState:
             cold = time.monotonic() > self.warm_until
             self.cold_starts += cold
             crash = self._take("crash_next_jobs")
-            hang = self._take("time_out_next_jobs")
+            hang = not crash and self._take("time_out_next_jobs")
         try:
             if cold and self.cold_start_s:
                 time.sleep(self.cold_start_s)

@@ -1,0 +1,141 @@
+"""A stream served by a RunPod serverless endpoint instead of a tunnel (a job task on a
+serverless tier).
+
+:func:`send_serverless` is the serverless counterpart of
+:func:`ingest.tunnel_sender.send_stream`: it takes every frame the stream offers
+(``stream.slot``, already sampled, letterboxed and encoded by the decode thread) and
+hands it to a :class:`~ingest.serverless_sink.ServerlessSink`, which posts the frames
+in batches to the endpoint (``/run``, polled on ``/status``). Each answered frame
+becomes a :class:`~framerelay.results.ResultRecord` carrying the frame's timing
+unchanged (as a tunnel RESULT would) and goes to ``publish``: the ingest's result bus,
+whose tap writes a job task's sidecar under the frame's own id and lets its checkpoint
+pass (:mod:`ingest.job_task`). Nothing here knows about checkpoints: the job side is
+the same for both paths.
+
+A batch that fails for good (the link's request retries and the sink's job resubmits
+used up, or an unusable answer) counts its frames under the stream's ``worker_error``,
+the counter a job task watches for frames that will never be answered: it reads its
+input again from its checkpoint, and frames answered twice are written once.
+
+An open batch goes out when full or when no frame came for ``linger_s`` (the end of
+the input, or a slow decoder), so the last frames are never held back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from framerelay import wire
+from framerelay.errors import FramerelayError
+from framerelay.results import ResultRecord
+from ingest.handoff import SlotClosed
+from ingest.serverless_link import ServerlessError, ServerlessLink, ServerlessSettings
+from ingest.serverless_sink import FrameResult, ServerlessSink, SinkFrame
+from ingest.stream import IngestStream
+
+log = logging.getLogger(__name__)
+Publish = Callable[[ResultRecord], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """How a stream's frames are grouped into serverless jobs."""
+
+    max_frames: int = 32
+    max_jobs: int = 4
+    """Jobs out at once (so at most ``max_frames * max_jobs`` frames in flight)."""
+    attempts: int = 3
+    linger_s: float = 0.2
+
+
+def record_of(result: FrameResult, endpoint_id: str) -> ResultRecord:
+    """The result record of a serverless answer: the frame's timing unchanged, the
+    worker named ``serverless:<endpoint>/<worker>``."""
+    det = result.detections
+    header = wire.build(
+        wire.Result, **result.frame.timing.timing_fields(), n=len(det),
+        timings={k: v for k, v in list(result.timings.items())[: wire.MAX_TIMINGS]},
+        model=result.model,
+    )  # fmt: skip
+    worker = f"serverless:{endpoint_id}/{result.worker_id}"[:128]
+    return ResultRecord.build(
+        header, det, class_names=result.class_names, worker_id=worker, received_at=time.time()
+    )
+
+
+class ServerlessSender:
+    """Feeds one stream's frames to an endpoint and publishes the answers (see module)."""
+
+    def __init__(
+        self,
+        stream: IngestStream,
+        link: ServerlessLink,
+        publish: Publish,
+        batching: Batching = Batching(),
+    ) -> None:
+        self.stream = stream
+        self.link = link
+        self.publish = publish
+        self.batching = batching
+        self.sink = ServerlessSink(
+            link, self._answered, model=stream.config.model, max_frames=batching.max_frames,
+            max_jobs=batching.max_jobs, attempts=batching.attempts, on_lost=self._lost,
+        )  # fmt: skip
+
+    async def run(self) -> None:
+        """Until the stream's slot closes (the stream stopped); then the jobs out are
+        waited for (their answers still count) and the stream's sender is idle."""
+        self.stream.sender_started()
+        try:
+            await self._pump()
+            await self.sink.drain()
+        finally:
+            await self.sink.aclose()
+            self.stream.sender_stopped()
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                out = await asyncio.wait_for(self.stream.slot.get(), self.batching.linger_s)
+            except TimeoutError:
+                await self.sink.flush()
+                continue
+            except SlotClosed:
+                return
+            await self.sink.put(SinkFrame(out.timing, out.prepared))
+            self.stream.counters["sent"] += 1
+
+    async def _answered(self, results: list[FrameResult]) -> None:
+        for result in results:
+            try:
+                record = record_of(result, self.link.endpoint_id)
+            except (FramerelayError, ValueError) as exc:
+                self._lost([result.frame], ServerlessError(f"unusable answer: {exc}"))
+                continue
+            self.stream.counters["results"] += 1
+            self.stream.latency.observe(record)
+            self.publish(record)
+        self.stream.unstall("the serverless endpoint answers")
+
+    def _lost(self, batch: list[SinkFrame], error: ServerlessError) -> None:
+        self.stream.counters["worker_error"] += len(batch)
+        self.stream.last_error = f"serverless: {error}"[:300]
+
+
+async def serve_stream(
+    stream: IngestStream,
+    settings: ServerlessSettings,
+    endpoint_id: str,
+    publish: Publish,
+    batching: Batching = Batching(),
+    input_size: tuple[int, int] = (416, 416),
+) -> None:
+    """Run ``stream`` on the endpoint until it stops: the model input size is set (the
+    endpoint's model; no HELLO tells it), its decode thread started, its frames sent."""
+    async with ServerlessLink(settings, endpoint_id) as link:
+        stream.start(*input_size)
+        await ServerlessSender(stream, link, publish, batching).run()
