@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.cost import CostTotals
 from deploy.history_api import history_router
+from deploy.latency import region_of
 from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
 from deploy.workers import by_name
@@ -95,9 +96,16 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
         "leader": orch.leader,
         "provider": orch.provider.name,
         "tiers": tiers,
-        "pods": [_pod_view(p, assigned, now) for p in sorted(pods.values(), key=lambda p: p.name)],
+        "pods": [
+            {**_pod_view(p, assigned, now), "region": region_of(orch.settings, p.tier)}
+            for p in sorted(pods.values(), key=lambda p: p.name)
+        ],
         "streams": [
-            {**_stream_view(s), "worker": assigned.get(s.id)}
+            {
+                **_stream_view(s),
+                "worker": assigned.get(s.id),
+                "slo_breach": fleet.latency.view(s.id),
+            }
             for s in sorted(streams.values(), key=lambda s: s.id)
         ],
         "unplaced": fleet.unplaced,
@@ -171,7 +179,21 @@ def _fleet_gauges(status: dict[str, Any]) -> list[Metric]:
     streams = GaugeMetricFamily(ORCH + "streams", "Streams by placement", labels=["placed"])
     streams.add_metric(["yes"], sum(1 for s in status["streams"] if s["worker"]))
     streams.add_metric(["no"], len(status["unplaced"]))
-    return [pods, ready, target, streams]
+    return [pods, ready, target, streams, *_latency_gauges(status)]
+
+
+def _latency_gauges(status: dict[str, Any]) -> list[Metric]:
+    """Round trips from the ingest per worker, and streams over their latency budget."""
+    rtt = GaugeMetricFamily(ORCH + "worker_rtt_ms", "Round trip from the ingest (ms)",
+                            labels=["worker", "tier", "region"])  # fmt: skip
+    for pod in status["pods"]:
+        for w in pod.get("gpus") or [pod]:
+            if w.get("rtt_ms") is not None:
+                rtt.add_metric([w["name"], pod["tier"], pod.get("region") or ""], w["rtt_ms"])
+    late = sum(1 for s in status["streams"] if s.get("slo_breach"))
+    breach = GaugeMetricFamily(ORCH + "slo_breach_streams",
+                               "Streams placed over their latency budget", value=late)  # fmt: skip
+    return [rtt, breach]
 
 
 def api_auth(orch: Orchestrator) -> ApiAuth:

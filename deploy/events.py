@@ -12,7 +12,9 @@ terminated and forgotten; its tier creates another), ``budget_exhausted``,
 (on-demand pods), ``draining``, ``terminated_<why>`` (``orphan``,
 ``duplicate``, ``drained``, ``unhealthy``, ``by_operator``), ``moved`` (a
 stream placed, re-homed off a lost worker, moved to a cheaper one or by an
-operator's pin, or unplaced), ``redefined``.
+operator's pin, or unplaced), ``redefined``, ``slo_breach`` (a stream placed over its
+latency budget: ``expected_ms``, ``slo_ms``, ``rtt_ms``, ``processing_ms``; see
+:mod:`deploy.latency`) and ``slo_met`` (no longer over it).
 
 The log keeps the newest ``size`` events (500): the oldest go first. It lives in
 the orchestrator that leads (the one that acts) and starts empty after a restart.

@@ -21,7 +21,8 @@ moment:
 * A pod of ``gpu_count`` > 1 runs one worker per GPU (:mod:`deploy.workers`): each
   is probed, canaried and placed on its own; the pod goes when one of them fails.
 * Placement is model-aware: the workers' models (their ``/info``, read by every probe)
-  and the registry's memory needs decide where a stream's model can run.
+  and the registry's memory needs decide where a stream's model can run; and latency-aware
+  (:mod:`deploy.latency`): the ingest measures each ready worker's round trip.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from deploy.cost import PaidPod, accrue
 from deploy.events import EventLog
 from deploy.health import Probe, Prober
 from deploy.ingest_link import IngestLink, definition_key
+from deploy.latency import Latency, annotate
 from deploy.models import (
     PodInfo,
     PodRecord,
@@ -84,6 +86,7 @@ class Fleet:
     trust: PodTrust | None = None  # keys and certificates for new pods (None: simulations)
     registry: ModelRegistry = field(default_factory=builtin_registry)  # models' memory needs
     events: EventLog = field(default_factory=EventLog)
+    latency: Latency = field(default_factory=Latency)  # round trips, budgets (issue 18)
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     prices: dict[str, GpuPrice] = field(default_factory=dict)
     targets: dict[str, int] = field(default_factory=dict)
@@ -220,6 +223,7 @@ class Fleet:
         probes = await asyncio.gather(*(self._probe(w, now) for _, w in checks))
         for (_, worker), probe in zip(checks, probes, strict=True):
             self._apply_probe(worker, probe, now)
+        await self.latency.measure((w for _, w in checks), now)
         for rec in {r.name: r for r, _ in checks}.values():
             rec.sum_up()
             await self.store.put_pod(rec)
@@ -432,11 +436,16 @@ class Fleet:
         current = await self.store.assignments()
         pins = await self.store.pins()
         batch_pinned = any(t.batch_only for t in self.settings.tiers)
+        slots = self._slots(pods)
+        annotate(slots, pods, self.settings)  # round trips, regions, processing times
         result = place(
-            streams.values(), self._slots(pods), current, self.settings.model_costs,
+            streams.values(), slots, current, self.settings.model_costs,
             batch_pinned=batch_pinned, pins=pins,
             models=fleet_model_needs(self.registry, pods.values()),
+            region_slack_ms=self.settings.region_slack_ms,
         )  # fmt: skip
+        for kind, pod, why, sid, detail in self.latency.report(result.breaches):
+            self.event(kind, pod, why, sid, **detail)
         self.unplaced = sorted(result.unplaced)
         ready = {s.name for s in self._slots(pods)}
         for sid, (old, new) in result.moves(current).items():

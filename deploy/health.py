@@ -94,6 +94,8 @@ class Probe:
     worker_models: WorkerModels | None = None
     """The worker's budget, loaded models and default (its ``/info``); None when ``/info``
     was not read or the worker is from before models."""
+    ms_per_inference: float = 0.0
+    """A full batch's inference, ms (its ``/info``): its processing time; 0 = unknown."""
 
 
 class Prober(Protocol):
@@ -305,6 +307,7 @@ class WorkerProber:
         return Probe(
             alive=True, ready=True, capacity_fps=_capacity(info.get("capacity_fps")),
             models=loaded_models(info), worker_models=WorkerModels.from_info(info),
+            ms_per_inference=_capacity(info.get("ms_per_inference")),
         )  # fmt: skip
 
     async def probe(
@@ -327,7 +330,8 @@ class WorkerProber:
         probe = await self._canary(tunnel_url, token, tls_name, seen.capacity_fps)
         if probe.canary_ok:
             probe = await self._model_canaries(probe, tunnel_url, token, tls_name, seen.models)
-        return replace(probe, worker_models=seen.worker_models)
+        return replace(probe, worker_models=seen.worker_models,
+                       ms_per_inference=seen.ms_per_inference)  # fmt: skip
 
     async def _canary(
         self, tunnel_url: str, token: str, tls_name: str | None, capacity: float

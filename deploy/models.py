@@ -247,6 +247,16 @@ class WorkerState(BaseModel):
         "unknown (a worker from before models, or not probed yet). Records written before "
         "this field load as unknown.",
     )
+    rtt_ms: float | None = Field(
+        None, ge=0, le=600_000,
+        description="Round trip from the ingest, ms: the median of its recent measurements "
+        "(WebSocket pings on a tunnel, deploy.latency); None: not measured.",
+    )  # fmt: skip
+    processing_ms: float | None = Field(
+        None, ge=0, le=600_000,
+        description="Its processing time of a frame, ms: a full batch's inference as its /info "
+        "says (ms_per_inference); None: unknown.",
+    )  # fmt: skip
 
 
 class PodRecord(WorkerState):

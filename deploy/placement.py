@@ -18,6 +18,14 @@
   model is loaded nowhere thus goes to a worker with room, which loads it, instead of
   being left unplaced. A worker without a budget has room for any model; workers
   whose models are unknown take any model, as before.
+* Latency-aware (issue 18), for workers whose round trip to the ingest was measured
+  (:mod:`deploy.latency`): a stream with ``latency_slo_ms`` goes first where its expected
+  latency (the worker's round trip plus its processing time) fits the budget, then where
+  it is not known yet; when it fits nowhere it goes to the fastest worker with room and
+  the breach is reported (:attr:`Placement.breaches`). Then every stream prefers the
+  region with the lowest round trip (regions within ``region_slack_ms`` of it count as
+  equally close), and price decides among those as above. With nothing measured,
+  placement is as it was. A stream moves when another worker would win on these terms.
 
 Pure functions; the orchestrator applies the result.
 """
@@ -54,6 +62,19 @@ class Slot:
     """Models the worker never evicts (its default model)."""
     hosting: set[str] = field(default_factory=set)
     """Models of the streams placed here so far (they cannot be evicted)."""
+    region: str | None = None
+    rtt_ms: float | None = None
+    """Round trip from the ingest (its own measurement, else its region's), ms; None:
+    unknown."""
+    region_rtt_ms: float | None = None
+    """Its region's round trip (the median of the region's measured workers), ms."""
+    processing_ms: float = 0.0
+    """Its processing time of a frame, ms (0: unknown)."""
+
+    @property
+    def expected_ms(self) -> float | None:
+        """A frame's expected latency here: round trip plus processing (None: unknown)."""
+        return None if self.rtt_ms is None else self.rtt_ms + self.processing_ms
 
     @property
     def unit_cost(self) -> float:
@@ -134,10 +155,28 @@ def model_needs(vram_mb: Mapping[str, float], workers: Iterable[WorkerModels | N
     return ModelNeeds(mb, load_s)
 
 
+@dataclass(frozen=True, slots=True)
+class SloBreach:
+    """A stream placed where its latency budget does not hold (nowhere else had room)."""
+
+    worker: str
+    expected_ms: float
+    slo_ms: float
+    rtt_ms: float
+    processing_ms: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"worker": self.worker, "expected_ms": round(self.expected_ms, 1),
+                "slo_ms": self.slo_ms, "rtt_ms": round(self.rtt_ms, 1),
+                "processing_ms": round(self.processing_ms, 1)}  # fmt: skip
+
+
 @dataclass(slots=True)
 class Placement:
     assign: dict[str, str] = field(default_factory=dict)
     unplaced: list[str] = field(default_factory=list)
+    breaches: dict[str, SloBreach] = field(default_factory=dict)
+    """Streams placed over their latency budget (``latency_slo_ms``), with the figures."""
 
     def moves(self, before: Mapping[str, str]) -> dict[str, tuple[str | None, str | None]]:
         """stream -> (old worker, new worker) for every change."""
@@ -177,24 +216,72 @@ def _ok(stream: StreamSpec, slot: Slot, need: float, pin: bool, models: ModelNee
     )
 
 
+def _slo_class(stream: StreamSpec, slot: Slot) -> int:
+    """0: fits the stream's latency budget (or it has none); 1: not known yet (no round
+    trip measured); 2: over it."""
+    expected = slot.expected_ms
+    if stream.latency_slo_ms is None:
+        return 0
+    if expected is None:
+        return 1
+    return 0 if expected <= stream.latency_slo_ms + EPS else 2
+
+
+def _distance(stream: StreamSpec, slot: Slot) -> float:
+    """How far the slot is, ms: over the budget, its expected latency (the fastest is the
+    best available); else its region's round trip (unknown: infinitely far)."""
+    expected = slot.expected_ms
+    if expected is not None and _slo_class(stream, slot) == 2:
+        return expected
+    return math.inf if slot.region_rtt_ms is None else slot.region_rtt_ms
+
+
+def _better(stream: StreamSpec, a: Slot, b: Slot, slack_ms: float) -> bool:
+    """Whether ``a`` wins over ``b``: its latency class, then its distance (beyond
+    ``slack_ms``), then its price."""
+    ca, cb = _slo_class(stream, a), _slo_class(stream, b)
+    if ca != cb:
+        return ca < cb
+    da, db = _distance(stream, a), _distance(stream, b)
+    if da != db and abs(da - db) > slack_ms:
+        return da < db
+    return a.unit_cost < b.unit_cost - EPS
+
+
 def _best(
-    stream: StreamSpec, need: float, slots: list[Slot], pin: bool, models: ModelNeeds
-) -> Slot | None:
+    stream: StreamSpec, need: float, slots: list[Slot], pin: bool, models: ModelNeeds,
+    slack_ms: float = 0.0,
+) -> Slot | None:  # fmt: skip
     fitting = [s for s in slots if _ok(stream, s, need, pin, models)]
     if not fitting:
         return None
+    cls = min(_slo_class(stream, s) for s in fitting)
+    fitting = [s for s in fitting if _slo_class(stream, s) == cls]
+    near = min(_distance(stream, s) for s in fitting)
+    fitting = [s for s in fitting if _distance(stream, s) <= near + slack_ms]
     return min(fitting, key=lambda s: (s.unit_cost, s.load_s(stream.model, models.load_s),
                                        s.capacity - s.used - need, s.name))  # fmt: skip
 
 
 def _keep(
     stream: StreamSpec, slot: Slot | None, need: float, slots: list[Slot], pin: bool,
-    models: ModelNeeds,
+    models: ModelNeeds, slack_ms: float = 0.0,
 ) -> bool:  # fmt: skip
     if slot is None or not _ok(stream, slot, need, pin, models):
         return False
-    limit = slot.unit_cost - EPS
-    return not any(s.unit_cost < limit and _ok(stream, s, need, pin, models) for s in slots)
+    return not any(
+        s is not slot and _better(stream, s, slot, slack_ms) and _ok(stream, s, need, pin, models)
+        for s in slots
+    )
+
+
+def breach(stream: StreamSpec, slot: Slot) -> SloBreach | None:
+    """The breach of ``stream``'s latency budget on ``slot``, if it is measured over it."""
+    expected = slot.expected_ms
+    if stream.latency_slo_ms is None or expected is None or _slo_class(stream, slot) != 2:
+        return None
+    rtt = slot.rtt_ms or 0.0
+    return SloBreach(slot.name, expected, stream.latency_slo_ms, rtt, slot.processing_ms)
 
 
 def place(
@@ -206,11 +293,13 @@ def place(
     batch_pinned: bool = False,
     pins: Mapping[str, str] | None = None,
     models: ModelNeeds | None = None,
+    region_slack_ms: float = 0.0,
 ) -> Placement:
     """Assign every stream to a slot (or leave it unplaced when nothing fits).
 
     ``pins`` (operator moves) win over price while their worker is allowed and fits.
     ``models``: each model's memory and load time, for slots whose models are known.
+    ``region_slack_ms``: round trips this close count as equally near (price decides).
     """
     by_name = {s.name: s for s in slots}
     pins = pins or {}
@@ -226,7 +315,7 @@ def place(
             result.assign[stream.id] = pinned.name
             continue
         slot = by_name.get(current.get(stream.id, ""))
-        if _keep(stream, slot, need, slots, batch_pinned, needs):
+        if _keep(stream, slot, need, slots, batch_pinned, needs, region_slack_ms):
             assert slot is not None  # noqa: S101 - _keep checked it
             slot.take(stream, need, needs.mb(stream.model))
             result.assign[stream.id] = slot.name
@@ -234,10 +323,15 @@ def place(
             pending.append(stream)
     for stream in pending:  # pass 2: first-fit decreasing, cheapest then best fit
         need = demand(stream, model_costs)
-        best = _best(stream, need, slots, batch_pinned, needs)
+        best = _best(stream, need, slots, batch_pinned, needs, region_slack_ms)
         if best is None:
             result.unplaced.append(stream.id)
             continue
         best.take(stream, need, needs.mb(stream.model))
         result.assign[stream.id] = best.name
+    for stream in ordered:
+        where = by_name.get(result.assign.get(stream.id, ""))
+        late = breach(stream, where) if where is not None else None
+        if late is not None:
+            result.breaches[stream.id] = late
     return result

@@ -22,6 +22,7 @@ from deploy.fleet import Fleet
 from deploy.health import Canary, Prober, WorkerProber
 from deploy.history import FleetHistory
 from deploy.ingest_link import HttpIngestLink, IngestLink, NullIngestLink
+from deploy.latency import Latency, rtt_source
 from deploy.pod_trust import PodTrust, make_trust
 from deploy.providers.base import Provider
 from deploy.settings import OrchestratorSettings
@@ -101,6 +102,7 @@ class Orchestrator:
         self.fleet = Fleet(
             settings, self.provider, self.store, self._prober, link, clock or SystemClock(),
             trust=self.trust, registry=self.registry,
+            latency=Latency(rtt_source(settings, TokenIssuer(self.keys)), settings.rtt_interval_s),
         )  # fmt: skip
         self.history = FleetHistory([t.name for t in settings.tiers])
         self.auth_refused: collections.Counter[str] = collections.Counter()
@@ -158,6 +160,7 @@ class Orchestrator:
         with contextlib.suppress(RedisError, OSError):
             await self.store.release(self.owner)
         await self.fleet.ingest.aclose()
+        await self.fleet.latency.source.aclose()
         closer: Any = getattr(self._prober, "aclose", None)
         if closer is not None:
             await closer()

@@ -123,6 +123,12 @@ class TierConfig(BaseModel):
     )
     cloud_types: tuple[CloudType, ...] = Field(("SECURE",), min_length=1)
     data_centers: tuple[str, ...] = Field((), description="Allowed data centres, in order.")
+    region: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+        description="The region its data centres are in (e.g. eu-central): placement prefers "
+        "the region with the lowest measured round trip to the ingest (deploy.latency); "
+        "None: each worker counts as a region of its own.",
+    )  # fmt: skip
     min_warm: int = Field(0, ge=0, le=1000, description="Warm pods outside any window.")
     max_workers: int = Field(4, ge=0, le=1000, description="Most pods of the tier at once.")
     gpu_count: int = Field(
@@ -348,6 +354,17 @@ class OrchestratorSettings(ServiceSettings):
     default_capacity_fps: float = Field(
         20.0, gt=0, le=1_000_000, description="Per worker, before measured."
     )
+    rtt_interval_s: float = Field(
+        30.0, gt=0, le=86_400,
+        description="How often the ingest measures each ready worker's round trip (POST "
+        "/v1/rtt); a worker is measured as soon as it is ready.",
+    )  # fmt: skip
+    rtt_pings: int = Field(5, ge=1, le=20, description="Pings per measurement (their median).")
+    region_slack_ms: float = Field(
+        10.0, ge=0, le=600_000,
+        description="Regions whose round trips differ by at most this count as equally close "
+        "(price decides between them).",
+    )  # fmt: skip
     model_costs: dict[str, Annotated[float, Field(gt=0, le=1000)]] = Field(
         default_factory=lambda: {"yolox_nano": 1.0},
         description="Demand weight of each model relative to the reference model.",

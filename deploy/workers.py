@@ -33,6 +33,8 @@ def apply_probe(
         worker.last_canary = now
     if probe.capacity_fps > 0:
         worker.capacity_fps = probe.capacity_fps
+    if probe.ms_per_inference > 0:
+        worker.processing_ms = round(probe.ms_per_inference, 3)
     if probe.alive and probe.ready is True:  # its /info was read: models as it says now
         worker.models = probe.worker_models
     if not (probe.alive and probe.ready is not False and probe.canary_ok is not False):

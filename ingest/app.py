@@ -8,6 +8,8 @@
   (``streams:read`` / ``streams:write``).
 * the routing API (:mod:`ingest.routing`): ``PUT /v1/streams/{id}/worker``
   (``routing:write``), ``GET /v1/routing`` (``streams:read``).
+* ``POST /v1/rtt`` (:mod:`ingest.rtt_probe`): the round trip to a worker, measured
+  with pings on a tunnel to it (``routing:write``), for latency-aware placement.
 * ``GET /v1/history`` (:mod:`ingest.history`): the last hour of fps, drops and
   latency, per stream and in total (``streams:read``).
 * the result hub (:mod:`ingest.hub`): ``WS /v1/results?stream=ID``
@@ -58,6 +60,7 @@ from ingest.metrics import register_stream_metrics
 from ingest.ready import ready_once
 from ingest.redis_bus import publisher_from_settings
 from ingest.routing import routing_router
+from ingest.rtt_probe import RttProber, rtt_router
 from ingest.server import api_server, tls_options
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
@@ -109,6 +112,7 @@ def create_app(
 
     app.include_router(streams_router(service, api))
     app.include_router(routing_router(service, api))
+    app.include_router(rtt_router(RttProber.of(service.settings), api))  # issue 18
     history = history if history is not None else HistorySampler()  # sampled by serve_ingest
     app.include_router(history_router(history, service.streams, api))
     app.include_router(results_router(hub))

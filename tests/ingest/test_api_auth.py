@@ -47,6 +47,7 @@ SCOPES = {
     ("PUT", "/v1/streams/{stream_id}/worker"): "routing:write",
     ("DELETE", "/v1/streams/{stream_id}/worker"): "routing:write",
     ("GET", "/v1/routing"): "streams:read",
+    ("POST", "/v1/rtt"): "routing:write",
     ("GET", "/v1/workers"): "streams:read",
     ("GET", "/v1/history"): "streams:read",
     ("WS", "/v1/results"): None,  # the hub checks results:<id> itself, before the upgrade
@@ -67,6 +68,7 @@ def _bodies(clips: Media) -> dict[tuple[str, str], Any]:
         ("PUT", "/v1/streams/{stream_id}"): _cam(clips, "cam-1", fps=1),
         ("PUT", "/v1/streams/{stream_id}/worker"): {
             "worker_id": "evil", "url": "ws://127.0.0.1:9/v1/tunnel"},
+        ("POST", "/v1/rtt"): {"worker_id": "evil", "url": "ws://127.0.0.1:9/v1/tunnel"},
     }  # fmt: skip
 
 

@@ -1,0 +1,224 @@
+"""Round trips to the workers, regions by latency, and latency budgets (issue 18).
+
+**Measuring.** What matters to a stream is the way from the ingest (beside the cameras)
+to its worker, not from the orchestrator, which may run anywhere. So the ingest measures:
+for every ready worker, as soon as it is ready and then every ``rtt_interval_s``, the
+orchestrator asks the ingest ``POST /v1/rtt`` (:mod:`ingest.rtt_probe`), which opens a
+tunnel to the worker as it does for frames (its token, TLS and CA) and sends
+``rtt_pings`` WebSocket pings on it; the answer is their median. The worker's
+``rtt_ms`` (its record, ``/v1/pods``) is the median of its last ``WINDOW``
+measurements. A measurement that fails keeps the previous figure (and is retried after
+the interval); a worker never measured has none. Without an ingest to ask
+(``ingest_url`` unset) nothing is measured and placement is as before.
+
+**Regions.** A tier names the region its data centres are in (``region``); a region's
+round trip is the median of its measured workers'. A worker not measured yet counts
+with its region's figure; a worker of a tier without a region is a region of its own.
+
+**Processing.** A worker's processing time is its ``/info`` ``ms_per_inference`` (a full
+batch's inference in its warm-up benchmark, the time a frame takes on a loaded worker),
+kept in its record (``processing_ms``). A frame's expected latency on a worker is its
+round trip plus its processing time.
+
+**Budgets.** Placement (:mod:`deploy.placement`) puts a stream with ``latency_slo_ms``
+where the expected latency fits; when nowhere with room does, on the fastest worker with
+room, and the breach is reported: an event ``slo_breach`` (and ``slo_met`` once it fits
+again, or the stream left), the stream's ``slo_breach`` in ``/v1/streams`` and
+``/v1/fleet`` (``{"worker", "expected_ms", "slo_ms", "rtt_ms", "processing_ms"}``), and the
+metrics ``framerelay_orch_slo_breach_streams`` and ``framerelay_orch_worker_rtt_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import statistics
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from deploy.ingest_link import IngestToken, ingest_urls
+from deploy.models import PodRecord, WorkerState
+from deploy.placement import SloBreach, Slot
+from deploy.settings import OrchestratorSettings
+from deploy.tls import describe_http_error, verify_context
+from framerelay.auth import TokenIssuer
+
+log = logging.getLogger(__name__)
+WINDOW = 5
+"""Measurements per worker whose median is its ``rtt_ms``."""
+MAX_RTT_MS = 600_000.0
+Event = tuple[str, str, str, str, dict[str, object]]
+"""(kind, worker, reason, stream, detail) of a fleet event."""
+
+
+class RttSource(Protocol):
+    async def measure(self, worker: str, url: str, tls_name: str | None) -> float | None:
+        """The round trip from the ingest to the worker, ms; None when it failed."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class NoRtt:
+    """Nothing to measure with (no ingest to ask; simulations)."""
+
+    async def measure(self, worker: str, url: str, tls_name: str | None) -> float | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class IngestRtt:
+    """Asks the ingest (``POST /v1/rtt``); with several replicas, the first that answers."""
+
+    def __init__(
+        self, base_url: str, issuer: TokenIssuer, *, pings: int = 5, timeout_s: float = 15.0,
+        ca: Path | None = None,
+    ) -> None:  # fmt: skip
+        verify = verify_context(ca, "the ingest API") if ca else True
+        self._https = [httpx.AsyncClient(base_url=u, timeout=timeout_s, verify=verify)
+                       for u in ingest_urls(base_url)]  # fmt: skip
+        self._token = IngestToken(issuer)
+        self.pings = pings
+
+    async def measure(self, worker: str, url: str, tls_name: str | None) -> float | None:
+        body: dict[str, object] = {"worker_id": worker, "url": url, "pings": self.pings}
+        if tls_name is not None:
+            body["tls_server_name"] = tls_name
+        for http in self._https:
+            ms = await self._ask(http, body)
+            if ms is not None:
+                return ms
+        return None
+
+    async def _ask(self, http: httpx.AsyncClient, body: dict[str, object]) -> float | None:
+        headers = {"Authorization": f"Bearer {self._token.get()}"}
+        try:
+            resp = await http.post("/v1/rtt", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("round trip to %s: the ingest %s is unreachable: %s", body["worker_id"],
+                        http.base_url, describe_http_error(exc))  # fmt: skip
+            return None
+        if resp.status_code != 200:
+            log.warning("round trip to %s: the ingest said HTTP %d %s", body["worker_id"],
+                        resp.status_code, resp.text[:200])  # fmt: skip
+            return None
+        return _rtt_of(resp)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(http.aclose() for http in self._https))
+
+
+def _rtt_of(resp: httpx.Response) -> float | None:
+    """The ``rtt_ms`` of the ingest's answer, if it is a plausible number."""
+    try:
+        value = resp.json().get("rtt_ms")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    ms = float(value)
+    return ms if math.isfinite(ms) and 0 <= ms <= MAX_RTT_MS else None
+
+
+def rtt_source(settings: OrchestratorSettings, issuer: TokenIssuer) -> RttSource:
+    """The ingest of ``ingest_url`` measures; without one, nothing does."""
+    if not settings.ingest_url:
+        return NoRtt()
+    return IngestRtt(settings.ingest_url, issuer, pings=settings.rtt_pings, ca=settings.ingest_ca)
+
+
+@dataclass
+class Latency:
+    """The fleet's round trips and latency breaches (see the module)."""
+
+    source: RttSource = field(default_factory=NoRtt)
+    interval_s: float = 30.0
+    samples: dict[str, collections.deque[float]] = field(default_factory=dict)
+    measured_at: dict[str, float] = field(default_factory=dict)
+    breaches: dict[str, SloBreach] = field(default_factory=dict)
+    """Streams placed over their budget now, as the last placement found."""
+
+    async def measure(self, workers: Iterable[WorkerState], now: float) -> None:
+        """Measure the ready workers that are due (new, or ``interval_s`` since the last)."""
+        workers = list(workers)
+        known = {w.name for w in workers}
+        for name in set(self.samples) - known:  # a worker gone: its figures go too
+            self.samples.pop(name, None)
+            self.measured_at.pop(name, None)
+        due = [w for w in workers if w.ready and w.tunnel_url and self._due(w.name, now)]
+        found = await asyncio.gather(*(self._one(w) for w in due))
+        for worker, ms in zip(due, found, strict=True):
+            self.measured_at[worker.name] = now
+            if ms is None:
+                continue
+            window = self.samples.setdefault(worker.name, collections.deque(maxlen=WINDOW))
+            window.append(ms)
+            worker.rtt_ms = round(statistics.median(window), 3)
+
+    def _due(self, name: str, now: float) -> bool:
+        at = self.measured_at.get(name)
+        return at is None or now - at >= self.interval_s or now < at
+
+    async def _one(self, worker: WorkerState) -> float | None:
+        assert worker.tunnel_url is not None  # noqa: S101 - only workers with one are due
+        return await self.source.measure(worker.name, worker.tunnel_url, worker.tls_server_name)
+
+    def report(self, found: Mapping[str, SloBreach]) -> Iterator[Event]:
+        """Fleet events for what changed since the last placement: ``slo_breach`` for a
+        stream newly over its budget (or over it on another worker), ``slo_met`` for one
+        no longer over it."""
+        for sid, late in sorted(found.items()):
+            old = self.breaches.get(sid)
+            if old is None or old.worker != late.worker:
+                why = (f"expected {late.expected_ms:.0f} ms (round trip {late.rtt_ms:.0f} + "
+                       f"processing {late.processing_ms:.0f}) > budget {late.slo_ms:g} ms: "
+                       "no worker with room fits it")  # fmt: skip
+                yield "slo_breach", late.worker, why, sid, late.as_dict()
+        for sid in sorted(set(self.breaches) - set(found)):
+            why = "no longer placed over its latency budget"
+            yield "slo_met", self.breaches[sid].worker, why, sid, {}
+        self.breaches = dict(found)
+
+    def view(self, stream: str) -> dict[str, object] | None:
+        """The stream's breach for the API (None: none)."""
+        late = self.breaches.get(stream)
+        return None if late is None else late.as_dict()
+
+
+def region_rtts(pods: Iterable[PodRecord], settings: OrchestratorSettings) -> dict[str, float]:
+    """Each region's round trip: the median of its ready, measured workers'."""
+    seen: dict[str, list[float]] = {}
+    for rec in pods:
+        region = region_of(settings, rec.tier)
+        for w in rec.workers():
+            if region is not None and w.ready and w.rtt_ms is not None:
+                seen.setdefault(region, []).append(w.rtt_ms)
+    return {r: statistics.median(v) for r, v in seen.items()}
+
+
+def region_of(settings: OrchestratorSettings, tier: str) -> str | None:
+    cfg = settings.tier(tier)
+    return cfg.region if cfg is not None else None
+
+
+def annotate(
+    slots: list[Slot], pods: Mapping[str, PodRecord], settings: OrchestratorSettings
+) -> None:
+    """Give each slot its region, round trips and processing time, for placement."""
+    regions = region_rtts(pods.values(), settings)
+    workers = {w.name: (rec, w) for rec in pods.values() for w in rec.workers()}
+    for slot in slots:
+        rec, worker = workers[slot.name]
+        slot.region = region_of(settings, rec.tier)
+        here = regions.get(slot.region) if slot.region is not None else None
+        slot.rtt_ms = worker.rtt_ms if worker.rtt_ms is not None else here
+        slot.region_rtt_ms = here if here is not None else worker.rtt_ms
+        slot.processing_ms = worker.processing_ms or 0.0

@@ -1,0 +1,173 @@
+"""Round trips from this ingest to a worker, for the orchestrator's placement (issue 18).
+
+The orchestrator places streams by latency: a worker close to the ingest (and so to the
+cameras) before one far away, and a stream with ``latency_slo_ms`` only where the round
+trip plus the worker's processing fits its budget. The orchestrator may run anywhere, so
+the ingest measures, on the tunnel itself:
+
+* ``POST /v1/rtt`` ``{"worker_id", "url", "tls_server_name"?, "pings"?}`` (scope
+  ``routing:write``, the scope that may point streams at that URL): the ingest opens a
+  tunnel to the worker exactly as it does for frames (a token for ``worker:<id>``, its
+  TLS settings and CA, the same URL rules: plain ``ws://`` only to this host unless
+  ``allow_insecure_workers``), waits for the worker's HELLO, then sends ``pings``
+  WebSocket pings one after the other (default 5, at most 20) and answers
+  ``{"worker_id", "rtt_ms", "samples_ms"}``: each round trip and their median, in ms.
+  A URL the ingest must not use is a 422; a worker that cannot be reached or does not
+  answer within ``PROBE_TIMEOUT_S`` is a 502 saying why (never a token).
+
+A probe is a short tunnel like any other (the worker counts it; no stream is opened);
+at most ``MAX_CONCURRENT`` run at once, the others wait their turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import WebSocketException
+
+from framerelay import wire
+from framerelay.auth.web import ApiAuth, AuthFirstRoute
+from framerelay.errors import ConfigError, FramerelayError
+from framerelay.openapi_docs import errors
+from framerelay.protocol import negotiation as versions
+from ingest import tunnel_hints
+from ingest.auth import HOSTNAME, check_worker_url, tunnel_tokens
+from ingest.settings import IngestSettings
+from ingest.tunnel_client import client_ssl_context
+
+DEFAULT_PINGS = 5
+MAX_PINGS = 20
+PROBE_TIMEOUT_S = 10.0
+"""Most one probe may take, connect and pings together."""
+MAX_CONCURRENT = 8
+REASON_CHARS = 300
+
+
+class ProbeFailed(FramerelayError):
+    """The worker could not be reached, or did not answer in time."""
+
+
+class RttRequest(BaseModel):
+    """Which worker to measure, and how (the fields of a placement, ``ingest.routing``)."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    worker_id: str = Field(min_length=1, max_length=128)
+    url: str = Field(pattern=r"^wss?://", max_length=2048)
+    tls_server_name: str | None = Field(
+        None, pattern=HOSTNAME, max_length=253,
+        description="The DNS name the worker's certificate must carry (wss:// only).",
+    )  # fmt: skip
+    pings: int = Field(DEFAULT_PINGS, ge=1, le=MAX_PINGS, description="Pings, one at a time.")
+
+
+class RttProber:
+    """Opens a tunnel to a worker, as the ingest would for frames, and pings it."""
+
+    def __init__(
+        self,
+        token_for: Callable[[str], str],
+        ssl_context: ssl.SSLContext | None,
+        *,
+        allow_insecure: bool = False,
+        timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self._token_for = token_for
+        self._ssl = ssl_context
+        self.allow_insecure = allow_insecure
+        self.timeout_s = timeout_s
+        self._gate = asyncio.Semaphore(MAX_CONCURRENT)
+
+    @classmethod
+    def of(cls, settings: IngestSettings) -> RttProber:
+        """With the ingest's tunnel credentials, CA and client certificate."""
+        ctx = client_ssl_context(
+            str(settings.tls_ca) if settings.tls_ca else None,
+            str(settings.tls_client_cert) if settings.tls_client_cert else None,
+            str(settings.tls_client_key) if settings.tls_client_key else None,
+        )
+        return cls(tunnel_tokens(settings), ctx, allow_insecure=settings.allow_insecure_workers)
+
+    async def measure(
+        self, worker_id: str, url: str, tls_server_name: str | None = None,
+        pings: int = DEFAULT_PINGS,
+    ) -> list[float]:  # fmt: skip
+        """Each ping's round trip in ms; ConfigError for a URL this ingest must not use,
+        ProbeFailed when the worker cannot be reached or is too slow to answer."""
+        check_worker_url(url, allow_insecure=self.allow_insecure, tls_server_name=tls_server_name)
+        tunnel_hints.check_url(url, self._ssl, tls_server_name)
+        async with self._gate:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await self._ping(worker_id, url, tls_server_name, pings)
+            except TimeoutError:
+                raise ProbeFailed(
+                    f"worker {worker_id} did not answer {pings} pings within {self.timeout_s:g} s"
+                ) from None
+            except (OSError, WebSocketException) as exc:
+                why = tunnel_hints.describe(url, exc)[:REASON_CHARS]
+                raise ProbeFailed(f"worker {worker_id} cannot be reached: {why}") from None
+
+    async def _ping(
+        self, worker_id: str, url: str, tls_server_name: str | None, pings: int
+    ) -> list[float]:
+        tls: dict[str, Any] = {}
+        if url.startswith("wss://"):
+            tls["ssl"] = self._ssl
+            if tls_server_name:
+                tls["server_hostname"] = tls_server_name
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {self._token_for(worker_id)}"},
+            compression=None,
+            proxy=None,
+            open_timeout=self.timeout_s,
+            ping_interval=None,
+            max_size=wire.DEFAULT_LIMITS.max_message,
+            subprotocols=versions.offer(),
+            **tls,
+        ) as ws:
+            await ws.recv(decode=False)  # the worker's HELLO: its session is up
+            return [await _one_ping(ws) for _ in range(pings)]
+
+
+async def _one_ping(ws: ClientConnection) -> float:
+    t0 = time.monotonic()
+    pong = await ws.ping()
+    await pong
+    return (time.monotonic() - t0) * 1000
+
+
+def rtt_router(prober: RttProber, api: ApiAuth) -> APIRouter:
+    """``POST /v1/rtt`` (see the module)."""
+    router = APIRouter(route_class=AuthFirstRoute)
+
+    @router.post("/v1/rtt", dependencies=[api.requires("routing:write")], tags=["routing"],
+                 summary="Measure the round trip to a worker",
+                 responses=errors(502, e502="The worker cannot be reached or did not "
+                                  "answer in time"))  # fmt: skip
+    async def rtt(body: RttRequest) -> dict[str, Any]:
+        """The orchestrator's: the round trip from this ingest to a worker, measured with
+        WebSocket pings on a tunnel to it (each sample and their median, ms)."""
+        try:
+            samples = await prober.measure(body.worker_id, body.url, body.tls_server_name,
+                                           body.pings)  # fmt: skip
+        except ConfigError as exc:
+            raise HTTPException(422, str(exc)) from None
+        except ProbeFailed as exc:
+            raise HTTPException(502, str(exc)) from None
+        return {
+            "worker_id": body.worker_id,
+            "rtt_ms": round(statistics.median(samples), 3),
+            "samples_ms": [round(s, 3) for s in samples],
+        }
+
+    return router
