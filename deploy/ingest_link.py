@@ -85,8 +85,8 @@ class NullIngestLink:
 
 def stream_config(stream: StreamSpec) -> dict[str, object]:
     """The ingest's stream definition for a spec (ingest.settings.StreamConfig fields;
-    ``latency_slo_ms``, ``tracker_settings`` and a ``model`` other than the built-in
-    one only when set, so that the digests of older definitions hold)."""
+    ``latency_slo_ms``, ``tracker_settings``, ``job`` and a ``model`` other than the
+    built-in one only when set, so that the digests of older definitions hold)."""
     out: dict[str, object] = {
         "id": stream.id,
         "url": stream.url,
@@ -101,6 +101,8 @@ def stream_config(stream: StreamSpec) -> dict[str, object]:
         out["tracker_settings"] = stream.tracker_settings.model_dump(exclude_none=True)
     if stream.model != BUILTIN_NAME:  # the built-in model is every worker's default
         out["model"] = stream.model
+    if stream.job is not None:  # a batch job's task (ingest.job_task)
+        out["job"] = stream.job.model_dump()
     return out
 
 

@@ -18,8 +18,17 @@ from types import MappingProxyType
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from framerelay.jobs import JobTask
 from framerelay.model_registry import MODEL_NAME, ModelName
 from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
@@ -65,6 +74,16 @@ class StreamSpec(BaseModel):
         None, gt=0, le=600_000,
         description="Latency objective in ms, passed to the ingest (null: none).",
     )  # fmt: skip
+    job: JobTask | None = Field(
+        None, description="A batch job's task (docs/jobs.md), passed to the ingest: the stream "
+        "reads its file once at full speed from its checkpoint (realtime and loop false).",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _job_is_read_once(self) -> StreamSpec:
+        if self.job is not None and (self.realtime or self.loop):
+            raise ValueError("a job task is read once at full speed: realtime and loop false")
+        return self
 
     @field_validator("model")
     @classmethod

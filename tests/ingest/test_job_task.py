@@ -194,3 +194,16 @@ def test_a_job_config_round_trips_through_the_store() -> None:
     config = StreamConfig(id="job-j1-0", url="/rec/seg.mp4", fps=0, job=JobTask(**JOB))
     assert StreamConfig.model_validate(config.stored()) == config
     assert config.public()["job"] == JOB
+
+
+def test_the_orchestrator_passes_its_task_to_the_ingest() -> None:
+    from deploy.ingest_link import stream_config  # the orchestrator's side of the contract
+    from deploy.models import StreamSpec
+
+    spec = StreamSpec(id="job-j1-0", url="/rec/seg.mp4", priority="batch", fps=240,
+                      realtime=False, job=JobTask(**JOB))  # fmt: skip
+    config = StreamConfig.model_validate(stream_config(spec))
+    assert config.job == spec.job and not config.realtime
+    assert "job" not in stream_config(StreamSpec(id="cam", url="/rec/seg.mp4"))
+    with pytest.raises(ValidationError, match="realtime and loop false"):
+        StreamSpec(id="job-j1-0", url="/rec/seg.mp4", job=JobTask(**JOB))
