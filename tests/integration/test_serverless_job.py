@@ -1,0 +1,164 @@
+"""A job task on a serverless tier, end to end on 127.0.0.1 (issue 18, serverless mode).
+
+The product path of a task stream (``IngestStream`` reading a real H.264 clip, its
+:class:`ingest.job_task.JobRun` with the real Redis for checkpoint and progress and the
+real sidecar), with :mod:`ingest.serverless_task` in place of the tunnel sender, against
+the RunPod serverless contract server running *our* handler with the real ONNX model on
+CPU in two worker threads. Faults: one request answered 500 (retried by the link), one
+``/run`` whose answer is lost (the job runs twice), one job failing on its worker
+(submitted again); and in the second test a batch lost for good (the task reads again
+from its checkpoint). Every frame of the clip is in the sidecar exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import pytest
+from pydantic import SecretStr
+from redis import Redis
+
+from bench.rig.runpod_serverless_contract import EndpointState, running_endpoint
+from framerelay.jobs import JobTask, TaskProgress, checkpoint_key, progress_key, task_stream_id
+from gpu_worker.detectors import OnnxDetectorSettings
+from gpu_worker.serverless import ServerlessHandler, build_handler
+from gpu_worker.settings import WorkerSettings
+from ingest.job_task import JobRuns
+from ingest.serverless_link import ServerlessSettings
+from ingest.serverless_task import Batching, serve_stream
+from ingest.settings import StreamConfig
+from ingest.stream import IngestStream, StreamState
+from tests.conftest import MODEL, TIMEOUT_FACTOR
+from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.media import Media
+
+pytestmark = pytest.mark.integration
+REDIS_URL = "redis://127.0.0.1:6379/0"
+KEY = "rp_job_" + "j" * 24
+ENDPOINT = "ep-jobs"
+
+
+@pytest.fixture(scope="module")
+def handler() -> ServerlessHandler:
+    settings = WorkerSettings(detector=OnnxDetectorSettings(model=MODEL, threads=1),
+                              worker_id="sls-1", max_batch=4)  # fmt: skip
+    return build_handler(settings)
+
+
+@pytest.fixture
+def endpoint(handler: ServerlessHandler) -> Iterator[tuple[EndpointState, str]]:
+    state = EndpointState(KEY, handler, endpoint_id=ENDPOINT, workers=2)
+    with running_endpoint(state) as url:
+        yield state, url
+
+
+@pytest.fixture
+def clip(media: Media, tmp_path: Path) -> tuple[Path, list[int]]:  # noqa: F811 - fixture
+    """4 s of the H.264 sample clip (100 frames) and its frames' PTS."""
+    out = tmp_path / "seg-000.mp4"
+    from tests.support.media import ffmpeg
+
+    ffmpeg("-i", str(media.short("mp4")), "-t", "4", "-c", "copy", str(out))
+    with av.open(str(out)) as container:
+        pts = [f.pts for f in container.decode(video=0) if f.pts is not None]
+    return out, pts
+
+
+def _run_task(url: str, clip: Path, sidecar: Path, prefix: str, batching: Batching) -> None:
+    task = JobTask(job_id="night-1", index=0, sidecar=str(sidecar))
+    config = StreamConfig(id=task_stream_id("night-1", 0), url=str(clip), realtime=False,
+                          fps=0, job=task)  # fmt: skip
+    settings = ServerlessSettings(base_url=url, api_key=SecretStr(KEY), poll_initial_s=0.05,
+                                  poll_max_s=0.2, backoff_s=0.05)  # fmt: skip
+
+    async def main() -> None:
+        stream = IngestStream(config, asyncio.get_running_loop(), max_inflight=4)
+        runs = JobRuns(REDIS_URL, prefix)
+        runs.attach(stream)
+        sender = asyncio.create_task(
+            serve_stream(stream, settings, ENDPOINT, runs.result_seen, batching)
+        )
+        try:
+            deadline = time.monotonic() + 120 * TIMEOUT_FACTOR
+            while stream.alive or stream.state is StreamState.STARTING:
+                assert time.monotonic() < deadline, "the task did not end in time"
+                assert not sender.done() or sender.exception() is None
+                await asyncio.sleep(0.1)
+        finally:
+            stream.stop()
+            await asyncio.wait_for(sender, 30)
+            await runs.aclose()
+            stream.join(10)
+
+    asyncio.run(main())
+
+
+def _lines(sidecar: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in sidecar.read_text().splitlines() if x]
+
+
+def _check_exactly_once(sidecar: Path, pts: list[int], prefix: str) -> TaskProgress:
+    lines = _lines(sidecar)
+    ids = [x["id"] for x in lines]
+    assert len(ids) == len(set(ids)), "a frame written twice"
+    assert sorted(x["pts"] for x in lines) == sorted(pts), "frames missing or extra"
+    assert all(x["segment"] == "seg-000.mp4" and x["exact"] for x in lines)
+    person_frames = sum(any(d["class_name"] == "person" for d in x["result"]["detections"])
+                        for x in lines)  # fmt: skip
+    assert person_frames >= len(lines) * 0.9  # TUD-Stadtmitte: people in every frame
+    assert all(x["result"]["worker_id"].startswith(f"serverless:{ENDPOINT}/") for x in lines)
+    r = Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        raw_progress = r.get(progress_key(prefix, "night-1", 0))
+        raw_checkpoint = r.get(checkpoint_key(prefix, "night-1", 0))
+        assert isinstance(raw_progress, str) and isinstance(raw_checkpoint, str)
+        progress = TaskProgress.model_validate_json(raw_progress)
+        checkpoint = int(raw_checkpoint)
+        r.delete(progress_key(prefix, "night-1", 0), checkpoint_key(prefix, "night-1", 0))
+    finally:
+        r.close()
+    assert progress.state == "done" and progress.frames_done == len(pts)
+    assert checkpoint > max(pts)
+    return progress
+
+
+def test_job_task_on_a_serverless_endpoint_every_frame_once(
+    endpoint: tuple[EndpointState, str], clip: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    state, url = endpoint
+    path, pts = clip
+    state.faults.fail_next = 1  # a request answered 500: the link retries it
+    state.faults.lose_run_answer_next = 1  # a /run answer lost: the job is queued twice
+    state.faults.crash_next_jobs = 1  # a job fails on its worker: submitted again
+    prefix = f"test-sls-{secrets.token_hex(4)}"
+    sidecar = tmp_path / "out" / "seg-000.jsonl"
+    t0 = time.monotonic()
+    _run_task(url, path, sidecar, prefix, Batching(max_frames=16, max_jobs=2, attempts=3))
+    took = time.monotonic() - t0
+    _check_exactly_once(sidecar, pts, prefix)
+    health = state.health()["jobs"]
+    print(f"{len(pts)} frames in {took:.1f} s; jobs {health}; handler calls "
+          f"{state.handler_calls}; requests {len(state.requests)}")  # fmt: skip
+    assert health["failed"] >= 1 and state.faults.fail_next == 0
+    assert state.faults.lose_run_answer_next == 0
+    assert not state.key_in_url
+
+
+def test_a_batch_lost_for_good_is_read_again(
+    endpoint: tuple[EndpointState, str], clip: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    state, url = endpoint
+    path, pts = clip
+    state.faults.crash_next_jobs = 2  # attempts=2: the first batch is lost, then re-read
+    prefix = f"test-sls-{secrets.token_hex(4)}"
+    sidecar = tmp_path / "seg-000.jsonl"
+    _run_task(url, path, sidecar, prefix, Batching(max_frames=25, max_jobs=1, attempts=2))
+    _check_exactly_once(sidecar, pts, prefix)
+    assert state.health()["jobs"]["failed"] == 2
