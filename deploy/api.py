@@ -9,6 +9,8 @@
 * ``GET /v1/fleet``: tiers, pods, streams, cost, recent events
 * ``GET /v1/history``: the last hour of cost and fleet size; ``GET /v1/events``
   ``?since=<unix time>``: the fleet's event log (:mod:`deploy.history_api`)
+* ``POST /v1/jobs``, ``GET /v1/jobs``, ``GET|DELETE /v1/jobs/{id}``: batch jobs
+  (:mod:`deploy.jobs_api`; scopes ``jobs:read``, ``jobs:write``)
 * ``GET /openapi.json``, ``/docs`` (Swagger UI), ``/redoc``: open, served
   offline (:mod:`framerelay.openapi_docs`)
 
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.cost import CostTotals
 from deploy.history_api import history_router
+from deploy.jobs_api import jobs_router
 from deploy.latency import region_of
 from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.service import Orchestrator
@@ -53,7 +56,8 @@ READ, WRITE, METRICS = "fleet:read", "fleet:write", "metrics:read"
 SECURITY = (
     "A JWT for audience `framerelay-orchestrator` (`framerelay token mint --aud orchestrator`). "
     "Scopes: `fleet:read` (read the fleet, pods, streams), `fleet:write` (change them), "
-    "`metrics:read` (`/metrics`, only with `FRAMERELAY_ORCH_METRICS_AUTH=true`)."
+    "`metrics:read` (`/metrics`, only with `FRAMERELAY_ORCH_METRICS_AUTH=true`), "
+    "`jobs:read` (batch jobs and their progress), `jobs:write` (submit and cancel jobs)."
 )
 
 
@@ -222,6 +226,7 @@ def create_app(orch: Orchestrator) -> FastAPI:
     app.include_router(_pods_router(orch, auth))
     app.include_router(_streams_router(orch, auth))
     app.include_router(history_router(orch, auth.requires(READ)))
+    app.include_router(jobs_router(orch, auth))
     return app
 
 

@@ -39,6 +39,7 @@ from deploy.cost import PaidPod, accrue
 from deploy.events import EventLog
 from deploy.health import Probe, Prober
 from deploy.ingest_link import IngestLink, definition_key
+from deploy.jobs import placement_view
 from deploy.latency import Latency, annotate
 from deploy.models import (
     PodInfo,
@@ -275,7 +276,8 @@ class Fleet:
     # -- scaling ---------------------------------------------------------------
 
     async def _scale(self, pods: dict[str, PodRecord], now: float) -> None:
-        streams = list((await self.store.streams()).values())
+        stored = (await self.store.streams()).values()
+        streams = placement_view(self.settings, stored, pods, self.prices)  # a job task: a worker
         limits = {
             tier: sum(r.tier == tier and r.provider_id is not None for r in pods.values())
             for tier in self.blocked
@@ -439,7 +441,8 @@ class Fleet:
         slots = self._slots(pods)
         annotate(slots, pods, self.settings)  # round trips, regions, processing times
         result = place(
-            streams.values(), slots, current, self.settings.model_costs,
+            placement_view(self.settings, streams.values(), pods, self.prices), slots, current,
+            self.settings.model_costs,
             batch_pinned=batch_pinned, pins=pins,
             models=fleet_model_needs(self.registry, pods.values()),
             region_slack_ms=self.settings.region_slack_ms,

@@ -22,6 +22,7 @@ from deploy.fleet import Fleet
 from deploy.health import Canary, Prober, WorkerProber
 from deploy.history import FleetHistory
 from deploy.ingest_link import HttpIngestLink, IngestLink, NullIngestLink
+from deploy.jobs import JobDriver, JobStore
 from deploy.latency import Latency, rtt_source
 from deploy.pod_trust import PodTrust, make_trust
 from deploy.providers.base import Provider
@@ -104,6 +105,10 @@ class Orchestrator:
             trust=self.trust, registry=self.registry,
             latency=Latency(rtt_source(settings, TokenIssuer(self.keys)), settings.rtt_interval_s),
         )  # fmt: skip
+        jobs = settings.jobs
+        self.jobs_redis = Redis.from_url(jobs.redis_url) if jobs.redis_url else self.redis
+        self.jobs = JobStore(self.store, self.jobs_redis, jobs.redis_prefix)
+        self.job_driver = JobDriver(settings, self.jobs, self.fleet.clock)
         self.history = FleetHistory([t.name for t in settings.tiers])
         self.auth_refused: collections.Counter[str] = collections.Counter()
         self.owner = secrets.token_hex(6)
@@ -134,6 +139,7 @@ class Orchestrator:
         if not self.leader:
             return False
         await self.fleet.tick()
+        await self.job_driver.tick()  # batch jobs: task streams for the next pass
         self.ticks += 1
         return True
 
@@ -165,4 +171,6 @@ class Orchestrator:
         if closer is not None:
             await closer()
         await self.provider.aclose()
+        if self.jobs_redis is not self.redis:
+            await self.jobs_redis.aclose()
         await self.redis.aclose()

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
+from deploy.job_inputs import JobsSettings
 from deploy.models import MAX_GPUS, check_name_part
 from framerelay import __version__
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings, redis_url_problem
@@ -379,6 +380,9 @@ class OrchestratorSettings(ServiceSettings):
     runpod: RunPodSettings = Field(default_factory=RunPodSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    jobs: JobsSettings = Field(
+        default_factory=JobsSettings, description="Batch jobs (docs/jobs.md)."
+    )
 
     @field_validator("fleet")
     @classmethod

@@ -10,7 +10,7 @@ A token is a JWS with the ``kid`` of its key in the header and these claims:
   matching every ``what``: ``worker:gpu-a`` (open a tunnel to worker
   ``gpu-a``), ``results:cam-1`` / ``results:*``, ``streams:read``,
   ``streams:write``, ``routing:write``, ``fleet:read``, ``fleet:write``,
-  ``metrics:read``;
+  ``jobs:read``, ``jobs:write``, ``metrics:read``;
 * ``iat``, ``nbf``, ``exp`` (seconds), checked with a leeway for clock skew
   (default 30 s); ``jti`` a random id.
 

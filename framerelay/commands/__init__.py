@@ -13,7 +13,7 @@ import importlib.util
 
 COMMAND_MODULES: tuple[str, ...] = (
     "demo", "worker", "ingest", "model", "record", "clip",
-    "orchestrator", "pods", "streams", "fleet", "keys", "token", "ca", "eval_tracker",
+    "orchestrator", "pods", "streams", "jobs", "fleet", "keys", "token", "ca", "eval_tracker",
 )  # fmt: skip
 
 

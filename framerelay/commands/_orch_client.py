@@ -4,7 +4,7 @@ Every call sends ``Authorization: Bearer <token>``: the token in
 ``--token-file`` or ``FRAMERELAY_TOKEN``, or, where this machine holds the
 keys (``FRAMERELAY_SIGNING_KEYS[_FILE]``, or ``FRAMERELAY_TOKEN_SECRETS`` on a
 single host), a 5-minute one minted here (aud orchestrator,
-``fleet:read fleet:write``). ``https://`` is verified with ``--ca`` /
+``fleet:read fleet:write jobs:read jobs:write``). ``https://`` is verified with ``--ca`` /
 ``FRAMERELAY_ORCH_CA_FILE`` (or the system's CAs).
 """
 
@@ -24,7 +24,7 @@ DEFAULT_URL = "http://127.0.0.1:8090"
 TOKEN_ENV = "FRAMERELAY_TOKEN"  # noqa: S105 - a variable name
 CA_ENV = "FRAMERELAY_ORCH_CA_FILE"
 LOCAL_TOKEN_TTL_S = 300.0
-SCOPES = ("fleet:read", "fleet:write")
+SCOPES = ("fleet:read", "fleet:write", "jobs:read", "jobs:write")
 _HOW = (
     "give a token with FRAMERELAY_TOKEN or --token-file (framerelay token mint --aud "
     "orchestrator --scope fleet:read --scope fleet:write), or set FRAMERELAY_SIGNING_KEYS_FILE "
@@ -98,7 +98,8 @@ def _unreachable(args: argparse.Namespace, exc: Exception) -> ConfigError:
 def _refusal(status: int, detail: object, sent: bool) -> ConfigError:
     if status == 403:
         return ConfigError(f"orchestrator refused (HTTP 403): {detail}; use a token with "
-                           "fleet:read (reads) or fleet:write (changes)")  # fmt: skip
+                           "fleet:read (reads) or fleet:write (changes); for jobs, jobs:read "
+                           "or jobs:write")  # fmt: skip
     if status == 429:
         return ConfigError(f"orchestrator refused (HTTP 429): {detail}")
     what = "the token was refused" if sent else "no token"
@@ -124,8 +125,20 @@ def call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> 
             detail = resp.text
         if resp.status_code in (401, 403, 429):
             raise _refusal(resp.status_code, detail, bearer is not None)
+        if resp.status_code == 422 and isinstance(detail, list):
+            detail = invalid(detail)
         raise ConfigError(f"orchestrator said HTTP {resp.status_code}: {detail}")
     return resp.json()
+
+
+def invalid(detail: list[Any]) -> str:
+    """A 422's errors as ``where: why; ...`` (``inputs.2: no such file ...``)."""
+    said = []
+    for e in detail[:10]:
+        loc = e.get("loc", []) if isinstance(e, dict) else []
+        where = ".".join(str(p) for p in loc if p != "body") or "body"
+        said.append(f"{where}: {e.get('msg') if isinstance(e, dict) else e}")
+    return "; ".join(said)
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     mint = verbs.add_parser("mint", help="print a new token")
     scopes = "results:cam-1, results:*, streams:read, streams:write, routing:write, " \
-        "fleet:read, fleet:write, metrics:read, worker:ID"  # fmt: skip
+        "fleet:read, fleet:write, jobs:read, jobs:write, metrics:read, worker:ID"  # fmt: skip
     mint.add_argument("--scope", action="append", required=True, help=f"repeatable: {scopes}")
     mint.add_argument("--aud", required=True, choices=["ingest", "orchestrator", "worker"],
                       help="the service that takes it")  # fmt: skip

@@ -51,6 +51,10 @@ EXPECTED_SCOPES = {
     ("POST", "/v1/streams/{stream_id}/move"): WRITE,
     ("GET", "/v1/history"): READ,
     ("GET", "/v1/events"): READ,
+    ("GET", "/v1/jobs"): "jobs:read",
+    ("GET", "/v1/jobs/{job_id}"): "jobs:read",
+    ("POST", "/v1/jobs"): "jobs:write",
+    ("DELETE", "/v1/jobs/{job_id}"): "jobs:write",
 }
 ROUTES: list[tuple[str, str, Any]] = [
     ("GET", "/v1/fleet", None),
@@ -63,6 +67,10 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/v1/streams/cam-1/move", {"worker": "fr-ondemand-0-g0"}),
     ("GET", "/v1/history", None),
     ("GET", "/v1/events?since=0", None),
+    ("POST", "/v1/jobs", {"inputs": ["/x.mp4"]}),
+    ("GET", "/v1/jobs", None),
+    ("GET", "/v1/jobs/night-1", None),
+    ("DELETE", "/v1/jobs/night-1", None),
 ]
 
 

@@ -96,7 +96,9 @@ async def running_fleet(
     *,
     env_hook: Callable[[PodSpec], dict[str, str]] | None = None,
     provider: Provider | None = None,
+    ingest_over: dict[str, Any] | None = None,
 ) -> AsyncIterator[Fleet]:
+    """``ingest_over``: more ingest settings (e.g. ``redis_url`` for job tasks)."""
     records: list[ResultRecord] = []
     # No default worker: every stream is placed by the orchestrator. Same keys as it; pods'
     # certificates are verified against its CA (made here first: the ingest loads it).
@@ -104,7 +106,7 @@ async def running_fleet(
     ingest = IngestService(
         IngestSettings(
             token_secrets=settings.token_secrets, signing_keys=settings.signing_keys,
-            worker_url="ws://127.0.0.1:9/none", tls_ca=ca.cert_path,
+            worker_url="ws://127.0.0.1:9/none", tls_ca=ca.cert_path, **(ingest_over or {}),
         )
     )  # fmt: skip
     ingest.bus.tap(records.append)

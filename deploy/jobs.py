@@ -1,0 +1,449 @@
+"""Batch jobs in the orchestrator (issue 18): kept in Redis, run as task streams.
+
+A job (:class:`framerelay.jobs.JobSpec`) is stored as a :class:`JobRecord` with one
+:class:`TaskRecord` per input (a recording directory: one per segment,
+:mod:`deploy.job_inputs`). The driver (:meth:`JobDriver.tick`, once per reconcile pass of
+the leading orchestrator, after the fleet's) turns queued tasks into *task streams*
+(``job-<job>-<k>``: batch or standard priority, lossless, not looped, carrying a
+:class:`framerelay.jobs.JobTask`), at most ``max_parallel`` of a job at a time, in input
+order. The ingest that runs a task keeps its :class:`framerelay.jobs.TaskProgress` in Redis;
+once it says ``done`` (or ``failed``) the driver removes the task's stream and starts the
+next. A job is ``done`` when every task is (``failed`` when one failed), ``cancelled`` by
+``DELETE /v1/jobs/{id}`` (its task streams are removed).
+
+A task stream claims one whole worker when it is planned and placed
+(:func:`placement_view`): it reads its input as fast as the worker answers, so its frame
+rate (the sampling rate; all frames: :data:`ALL_FRAMES_FPS`) says nothing of its load. The
+scaler thus opens a pod for each task up to ``max_parallel`` on the cheapest allowed tier
+(a batch job: batch-only tiers only), from zero, and drains them when the tasks end.
+
+**Cost.** Every pass the job is charged its share of the pods its tasks ran on since the
+last pass: for each worker serving one of its tasks, the worker's $/h (its pod's over the
+pod's GPUs) over the streams on that worker; a batch job also shares the idle pods of
+batch-only tiers (starting up for it, or between two tasks) with the other batch jobs
+running. ``pod_seconds`` is the same share in pod-seconds.
+
+Redis (orchestrator prefix ``<p>``): ``<p>job:<id>`` (string, JobRecord JSON) and
+``<p>jobs`` (zset, id by submission time). Every change of a job and of its task streams
+is one transaction watched on the job's key, so a cancel racing a driver pass never
+leaves a stream behind. Jobs survive an orchestrator restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from deploy.clock import Clock
+from deploy.models import PodRecord, StreamSpec, redact_url
+from deploy.placement import allowed
+from deploy.providers.base import GpuPrice
+from deploy.scaling import per_worker
+from deploy.settings import OrchestratorSettings
+from deploy.sizing import expected_fps
+from deploy.store import Store
+from framerelay.jobs import (
+    JobSpec,
+    JobState,
+    JobStatus,
+    JobTask,
+    TaskProgress,
+    checkpoint_key,
+    progress_key,
+    task_stream_id,
+)
+
+log = logging.getLogger(__name__)
+ALL_FRAMES_FPS = 240.0
+"""A task stream's sampling rate when the job keeps every frame (``fps`` 0): the most a
+stream spec takes; the sampler keeps frames at least 1/fps apart, so every frame of any
+video up to 240 fps."""
+MAX_RATE_SAMPLES = 64
+ACTIVE: tuple[JobState, ...] = ("queued", "running")
+TaskRun = Literal["pending", "running", "done", "failed"]
+
+
+class TaskRecord(BaseModel):
+    """One input of a job as the orchestrator keeps it."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    input: str
+    sidecar: str
+    state: TaskRun = "pending"
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class JobRecord(BaseModel):
+    """A job as stored (``<p>job:<id>``); readers ignore fields they do not know."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    id: str
+    spec: JobSpec
+    state: JobState = "queued"
+    tasks: list[TaskRecord]
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = Field(None, max_length=1000)
+    cost_usd: float = 0.0
+    pod_seconds: float = 0.0
+    accrued_at: float | None = None
+    rate: list[tuple[float, int]] = Field(
+        default_factory=list, description="Recent (time, frames done), for the ETA."
+    )
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+
+class JobView(JobStatus):
+    """``GET /v1/jobs/{id}``: the shared :class:`JobStatus` and where things are."""
+
+    inputs: list[str] = Field(description="Each task's input (a URL without its password).")
+    sidecars: list[str] = Field(description="Each task's results (JSON Lines).")
+    pod_seconds: float = Field(description="The job's share of pod time so far.")
+    duration_s: float | None = Field(description="Since its first task started.")
+
+
+def task_spec(rec: JobRecord, k: int) -> StreamSpec:
+    """The stream that runs task ``k`` of ``rec``."""
+    spec, task = rec.spec, rec.tasks[k]
+    return StreamSpec(
+        id=task_stream_id(rec.id, k), url=task.input, priority=spec.priority,
+        realtime=False, loop=False, fps=spec.fps or ALL_FRAMES_FPS, model=spec.model,
+        job=JobTask(job_id=rec.id, index=k, sidecar=task.sidecar),
+    )  # fmt: skip
+
+
+def is_task(spec: StreamSpec) -> bool:
+    """Whether ``spec`` runs a job's task (it carries a :class:`JobTask`)."""
+    return spec.job is not None
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+def eta_s(rec: JobRecord, tasks: Sequence[TaskProgress], done: int) -> float | None:
+    """Seconds left at the rate of the recent samples; tasks whose total is not known yet
+    count as the mean of those known. None until there is a rate or a total."""
+    if not rec.active or len(rec.rate) < 2:
+        return None
+    (t0, f0), (t1, f1) = rec.rate[0], rec.rate[-1]
+    known = [p.frames_total for p in tasks if p.frames_total is not None]
+    if t1 <= t0 or f1 <= f0 or not known:
+        return None
+    total = sum(known) + sum(known) / len(known) * (len(tasks) - len(known))
+    return round(max(0.0, total - done) / ((f1 - f0) / (t1 - t0)), 1)
+
+
+def job_view(rec: JobRecord, progress: Sequence[TaskProgress | None], now: float) -> JobView:
+    tasks = [_task_progress(t, p) for t, p in zip(rec.tasks, progress, strict=True)]
+    done = sum(p.frames_done for p in tasks)
+    totals = [p.frames_total for p in tasks]
+    end = rec.finished_at or now
+    return JobView(
+        id=rec.id, spec=rec.spec, state=rec.state, tasks=tasks, frames_done=done,
+        frames_total=None if None in totals else sum(t or 0 for t in totals),
+        submitted_at=rec.submitted_at, started_at=rec.started_at,
+        finished_at=rec.finished_at, eta_s=eta_s(rec, tasks, done),
+        cost_usd=round(rec.cost_usd, 6), error=rec.error,
+        inputs=[redact_url(t.input) for t in rec.tasks], sidecars=[t.sidecar for t in rec.tasks],
+        pod_seconds=round(rec.pod_seconds, 1),
+        duration_s=None if rec.started_at is None else round(max(0.0, end - rec.started_at), 1),
+    )  # fmt: skip
+
+
+def _task_progress(task: TaskRecord, said: TaskProgress | None) -> TaskProgress:
+    """The ingest's progress, else what the orchestrator knows of the task."""
+    if said is not None:
+        return said
+    return TaskProgress() if task.state == "pending" else TaskProgress(state=task.state)
+
+
+# -- store -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Changes:
+    """Stream writes that go with a job's change, in its transaction."""
+
+    put: list[StreamSpec] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+
+
+class JobStore:
+    """Jobs in the orchestrator's Redis; tasks' progress in the ingest's (``progress``)."""
+
+    def __init__(self, store: Store, progress: Redis, progress_prefix: str) -> None:
+        self.store = store
+        self.r = store.r
+        self.p = store.p
+        self.progress_redis = progress
+        self.progress_prefix = progress_prefix
+
+    def key(self, job_id: str) -> str:
+        return f"{self.p}job:{job_id}"
+
+    async def submit(self, rec: JobRecord) -> bool:
+        """Store a new job; False when one with its id exists."""
+        if not await self.r.set(self.key(rec.id), rec.model_dump_json(), nx=True):
+            return False
+        await self.r.zadd(self.p + "jobs", {rec.id: rec.submitted_at})
+        return True
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = await self.r.get(self.key(job_id))
+        return None if raw is None else JobRecord.model_validate_json(raw)
+
+    async def all(self) -> list[JobRecord]:
+        """Every job, oldest first."""
+        raw = await self.r.zrange(self.p + "jobs", 0, -1)
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
+        if not ids:
+            return []
+        raws = await self.r.mget([self.key(i) for i in ids])
+        return [JobRecord.model_validate_json(raw) for raw in raws if raw is not None]
+
+    async def progress(self, rec: JobRecord) -> list[TaskProgress | None]:
+        """Each task's progress as its ingest keeps it (None: not written yet)."""
+        keys = [progress_key(self.progress_prefix, rec.id, k) for k in range(len(rec.tasks))]
+        raws = await self.progress_redis.mget(keys)
+        return [_progress(raw) for raw in raws]
+
+    async def change(
+        self, job_id: str, edit: Callable[[JobRecord], Changes | None]
+    ) -> JobRecord | None:
+        """Apply ``edit`` to the job and write it with its stream changes in one transaction
+        (None: no such job, ``edit`` declined, or the job changed meanwhile: try again)."""
+        key = self.key(job_id)
+        async with self.r.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(key)
+                raw = await pipe.get(key)
+                if raw is None:
+                    return None
+                rec = JobRecord.model_validate_json(raw)
+                changes = edit(rec)
+                if changes is None:
+                    return None
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.set(key, rec.model_dump_json())
+                for spec in changes.put:
+                    pipe.hset(self.p + "streams", spec.id, spec.model_dump_json())
+                for sid in changes.remove:  # as Store.del_stream
+                    for part in ("streams", "assign", "pins"):
+                        pipe.hdel(self.p + part, sid)
+                await pipe.execute()
+            except WatchError:
+                return None
+        return rec
+
+    async def prune(self, keep: int) -> int:
+        """Delete finished jobs beyond the newest ``keep``, with their tasks' keys."""
+        done = [j for j in await self.all() if not j.active]
+        gone = done[: max(0, len(done) - keep)]
+        for rec in gone:
+            keys = [f(self.progress_prefix, rec.id, k) for k in range(len(rec.tasks))
+                    for f in (progress_key, checkpoint_key)]  # fmt: skip
+            await self.progress_redis.delete(*keys)
+            await self.r.delete(self.key(rec.id))
+            await self.r.zrem(self.p + "jobs", rec.id)
+        return len(gone)
+
+
+def _progress(raw: bytes | str | None) -> TaskProgress | None:
+    if raw is None:
+        return None
+    try:
+        return TaskProgress.model_validate_json(raw)
+    except ValueError:
+        log.warning("a job task's progress in Redis is not TaskProgress JSON; ignored")
+        return None
+
+
+# -- the driver --------------------------------------------------------------------------
+
+
+def advance(
+    rec: JobRecord,
+    progress: Sequence[TaskProgress | None],
+    streams: Iterable[str],
+    now: float,
+    rates: tuple[float, float],
+    window_s: float,
+) -> Changes:
+    """One pass over a job (pure): end the tasks their ingest finished, start the next
+    ones, put back a running task's stream that went missing, charge the interval since
+    the last pass (``rates``: $/s and pod-s/s), keep the recent rate, and finish the job."""
+    changes, have = Changes(), set(streams)
+    _charge(rec, now, rates)
+    for k, task in enumerate(rec.tasks):
+        said = progress[k]
+        if task.state == "running" and said is not None and said.state in ("done", "failed"):
+            task.state, task.finished_at = said.state, now
+            changes.remove.append(task_stream_id(rec.id, k))
+            if said.state == "failed" and rec.error is None:
+                rec.error = f"task {k} failed: {said.error or 'no reason given'}"[:1000]
+    running = sum(t.state == "running" for t in rec.tasks)
+    for k, task in enumerate(rec.tasks):
+        if task.state == "pending" and running < rec.spec.max_parallel:
+            task.state, task.started_at, running = "running", now, running + 1
+            changes.put.append(task_spec(rec, k))
+        elif task.state == "running" and task_stream_id(rec.id, k) not in have:
+            changes.put.append(task_spec(rec, k))  # removed by someone, or a new store
+    if rec.started_at is None and running:
+        rec.state, rec.started_at, rec.accrued_at = "running", now, now
+    _sample(rec, progress, now, window_s)
+    if all(t.state in ("done", "failed") for t in rec.tasks):
+        failed = [k for k, t in enumerate(rec.tasks) if t.state == "failed"]
+        rec.state, rec.finished_at = ("failed" if failed else "done"), now
+    return changes
+
+
+def _charge(rec: JobRecord, now: float, rates: tuple[float, float]) -> None:
+    if rec.accrued_at is not None and now > rec.accrued_at:
+        dt = now - rec.accrued_at
+        rec.cost_usd += rates[0] * dt
+        rec.pod_seconds += rates[1] * dt
+    if rec.accrued_at is not None:
+        rec.accrued_at = now
+
+
+def _sample(
+    rec: JobRecord, progress: Sequence[TaskProgress | None], now: float, window_s: float
+) -> None:
+    done = sum(p.frames_done for p in progress if p is not None)
+    rec.rate = [s for s in rec.rate if s[0] >= now - window_s and s[1] <= done]
+    rec.rate = [*rec.rate, (now, done)][-MAX_RATE_SAMPLES:]
+
+
+def cancel(rec: JobRecord, now: float) -> Changes | None:
+    """Cancel an active job: its running tasks' streams go (None: it has ended already)."""
+    if not rec.active:
+        return None
+    running = [task_stream_id(rec.id, k) for k, t in enumerate(rec.tasks) if t.state == "running"]
+    rec.state, rec.finished_at = "cancelled", now
+    rec.error = rec.error or "cancelled by DELETE /v1/jobs"
+    return Changes(remove=running)
+
+
+def job_rates(
+    jobs: Sequence[JobRecord],
+    pods: Mapping[str, PodRecord],
+    assigned: Mapping[str, str],
+    settings: OrchestratorSettings,
+) -> dict[str, tuple[float, float]]:
+    """Each active job's share of the fleet now: ($ per second, pod-seconds per second)."""
+    workers = {w.name: rec for rec in pods.values() if rec.provider_id for w in rec.workers()}
+    load = Counter(w for w in assigned.values() if w in workers)
+    out: dict[str, tuple[float, float]] = {}
+    for job in jobs:
+        usd = pod = 0.0
+        for k, task in enumerate(job.tasks):
+            worker = assigned.get(task_stream_id(job.id, k)) if task.state == "running" else None
+            if worker in workers:
+                rec = workers[worker]
+                share = 1.0 / (rec.gpu_count * load[worker])
+                usd, pod = usd + rec.cost_per_hr / 3600 * share, pod + share
+        out[job.id] = (usd, pod)
+    idle = [r for r in pods.values() if _idle_batch(r, load, settings)]
+    batch = [j.id for j in jobs if j.state == "running" and j.spec.priority == "batch"]
+    for jid in batch:
+        usd, pod = out[jid]
+        out[jid] = (usd + sum(r.cost_per_hr for r in idle) / 3600 / len(batch),
+                    pod + len(idle) / len(batch))  # fmt: skip
+    return out
+
+
+def _idle_batch(rec: PodRecord, load: Counter[str], settings: OrchestratorSettings) -> bool:
+    tier = settings.tier(rec.tier)
+    return (
+        tier is not None and tier.batch_only and rec.provider_id is not None
+        and rec.state != "draining" and not any(load[w.name] for w in rec.workers())
+    )  # fmt: skip
+
+
+class JobDriver:
+    """Runs the jobs: one :meth:`tick` per reconcile pass of the leading orchestrator."""
+
+    def __init__(self, settings: OrchestratorSettings, jobs: JobStore, clock: Clock) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.clock = clock
+
+    async def tick(self) -> None:
+        active = [j for j in await self.jobs.all() if j.active]
+        if active:
+            store = self.jobs.store
+            pods, assigned = await store.pods(), await store.assignments()
+            rates = job_rates(active, pods, assigned, self.settings)
+            streams = set(await store.streams())
+            for rec in active:
+                await self._advance(rec, streams, rates[rec.id])
+        await self.jobs.prune(self.settings.jobs.keep_finished)
+
+    async def _advance(self, rec: JobRecord, streams: set[str], rates: tuple[float, float]) -> None:
+        progress = await self.jobs.progress(rec)
+        now, window = self.clock.now(), self.settings.jobs.eta_window_s
+        was = rec.state
+
+        def edit(r: JobRecord) -> Changes | None:
+            return advance(r, progress, streams, now, rates, window) if r.active else None
+
+        after = await self.jobs.change(rec.id, edit)
+        if after is not None and after.state != was:
+            log.info("job %s: %s -> %s (cost $%.4f)", rec.id, was, after.state, after.cost_usd)
+
+
+# -- placement ---------------------------------------------------------------------------
+
+
+def placement_view(
+    settings: OrchestratorSettings,
+    streams: Iterable[StreamSpec],
+    pods: Mapping[str, PodRecord],
+    prices: Mapping[str, GpuPrice],
+) -> list[StreamSpec]:
+    """The streams as the scaler and placement weigh them: a job task claims one whole
+    worker (the room of the smallest worker, planned or ready, of the tiers it may run
+    on), whatever its sampling rate; live streams as they are."""
+    out, pinned = [], any(t.batch_only for t in settings.tiers)
+    for spec in streams:
+        if not is_task(spec):
+            out.append(spec)
+            continue
+        tiers = [t for t in settings.tiers if allowed(spec, t.spot, t.batch_only, pinned)]
+        rooms = [per_worker(settings, t, pods.values(), expected_fps(settings, t, prices))
+                 for t in tiers]  # fmt: skip
+        rooms += [t.capacity_fps or w.capacity_fps or settings.default_capacity_fps
+                  for t in tiers for p in pods.values() if p.tier == t.name
+                  for w in p.workers() if w.ready]  # fmt: skip
+        room = min(rooms, default=0.0) * settings.target_utilization
+        cost = settings.model_costs.get(spec.model, 1.0)
+        if room > 0 and math.isfinite(room):
+            spec = spec.model_copy(update={"fps": room / cost})
+        out.append(spec)
+    return out
+
+
+async def wait_done(jobs: JobStore, job_id: str, timeout_s: float) -> JobRecord | None:
+    """The job once it has ended, or as it is after ``timeout_s`` (tests, tools)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        rec = await jobs.get(job_id)
+        if rec is None or not rec.active or asyncio.get_running_loop().time() > deadline:
+            return rec
+        await asyncio.sleep(0.2)

@@ -1,0 +1,171 @@
+"""The job routes (real server on 127.0.0.1, real Redis) and ``framerelay jobs`` against
+a real orchestrator process: scopes jobs:read/jobs:write, clear 4xx for bad jobs (NaN
+fps, an unknown model, 1001 inputs, a missing file, no token), submit/status/list/
+cancel, cancel removes the task streams; the CLI makes paths absolute, names the input
+the orchestrator refused, and fails in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis import Redis
+
+from deploy.api import create_app
+from deploy.health import StatusProber
+from deploy.ingest_link import NullIngestLink
+from deploy.service import Orchestrator
+from framerelay.auth import KeySet
+from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.deploy.orch_support import orch_settings, serving_here
+from tests.deploy.test_fleet_models import REGISTRY
+from tests.support.auth import ed_keys, mint
+
+pytestmark = pytest.mark.integration
+NAN_BODY = '{"inputs": ["/x.mp4"], "fps": NaN}'
+
+
+@asynccontextmanager
+async def api(tmp_path: Path, keys: KeySet) -> AsyncIterator[tuple[Orchestrator, str]]:
+    registry = tmp_path / "models.toml"
+    registry.write_text(REGISTRY)
+    settings = orch_settings(tmp_path, keys, model_registry=registry)
+    orch = Orchestrator(settings, prober=StatusProber(20), ingest=NullIngestLink())
+    try:
+        async with serving_here(create_app(orch)) as url:
+            yield orch, url
+    finally:
+        await orch.store.clear()
+        await orch.aclose()
+
+
+def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) -> None:
+    clip = tmp_path / "seg.mp4"
+    clip.write_bytes(b"")
+    keys = ed_keys()
+    write = {"Authorization": f"Bearer {mint(keys, ['jobs:write', 'jobs:read'], 'orchestrator')}"}
+    fleet = {"Authorization": f"Bearer {mint(keys, ['fleet:write'], 'orchestrator')}"}
+    good = {"id": "night-1", "inputs": [str(clip)], "model": "vehicles"}
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with api(tmp_path, keys) as (orch, url), httpx.AsyncClient(base_url=url) as http:
+            out["no token"] = await http.post("/v1/jobs", json=good)
+            out["fleet scope"] = await http.post("/v1/jobs", json=good, headers=fleet)
+            raw = {**write, "content-type": "application/json"}
+            out["nan"] = await http.post("/v1/jobs", content=NAN_BODY, headers=raw)
+            out["unknown model"] = await http.post(
+                "/v1/jobs", json={**good, "model": "vehicels"}, headers=write)  # fmt: skip
+            out["1001"] = await http.post(
+                "/v1/jobs", json={**good, "inputs": [str(clip)] * 1001}, headers=write)  # fmt: skip
+            out["missing"] = await http.post(
+                "/v1/jobs", json={**good, "inputs": [str(clip), "/nope/secret.mp4"]},
+                headers=write)  # fmt: skip
+            out["ok"] = await http.post("/v1/jobs", json=good, headers=write)
+            out["again"] = await http.post("/v1/jobs", json=good, headers=write)
+            await orch.step()  # the driver starts the task: its stream
+            out["streams"] = sorted(await orch.store.streams())
+            out["get"] = await http.get("/v1/jobs/night-1", headers=write)
+            out["list"] = await http.get("/v1/jobs", headers=write)
+            out["404"] = await http.get("/v1/jobs/nope", headers=write)
+            out["cancel"] = await http.delete("/v1/jobs/night-1", headers=write)
+            out["after"] = sorted(await orch.store.streams())
+            out["cancel again"] = await http.delete("/v1/jobs/night-1", headers=write)
+        return out
+
+    out = asyncio.run(main())
+    assert out["no token"].status_code == 401 and out["fleet scope"].status_code == 403
+    (nan,) = out["nan"].json()["detail"]
+    assert out["nan"].status_code == 422 and nan["loc"] == ["body", "fps"]
+    (unknown,) = out["unknown model"].json()["detail"]
+    assert unknown["type"] == "unknown_model" and "vehicels" not in out["unknown model"].text
+    (many,) = out["1001"].json()["detail"]
+    assert many["loc"] == ["body", "inputs"] and "1000" in many["msg"]
+    (missing,) = out["missing"].json()["detail"]
+    assert missing["loc"] == ["body", "inputs", 1] and "no such file" in missing["msg"]
+    assert "secret" not in out["missing"].text  # where and why, never the input
+    assert out["ok"].status_code == 201 and out["again"].status_code == 409
+    job = out["get"].json()
+    assert job["state"] == "running" and job["sidecars"] == [str(tmp_path / "seg.night-1.jsonl")]
+    assert job["tasks"][0]["state"] == "running" and job["cost_usd"] == 0.0
+    assert out["streams"] == ["job-night-1-0"]
+    assert [j["id"] for j in out["list"].json()] == ["night-1"]
+    assert out["404"].status_code == 404
+    assert out["cancel"].json()["state"] == "cancelled" and out["after"] == []
+    assert out["cancel again"].status_code == 409
+
+
+# -- the CLI against a real orchestrator process -------------------------------------------
+
+
+@pytest.fixture
+def orchestrator(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    keys_file = tmp_path / "signing.jwks"
+    keys_file.write_text(ed_keys().to_json())
+    keys_file.chmod(0o600)
+    prefix = f"test-jobs-cli-{os.getpid()}-{time.monotonic_ns()}:"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env.update({
+        "FRAMERELAY_SIGNING_KEYS_FILE": str(keys_file), "FRAMERELAY_ORCH_KEY_PREFIX": prefix,
+        "FRAMERELAY_ORCH_CA_DIR": str(tmp_path / "ca"), "FRAMERELAY_ORCH_TICK_S": "0.2",
+        "FRAMERELAY_ORCH_TIERS": json.dumps([{"name": "ondemand", "max_workers": 0}]),
+    })  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "framerelay", "orchestrator", "--port", "0"],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    url = json.loads(proc.stdout.readline())["url"]
+    try:
+        yield url, {**env, "FRAMERELAY_ORCH_URL": url}
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20 * TIMEOUT_FACTOR)
+        redis = Redis()
+        for key in redis.scan_iter(match=prefix + "*"):
+            redis.delete(key)
+        redis.close()
+
+
+def cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "framerelay", "jobs", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60 * TIMEOUT_FACTOR)  # fmt: skip
+
+
+def test_the_jobs_cli_submits_follows_lists_and_cancels(
+    orchestrator: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    _url, env = orchestrator
+    (tmp_path / "seg.mp4").write_bytes(b"")
+    sub = cli(env, tmp_path, "submit", "seg.mp4", "--model", "yolox_nano", "--id", "cli-1")
+    assert sub.returncode == 0, sub.stderr
+    assert sub.stdout.strip() == "submitted job cli-1: 1 task(s)"
+    status = cli(env, tmp_path, "status", "cli-1", "--json")
+    job = json.loads(status.stdout)
+    assert job["tasks"] and job["sidecars"] == [str(tmp_path / "seg.cli-1.jsonl")]  # absolute
+    listed = cli(env, tmp_path, "list")
+    assert "cli-1" in listed.stdout and "JOB" in listed.stdout
+    cancelled = cli(env, tmp_path, "cancel", "cli-1")
+    assert cancelled.stdout.strip() == "cancelled job cli-1"
+    follow = cli(env, tmp_path, "status", "cli-1", "--wait")
+    assert follow.returncode == 1 and "cancelled" in follow.stderr  # the bar, then the end
+    assert "job cli-1: cancelled" in follow.stdout
+    missing = cli(env, tmp_path, "submit", "seg.mp4", "gone.mp4", "--model", "yolox_nano")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "input 'gone.mp4'" in missing.stderr and "no such file" in missing.stderr
+    nan = cli(env, tmp_path, "submit", "seg.mp4", "--model", "m", "--fps", "nan")
+    assert nan.returncode == 2 and "finite" in nan.stderr
+    no_token = {k: v for k, v in env.items() if k != "FRAMERELAY_SIGNING_KEYS_FILE"}
+    refused = cli(no_token, tmp_path, "list")
+    assert refused.returncode == 2 and "HTTP 401" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
