@@ -31,6 +31,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from framerelay.errors import FramerelayError
+from framerelay.timeline import Timeline
 from ingest.resume import ResumeAt
 
 MAX_STUCK_REWINDS = 10
@@ -40,7 +41,7 @@ MAX_STUCK_REWINDS = 10
 class JobReader(Protocol):
     """What a job task's stream asks of the task (:class:`ingest.job_task.JobRun`)."""
 
-    def wants(self, pts: int, step: int, time_base: Fraction) -> bool:
+    def wants(self, pts: int, timeline: Timeline) -> bool:
         """Decode thread: whether to send this frame (:func:`sampled`, :meth:`TaskLedger.
         admit`)."""
 

@@ -45,6 +45,7 @@ from redis.exceptions import RedisError
 from framerelay.errors import ConfigError
 from framerelay.jobs import JobTask, TaskProgress, TaskState, checkpoint_key, progress_key
 from framerelay.results import ResultRecord
+from framerelay.timeline import Timeline
 from ingest.job_ledger import Figures, Rewind, TaskLedger, sampled
 from ingest.job_sidecar import SidecarError, TaskSidecar, segment_name
 from ingest.redis_bus import connect
@@ -80,18 +81,20 @@ class JobRun:
         )
         self._open = False
         """Results are written (the sidecar is open and not handed over)."""
+        self._handed = False
+        """A new definition of the stream runs the task now: this run writes nothing more."""
         self._time_base: Fraction | None = None
         self._lost_seen = 0
-        self._written_at = -math.inf
+        self._written_at = self._flushed_at = -math.inf
         self._last: tuple[int | None, int] | None = None
         self.duplicates = 0
         """Results of a frame already in the sidecar (not written again)."""
 
     # -- the decode thread (ingest.job_ledger.JobReader) ------------------------------
 
-    def wants(self, pts: int, step: int, time_base: Fraction) -> bool:
-        self._time_base = time_base
-        if pts < 0 or not sampled(pts, step, time_base, self.stream.config.fps):
+    def wants(self, pts: int, timeline: Timeline) -> bool:
+        self._time_base = tb = timeline.time_base
+        if pts < 0 or not sampled(pts, timeline.step, tb, self.stream.config.fps):
             return False
         return self.ledger.admit(pts)
 
@@ -136,8 +139,10 @@ class JobRun:
         self.ledger.answered(record.pts)
 
     def hand_over(self) -> None:
-        """A new definition of the stream takes the sidecar over: flush, write no more."""
+        """A new definition of the stream takes the task over: flush, write no more (the
+        sidecar, the checkpoint and the progress are the new run's)."""
         self._open = False
+        self._handed = True
         with contextlib.suppress(OSError):
             self.sidecar.flush()
 
@@ -159,7 +164,7 @@ class JobRun:
         """Read the checkpoint (retrying Redis), open the sidecar; False if the stream ended
         first."""
         while True:
-            if self._ended():
+            if self._ended() or self._handed:
                 return False
             try:
                 floor, tb = await self._read_checkpoint()
@@ -169,6 +174,8 @@ class JobRun:
                             self.stream.id, type(exc).__name__)  # fmt: skip
                 await asyncio.sleep(RETRY_S)
         known, lines = await asyncio.to_thread(self.sidecar.open)
+        if self._handed:
+            return False
         self._time_base = self._time_base or tb
         self.ledger.begin(floor, known, lines)
         self._open = True
@@ -192,14 +199,14 @@ class JobRun:
         return (floor if floor is not None and floor >= 0 else None), tb
 
     async def _follow(self) -> None:
-        while True:
+        while not self._handed:
             await asyncio.sleep(TICK_S)
             self._watch_losses()
             if self.stream.state is StreamState.FAILED:
                 return await self._final("failed", self.stream.error or "failed")
             if self._ended():
                 return await self._final("pending")
-            if time.monotonic() - self._written_at < PROGRESS_EVERY_S:
+            if time.monotonic() - self._flushed_at < PROGRESS_EVERY_S:
                 continue
             figures = await self._flush()
             if figures.complete:
@@ -228,6 +235,7 @@ class JobRun:
 
     async def _flush(self) -> Figures:
         """Sidecar to disk, then the checkpoint may pass what it holds."""
+        self._flushed_at = time.monotonic()
         batch = self.ledger.flushing()
         self.sidecar.flush()
         await asyncio.to_thread(self.sidecar.sync)
@@ -235,6 +243,8 @@ class JobRun:
 
     async def _final(self, state: TaskState, error: str | None = None) -> None:
         """The last flush and progress of this run (bounded)."""
+        if self._handed:
+            return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(FINAL_TIMEOUT_S):
                 figures = self.ledger.durable(frozenset())

@@ -153,8 +153,7 @@ class IngestStream:
         self._failure: str | None = None
         """Why :meth:`fail` failed this stream (the decode thread must not undo it)."""
         self.job: JobReader | None = None
-        """A job task's reader (:mod:`ingest.job_task`, set before launch): it samples,
-        starts at the checkpoint and reads again after lost frames."""
+        """A batch job's task (:mod:`ingest.job_task`): sampling, checkpoint, rereads."""
         self._record(StreamState.STARTING, "created")
 
     @property
@@ -330,7 +329,7 @@ class IngestStream:
                 opened.time_base,
                 opened.wrap_bits,
                 epoch=self._first_epoch if tl is None else tl.epoch + 1,
-                budget=self._budget,
+                budget=self._budget if self.job is None else None,  # a job keeps its file's PTS
                 step=step,
             )
         self._sampler.step_s = self._frames.step_s = float(step * opened.time_base)
@@ -390,7 +389,8 @@ class IngestStream:
         timing = self._timing(epoch, pts, item)
         if timing is None:
             return
-        if not self._keeps(epoch, pts, t, timeline):
+        job = self.job  # a job task samples by its own rule, from its checkpoint
+        if not (job.wants(pts, timeline) if job else self._sampler.keep(epoch, t, self._clock())):
             self._count("sampled_out")
             return
         preparer = self._ready_preparer()
@@ -408,12 +408,6 @@ class IngestStream:
             self.job.offered(pts)
         if self.slot.put(out) is not None:
             self._count("replaced")
-
-    def _keeps(self, epoch: int, pts: int, t: float, timeline: Timeline) -> bool:
-        """Sampling at ``fps`` by PTS (a job task: its own rule, from its checkpoint)."""
-        if self.job is not None:
-            return self.job.wants(pts, timeline.step, timeline.time_base)
-        return self._sampler.keep(epoch, t, self._clock())
 
     def _timing(self, epoch: int, pts: int, item: Decoded) -> Timing | None:
         """The timing of the next frame sent; None (counted) when the wire refuses it."""

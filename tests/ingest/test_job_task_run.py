@@ -297,3 +297,34 @@ def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
         f"\nkilled at checkpoint PTS {at} ({sum(p < at for p in want)}/{len(want)} frames); "
         f"the second ingest sent {len(resent)} frames, done in {took:.1f} s"
     )
+
+
+def test_a_new_definition_or_a_removal_mid_task_keeps_every_frame_once(
+    local_worker: LocalWorker, secret: str, media: Media, tmp_path: Path, prefix: str
+) -> None:
+    clip = media.short("mp4")
+    fps = 10.0
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    body_a, body_b = task("j5", clip, a, fps=fps), task("j6", clip, b, fps=fps)
+    want = expected_pts(clip, fps)
+
+    async def main() -> tuple[TaskProgress | None, list[TaskProgress], list[TaskProgress]]:
+        async with ingest(secret, tmp_path, prefix) as (_, http, _):
+            await place(http, local_worker, body_a)
+            await place(http, local_worker, body_b)
+            await frames_done_at_least(prefix, "j5", len(want) // 4)
+            r = await http.put("/v1/streams/job-j5-0", json={**body_a, "jpeg_quality": 80})
+            assert r.status_code == 200, r.text  # a new definition: the next epoch takes over
+            await frames_done_at_least(prefix, "j6", len(want) // 4)
+            assert (await http.delete("/v1/streams/job-j6-0/worker")).status_code == 200
+            await asyncio.sleep(1.0)
+            stopped = progress(prefix, "j6")
+            await place(http, local_worker, body_b)  # placed again: resumes
+            return stopped, await until_done(prefix, "j5", 60), await until_done(prefix, "j6", 60)
+
+    stopped, done_a, done_b = asyncio.run(main())
+    assert stopped is not None and stopped.state == "pending" and stopped.checkpoint_pts
+    for path, seen in ((a, done_a), (b, done_b)):
+        got = sidecar_pts(path)
+        assert seen[-1].state == "done" and seen[-1].frames_done == len(want)
+        assert len(got) == len(set(got)) and sorted(got) == want
