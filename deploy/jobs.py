@@ -23,15 +23,15 @@ pod's GPUs) over the streams on that worker; a batch job also shares the idle po
 batch-only tiers (starting up for it, or between two tasks) with the other batch jobs
 running. ``pod_seconds`` is the same share in pod-seconds.
 
-Redis (orchestrator prefix ``<p>``): ``<p>job:<id>`` (string, JobRecord JSON) and
-``<p>jobs`` (zset, id by submission time). Every change of a job and of its task streams
+Redis (orchestrator prefix ``<p>``): ``<p>job:<id>`` (string, JobRecord JSON),
+``<p>jobs`` (zset, id by submission time) and ``<p>jobs:active`` (set: the queued and
+running ones, all a pass reads). Every change of a job and of its task streams
 is one transaction watched on the job's key, so a cancel racing a driver pass never
 leaves a stream behind. Jobs survive an orchestrator restart.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections import Counter
@@ -202,19 +202,27 @@ class JobStore:
         if not await self.r.set(self.key(rec.id), rec.model_dump_json(), nx=True):
             return False
         await self.r.zadd(self.p + "jobs", {rec.id: rec.submitted_at})
+        await self.r.sadd(self.p + "jobs:active", rec.id)
         return True
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.r.get(self.key(job_id))
         return None if raw is None else JobRecord.model_validate_json(raw)
 
-    async def all(self) -> list[JobRecord]:
-        """Every job, oldest first."""
-        raw = await self.r.zrange(self.p + "jobs", 0, -1)
-        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
-        if not ids:
-            return []
-        raws = await self.r.mget([self.key(i) for i in ids])
+    async def ids(self, newest: int | None = None) -> list[str]:
+        """Job ids, oldest first (``newest``: only the newest that many)."""
+        raw = await self.r.zrange(self.p + "jobs", -newest if newest else 0, -1)
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
+
+    async def active(self) -> list[JobRecord]:
+        """The queued and running jobs, oldest first."""
+        raw = await self.r.smembers(self.p + "jobs:active")
+        ids = {i.decode() if isinstance(i, bytes) else str(i) for i in raw}
+        return sorted((j for j in await self.many(ids) if j.active), key=lambda j: j.submitted_at)
+
+    async def many(self, ids: Iterable[str]) -> list[JobRecord]:
+        keys = [self.key(i) for i in ids]
+        raws = await self.r.mget(keys) if keys else []
         return [JobRecord.model_validate_json(raw) for raw in raws if raw is not None]
 
     async def progress(self, rec: JobRecord) -> list[TaskProgress | None]:
@@ -241,6 +249,8 @@ class JobStore:
                     return None
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.set(key, rec.model_dump_json())
+                if not rec.active:
+                    pipe.srem(self.p + "jobs:active", rec.id)
                 for spec in changes.put:
                     pipe.hset(self.p + "streams", spec.id, spec.model_dump_json())
                 for sid in changes.remove:  # as Store.del_stream
@@ -253,8 +263,10 @@ class JobStore:
 
     async def prune(self, keep: int) -> int:
         """Delete finished jobs beyond the newest ``keep``, with their tasks' keys."""
-        done = [j for j in await self.all() if not j.active]
-        gone = done[: max(0, len(done) - keep)]
+        active = {i.decode() if isinstance(i, bytes) else str(i)
+                  for i in await self.r.smembers(self.p + "jobs:active")}  # fmt: skip
+        done = [i for i in await self.ids() if i not in active]
+        gone = await self.many(done[: max(0, len(done) - keep)])
         for rec in gone:
             keys = [f(self.progress_prefix, rec.id, k) for k in range(len(rec.tasks))
                     for f in (progress_key, checkpoint_key)]  # fmt: skip
@@ -385,17 +397,21 @@ class JobDriver:
         self.clock = clock
 
     async def tick(self) -> None:
-        active = [j for j in await self.jobs.all() if j.active]
-        if active:
-            store = self.jobs.store
-            pods, assigned = await store.pods(), await store.assignments()
-            rates = job_rates(active, pods, assigned, self.settings)
-            streams = set(await store.streams())
-            for rec in active:
-                await self._advance(rec, streams, rates[rec.id])
-        await self.jobs.prune(self.settings.jobs.keep_finished)
+        active = await self.jobs.active()
+        if not active:
+            return
+        store = self.jobs.store
+        pods, assigned = await store.pods(), await store.assignments()
+        rates = job_rates(active, pods, assigned, self.settings)
+        streams = set(await store.streams())
+        ended = 0
+        for rec in active:
+            ended += await self._advance(rec, streams, rates[rec.id])
+        if ended:
+            await self.jobs.prune(self.settings.jobs.keep_finished)
 
-    async def _advance(self, rec: JobRecord, streams: set[str], rates: tuple[float, float]) -> None:
+    async def _advance(self, rec: JobRecord, streams: set[str], rates: tuple[float, float]) -> bool:
+        """One pass over ``rec``; True when it ended."""
         progress = await self.jobs.progress(rec)
         now, window = self.clock.now(), self.settings.jobs.eta_window_s
         was = rec.state
@@ -406,6 +422,7 @@ class JobDriver:
         after = await self.jobs.change(rec.id, edit)
         if after is not None and after.state != was:
             log.info("job %s: %s -> %s (cost $%.4f)", rec.id, was, after.state, after.cost_usd)
+        return after is not None and not after.active
 
 
 # -- placement ---------------------------------------------------------------------------
@@ -437,13 +454,3 @@ def placement_view(
             spec = spec.model_copy(update={"fps": room / cost})
         out.append(spec)
     return out
-
-
-async def wait_done(jobs: JobStore, job_id: str, timeout_s: float) -> JobRecord | None:
-    """The job once it has ended, or as it is after ``timeout_s`` (tests, tools)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        rec = await jobs.get(job_id)
-        if rec is None or not rec.active or asyncio.get_running_loop().time() > deadline:
-            return rec
-        await asyncio.sleep(0.2)

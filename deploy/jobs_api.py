@@ -4,8 +4,8 @@
   tasks start on the next reconcile pass. 422 for a bad spec (NaN or out-of-range numbers,
   more than 1000 inputs, a model the registry lacks) or an input that cannot be a task
   (:mod:`deploy.job_inputs`: where and why, never the input); 409 for a job id in use.
-* ``GET /v1/jobs``: every job kept, newest first; ``GET /v1/jobs/{id}``: one, with each
-  task's progress, frames done/total, ETA, cost so far, start and end.
+* ``GET /v1/jobs?limit=100``: the newest jobs kept, newest first; ``GET /v1/jobs/{id}``:
+  one, with each task's progress, frames done/total, ETA, cost so far, start and end.
 * ``DELETE /v1/jobs/{id}``: cancel (its task streams are removed; the sidecars keep what
   was written); 409 once it has ended.
 """
@@ -16,7 +16,7 @@ import asyncio
 import secrets
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 
@@ -29,6 +29,7 @@ from framerelay.openapi_docs import errors
 
 JOBS_READ, JOBS_WRITE = "jobs:read", "jobs:write"
 JobId = Annotated[str, PathParam(pattern=JOB_ID, description="The job's id.")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="The newest this many jobs.")]
 
 
 def _input_error(exc: InputError) -> RequestValidationError:
@@ -98,9 +99,9 @@ def jobs_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
         return await view(rec)
 
     @router.get("/v1/jobs", dependencies=[auth.requires(JOBS_READ)], summary="List jobs")
-    async def list_jobs() -> list[JobView]:
-        """Every job kept (active ones and the newest finished), newest first."""
-        return [await view(rec) for rec in reversed(await jobs.all())]
+    async def list_jobs(limit: Limit = 100) -> list[JobView]:
+        """The newest jobs kept (``limit``, 100 by default), newest first."""
+        return [await view(rec) for rec in reversed(await jobs.many(await jobs.ids(limit)))]
 
     @router.get("/v1/jobs/{job_id}", dependencies=[auth.requires(JOBS_READ)],
                 summary="A job's progress", responses=errors(404, e404="No such job"))  # fmt: skip

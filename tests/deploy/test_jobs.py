@@ -31,6 +31,7 @@ from deploy.jobs import (
     task_spec,
 )
 from deploy.models import PodRecord, StreamSpec
+from deploy.scaling import tier_targets
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.store import Store
 from framerelay.jobs import JobSpec, TaskProgress, progress_key, task_stream_id
@@ -242,6 +243,16 @@ def test_a_task_weighs_one_whole_worker_in_planning_and_placement() -> None:
     assert weighed[0].fps == pytest.approx(10 * s.target_utilization)  # the smallest worker
 
 
+def test_without_the_weighing_a_job_task_would_open_no_pod() -> None:
+    """The fix: a task's sampling rate (240 for every frame) fits no 20 fps worker, so the
+    scaler planned nothing for it and the job never started; weighed as a worker, it opens
+    one pod on the batch-only tier (the on-demand tier takes no batch stream)."""
+    s, task = settings(), task_spec(job(1), 0)
+    assert tier_targets(s, [task], {}, {}, 0.0) == {"ondemand": 1, "batch": 0}
+    weighed = placement_view(s, [task], {}, {})
+    assert tier_targets(s, weighed, {}, {}, 0.0) == {"ondemand": 1, "batch": 1}
+
+
 # -- the store ---------------------------------------------------------------------------
 
 
@@ -254,6 +265,8 @@ def test_the_store_keeps_jobs_and_a_change_racing_another_is_not_applied() -> No
         try:
             rec = job(2)
             assert await store.submit(rec) and not await store.submit(rec)
+            assert [j.id for j in await store.active()] == ["j1"]
+            assert await store.prune(0) == 0  # an active job is never pruned
             await redis.set(progress_key(prefix + "ingest", "j1", 1), said("done", 7, 7)
                             .model_dump_json())  # fmt: skip
             assert await store.progress(rec) == [None, said("done", 7, 7)]
@@ -274,7 +287,8 @@ def test_the_store_keeps_jobs_and_a_change_racing_another_is_not_applied() -> No
             ended = await store.change("j1", lambda r: cancel(r, 6.0))
             assert ended is not None and ended.state == "cancelled"
             assert await store.store.streams() == {}
-            assert await store.prune(0) == 1 and await store.all() == []
+            assert await store.prune(0) == 1 and await store.ids() == []
+            assert await redis.smembers(prefix + "jobs:active") == set()
         finally:
             await store.store.clear()
             await redis.aclose()

@@ -77,6 +77,7 @@ def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) -> None:
             out["streams"] = sorted(await orch.store.streams())
             out["get"] = await http.get("/v1/jobs/night-1", headers=write)
             out["list"] = await http.get("/v1/jobs", headers=write)
+            out["limit"] = await http.get("/v1/jobs?limit=0", headers=write)
             out["404"] = await http.get("/v1/jobs/nope", headers=write)
             out["cancel"] = await http.delete("/v1/jobs/night-1", headers=write)
             out["after"] = sorted(await orch.store.streams())
@@ -100,6 +101,7 @@ def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) -> None:
     assert job["tasks"][0]["state"] == "running" and job["cost_usd"] == 0.0
     assert out["streams"] == ["job-night-1-0"]
     assert [j["id"] for j in out["list"].json()] == ["night-1"]
+    assert out["limit"].status_code == 422
     assert out["404"].status_code == 404
     assert out["cancel"].json()["state"] == "cancelled" and out["after"] == []
     assert out["cancel again"].status_code == 409
