@@ -53,6 +53,12 @@ class JobTask(BaseModel):
         description="Where the task's results are written (JSON Lines, one SidecarLine a "
         "frame), on a filesystem the ingest shares with the recordings.",
     )  # fmt: skip
+    serverless_endpoint_id: str | None = Field(
+        None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$",
+        description="The task runs on this RunPod serverless endpoint (its tier's "
+        "serverless_endpoint_id; the ingest posts the frames to its /run API, "
+        "ingest.serverless_task) instead of on a worker over a tunnel; null: a tunnel.",
+    )  # fmt: skip
 
 
 class JobSpec(BaseModel):

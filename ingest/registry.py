@@ -53,6 +53,7 @@ from framerelay.results import ResultRecord
 from ingest.auth import check_worker_url
 from ingest.job_task import JobRuns
 from ingest.resume import ResumeAt
+from ingest.serverless_task import ServerlessRuns
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
 from ingest.tunnel_client import TunnelClient, supervise
@@ -101,10 +102,12 @@ class StreamRegistry:
         default_url: str | None = None,
         default_worker_id: str = "*",
         jobs: JobRuns | None = None,
+        serverless: ServerlessRuns | None = None,
     ) -> None:
         self.options = options or TunnelOptions()
         self.jobs = jobs
         """Runs the job task of a stream whose config has one (:mod:`ingest.job_task`)."""
+        self.serverless = serverless  # job tasks naming an endpoint: never on a tunnel
         self._token_for = token_for
         self._on_result = on_result
         self._ssl = ssl_context
@@ -303,7 +306,9 @@ class StreamRegistry:
                 raise ConfigError(f"stream {config.id!r} is a job task: this ingest runs none")
             self.jobs.attach(stream)
         self._streams[config.id] = stream
-        if worker is not None and worker in self._clients:
+        if self.serverless is not None and self.serverless.serves(config):
+            self.serverless.start(stream)
+        elif worker is not None and worker in self._clients:
             self._attach(stream, worker, snapshot)
         elif snapshot is not None:
             self._parked[config.id] = snapshot
@@ -316,6 +321,8 @@ class StreamRegistry:
 
     def _attach(self, stream: IngestStream, worker: str, snapshot: Snapshot | None) -> None:
         """Serve ``stream`` by the tunnel ``worker`` (resuming ``snapshot``)."""
+        if self.serverless is not None and self.serverless.serves(stream.config):
+            return  # its serverless endpoint serves it (ingest.serverless_task)
         client = self._clients[worker]
         self._where[stream.id] = worker
         client.add(stream, snapshot=snapshot)

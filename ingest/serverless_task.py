@@ -26,15 +26,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from framerelay import wire
-from framerelay.errors import FramerelayError
+from framerelay.errors import ConfigError, FramerelayError
 from framerelay.results import ResultRecord
 from ingest.handoff import SlotClosed
 from ingest.serverless_link import ServerlessError, ServerlessLink, ServerlessSettings
 from ingest.serverless_sink import FrameResult, ServerlessSink, SinkFrame
+from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,80 @@ class ServerlessSender:
     def _lost(self, batch: list[SinkFrame], error: ServerlessError) -> None:
         self.stream.counters["worker_error"] += len(batch)
         self.stream.last_error = f"serverless: {error}"[:300]
+
+
+class ServerlessRuns:
+    """The ingest's streams served by serverless endpoints: a job task whose
+    ``job.serverless_endpoint_id`` is set runs here from its start, never on a tunnel
+    (the registry's hook, :meth:`serves` then :meth:`start`)."""
+
+    def __init__(
+        self,
+        settings: ServerlessSettings,
+        publish: Publish,
+        batching: Batching = Batching(),
+        input_size: tuple[int, int] = (416, 416),
+    ) -> None:
+        self.settings = settings
+        self.publish = publish
+        self.batching = batching
+        self.input_size = input_size
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @staticmethod
+    def endpoint_of(config: StreamConfig) -> str | None:
+        job = config.job
+        return None if job is None else job.serverless_endpoint_id
+
+    def check(self, config: StreamConfig) -> None:
+        """ConfigError if ``config`` names an endpoint and this ingest has no RunPod key."""
+        if self.endpoint_of(config) is not None and self.settings.api_key is None:
+            raise ConfigError(
+                f"stream {config.id!r} runs on a RunPod serverless endpoint: set the RunPod "
+                "API key (FRAMERELAY_INGEST_SERVERLESS__API_KEY or ..._API_KEY_FILE)"
+            )
+
+    def serves(self, config: StreamConfig) -> bool:
+        return self.endpoint_of(config) is not None
+
+    def start(self, stream: IngestStream) -> None:
+        """Serve ``stream`` (not launched yet) from its endpoint until it stops."""
+        endpoint = self.endpoint_of(stream.config)
+        if endpoint is None:
+            raise ValueError(f"stream {stream.id!r} names no serverless endpoint")
+        self.check(stream.config)
+        old = self._tasks.pop(stream.id, None)
+        if old is not None:
+            old.cancel()
+        coro = serve_stream(stream, self.settings, endpoint, self.publish, self.batching,
+                            self.input_size)  # fmt: skip
+        task = asyncio.create_task(self._guarded(stream, coro), name=f"serverless-{stream.id}")
+        self._tasks[stream.id] = task
+        task.add_done_callback(lambda t: self._forget(stream.id, t))
+
+    @staticmethod
+    async def _guarded(stream: IngestStream, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except (FramerelayError, OSError) as exc:
+            stream.fail(f"serverless: {exc}"[:300])
+        except Exception:  # a bug here must not pass unseen; the stream fails alone
+            log.exception("stream %s: its serverless sender failed", stream.id)
+            stream.fail("serverless sender failed (see the ingest's log)")
+
+    def _forget(self, stream_id: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(stream_id) is task:
+            del self._tasks[stream_id]
+
+    async def aclose(self, timeout_s: float = 10.0) -> None:
+        """After the streams stopped: their senders end (bounded; the jobs still out are
+        waited for, then cancelled on the endpoint)."""
+        tasks = list(self._tasks.values())
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
 
 async def serve_stream(

@@ -34,6 +34,7 @@ from ingest.registry import (
     TunnelOptions,
     UnknownStream,
 )
+from ingest.serverless_task import ServerlessRuns
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.shard_glue import ShardedStreams
 from ingest.source import SourceSpec
@@ -68,6 +69,7 @@ class IngestService:
             default_url=settings.worker_url,
             default_worker_id=settings.worker_id,
             jobs=self.jobs,
+            serverless=ServerlessRuns(settings.serverless, self.bus.publish),
         )
         self._pending = list(settings.streams)
         self._changing = asyncio.Lock()
@@ -108,6 +110,8 @@ class IngestService:
                 raise StreamExists(f"stream {config.id!r} already exists")
             SourceSpec.from_config(config)  # reject what cannot run before storing it
             self.jobs.check(config)
+            if self.registry.serverless is not None:
+                self.registry.serverless.check(config)
             if self.store is not None:
                 await self.store.put(config)
             return self.registry.create(config)
@@ -186,6 +190,8 @@ class IngestService:
             if shards is not None:  # stops our streams and releases their leases first
                 await asyncio.gather(shards, return_exceptions=True)
             await self.registry.aclose(DRAIN_TIMEOUT_S)
+            if self.registry.serverless is not None:
+                await self.registry.serverless.aclose()
             await self.jobs.aclose()
             if self.sharded is not None:
                 await self.sharded.aclose()

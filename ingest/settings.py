@@ -22,6 +22,7 @@ from framerelay.model_registry import MODEL_NAME
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
+from ingest.serverless_link import ServerlessSettings
 from ingest.shard_settings import ShardSettings
 from ingest.urls import ORCHESTRATOR_TOKEN_ENV as ORCHESTRATOR_TOKEN_ENV
 from ingest.urls import URL_SCHEMES as URL_SCHEMES
@@ -415,6 +416,11 @@ class IngestSettings(ServiceSettings):
     shards: ShardSettings = Field(
         default_factory=ShardSettings,
         description="Several ingest replicas on one Redis share the streams (ingest.shards).",
+    )
+    serverless: ServerlessSettings = Field(
+        default_factory=ServerlessSettings,
+        description="RunPod serverless endpoints for job tasks that name one (the RunPod API "
+        "key, API URL, retries, deadlines: ingest.serverless_link).",
     )
 
     orchestrator_url: str | None = Field(

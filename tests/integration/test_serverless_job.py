@@ -1,13 +1,15 @@
 """A job task on a serverless tier, end to end on 127.0.0.1 (issue 18, serverless mode).
 
-The product path of a task stream (``IngestStream`` reading a real H.264 clip, its
-:class:`ingest.job_task.JobRun` with the real Redis for checkpoint and progress and the
-real sidecar), with :mod:`ingest.serverless_task` in place of the tunnel sender, against
-the RunPod serverless contract server running *our* handler with the real ONNX model on
-CPU in two worker threads. Faults: one request answered 500 (retried by the link), one
-``/run`` whose answer is lost (the job runs twice), one job failing on its worker
-(submitted again); and in the second test a batch lost for good (the task reads again
-from its checkpoint). Every frame of the clip is in the sidecar exactly once.
+First test: the ingest service as deployed (its REST API, its registry, its job tasks
+with the real Redis for checkpoint and progress and the real sidecar) gets a task whose
+``job.serverless_endpoint_id`` names an endpoint, as the orchestrator sends a task on a
+serverless tier: the registry's hook serves it with :mod:`ingest.serverless_task`
+instead of a tunnel, against the RunPod serverless contract server running *our*
+handler with the real ONNX model on CPU in two worker threads. Faults: one request
+answered 500 (retried by the link), one ``/run`` whose answer is lost (the job runs
+twice), one job failing on its worker (submitted again). Second test: the task stream
+and sender alone, with a batch lost for good (the task reads again from its
+checkpoint). Every frame of the clip is in the sidecar exactly once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import av
+import httpx
 import pytest
 from pydantic import SecretStr
 from redis import Redis
@@ -30,14 +33,19 @@ from framerelay.jobs import JobTask, TaskProgress, checkpoint_key, progress_key,
 from gpu_worker.detectors import OnnxDetectorSettings
 from gpu_worker.serverless import ServerlessHandler, build_handler
 from gpu_worker.settings import WorkerSettings
+from ingest.app import create_app
 from ingest.job_task import JobRuns
 from ingest.serverless_link import ServerlessSettings
 from ingest.serverless_task import Batching, serve_stream
-from ingest.settings import StreamConfig
+from ingest.service import IngestService
+from ingest.settings import IngestSettings, StreamConfig
 from ingest.stream import IngestStream, StreamState
 from tests.conftest import MODEL, TIMEOUT_FACTOR
+from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.harness import wait_for
 from tests.support.media import Media
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -129,6 +137,55 @@ def _check_exactly_once(sidecar: Path, pts: list[int], prefix: str) -> TaskProgr
     return progress
 
 
+def _serve_through_the_ingest(url: str, clip: Path, sidecar: Path, prefix: str) -> float:
+    """POST the task to a real ingest service; seconds until its progress says done."""
+    secret = secrets.token_urlsafe(32)
+    settings = IngestSettings(
+        worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel", token_secrets=secret,
+        store_path=sidecar.parent / "streams.json", redis_url=REDIS_URL,
+        results={"redis_prefix": prefix},
+        serverless={"base_url": url, "api_key": KEY, "poll_initial_s": 0.05,
+                    "poll_max_s": 0.2, "backoff_s": 0.05},
+    )  # fmt: skip
+    body = {"id": task_stream_id("night-1", 0), "url": str(clip), "fps": 0, "realtime": False,
+            "job": {"job_id": "night-1", "index": 0, "sidecar": str(sidecar),
+                    "serverless_endpoint_id": ENDPOINT}}  # fmt: skip
+
+    async def main() -> float:
+        service = IngestService(settings)
+        stop = asyncio.Event()
+        run = asyncio.create_task(service.run(stop))
+        token = mint(secret, ["streams:read", "streams:write"], "ingest", ttl=600)
+        transport = httpx.ASGITransport(app=create_app(service))
+        try:
+            async with httpx.AsyncClient(
+                transport=transport,
+                base_url="http://ingest",
+                headers={"Authorization": f"Bearer {token}"},
+            ) as http:
+                await wait_for(service.started.is_set, 10, "ingest start")
+                t0 = time.monotonic()
+                created = await http.post("/v1/streams", json=body)
+                assert created.status_code == 201, created.text
+                await wait_for(lambda: _state(prefix) in ("done", "failed"),
+                               120 * TIMEOUT_FACTOR, "the task to end")  # fmt: skip
+                return time.monotonic() - t0
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
+
+    return asyncio.run(main())
+
+
+def _state(prefix: str) -> str | None:
+    r = Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        raw = r.get(progress_key(prefix, "night-1", 0))
+    finally:
+        r.close()
+    return TaskProgress.model_validate_json(raw).state if isinstance(raw, str) else None
+
+
 def test_job_task_on_a_serverless_endpoint_every_frame_once(
     endpoint: tuple[EndpointState, str], clip: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
@@ -139,9 +196,7 @@ def test_job_task_on_a_serverless_endpoint_every_frame_once(
     state.faults.crash_next_jobs = 1  # a job fails on its worker: submitted again
     prefix = f"test-sls-{secrets.token_hex(4)}"
     sidecar = tmp_path / "out" / "seg-000.jsonl"
-    t0 = time.monotonic()
-    _run_task(url, path, sidecar, prefix, Batching(max_frames=16, max_jobs=2, attempts=3))
-    took = time.monotonic() - t0
+    took = _serve_through_the_ingest(url, path, sidecar, prefix)
     _check_exactly_once(sidecar, pts, prefix)
     health = state.health()["jobs"]
     print(f"{len(pts)} frames in {took:.1f} s; jobs {health}; handler calls "
