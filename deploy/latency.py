@@ -5,9 +5,11 @@ to its worker, not from the orchestrator, which may run anywhere. So the ingest 
 for every ready worker, as soon as it is ready and then every ``rtt_interval_s``, the
 orchestrator asks the ingest ``POST /v1/rtt`` (:mod:`ingest.rtt_probe`), which opens a
 tunnel to the worker as it does for frames (its token, TLS and CA) and sends
-``rtt_pings`` WebSocket pings on it; the answer is their median. The worker's
-``rtt_ms`` (its record, ``/v1/pods``) is the median of its last ``WINDOW``
-measurements. A measurement that fails keeps the previous figure (and is retried after
+``rtt_pings`` WebSocket pings on it, then ``PROBE_FRAMES`` probe frames; the answer
+is the pings' median and the frames' median less it (the worker's processing as the
+ingest sees it: its queueing, batching, decoding, inference). The worker's ``rtt_ms``
+and ``processing_ms`` (its record, ``/v1/pods``) are the medians of its last
+``WINDOW`` measurements. A measurement that fails keeps the previous figure (and is retried after
 the interval); a worker never measured has none. Without an ingest to ask
 (``ingest_url`` unset) nothing is measured and placement is as before.
 
@@ -15,10 +17,9 @@ the interval); a worker never measured has none. Without an ingest to ask
 round trip is the median of its measured workers'. A worker not measured yet counts
 with its region's figure; a worker of a tier without a region is a region of its own.
 
-**Processing.** A worker's processing time is its ``/info`` ``ms_per_inference`` (a full
-batch's inference in its warm-up benchmark, the time a frame takes on a loaded worker),
-kept in its record (``processing_ms``). A frame's expected latency on a worker is its
-round trip plus its processing time.
+**Processing.** Until the ingest measured it, a worker's processing time is its ``/info``
+``ms_per_inference`` (a full batch's inference in its warm-up benchmark). A frame's
+expected latency on a worker is its round trip plus its processing time.
 
 **Budgets.** Placement (:mod:`deploy.placement`) puts a stream with ``latency_slo_ms``
 where the expected latency fits; when nowhere with room does, on the fastest worker with
@@ -51,15 +52,24 @@ from framerelay.auth import TokenIssuer
 
 log = logging.getLogger(__name__)
 WINDOW = 5
-"""Measurements per worker whose median is its ``rtt_ms``."""
+"""Measurements per worker whose median is its ``rtt_ms`` (and ``processing_ms``)."""
+PROBE_FRAMES = 3
 MAX_RTT_MS = 600_000.0
 Event = tuple[str, str, str, str, dict[str, object]]
 """(kind, worker, reason, stream, detail) of a fleet event."""
 
 
+@dataclass(frozen=True, slots=True)
+class RoundTrip:
+    """One measurement: the round trip from the ingest and the worker's processing, ms."""
+
+    rtt_ms: float
+    processing_ms: float | None = None
+
+
 class RttSource(Protocol):
-    async def measure(self, worker: str, url: str, tls_name: str | None) -> float | None:
-        """The round trip from the ingest to the worker, ms; None when it failed."""
+    async def measure(self, worker: str, url: str, tls_name: str | None) -> RoundTrip | None:
+        """The round trip from the ingest to the worker; None when it failed."""
         ...
 
     async def aclose(self) -> None: ...
@@ -68,7 +78,7 @@ class RttSource(Protocol):
 class NoRtt:
     """Nothing to measure with (no ingest to ask; simulations)."""
 
-    async def measure(self, worker: str, url: str, tls_name: str | None) -> float | None:
+    async def measure(self, worker: str, url: str, tls_name: str | None) -> RoundTrip | None:
         return None
 
     async def aclose(self) -> None:
@@ -88,8 +98,9 @@ class IngestRtt:
         self._token = IngestToken(issuer)
         self.pings = pings
 
-    async def measure(self, worker: str, url: str, tls_name: str | None) -> float | None:
-        body: dict[str, object] = {"worker_id": worker, "url": url, "pings": self.pings}
+    async def measure(self, worker: str, url: str, tls_name: str | None) -> RoundTrip | None:
+        body: dict[str, object] = {"worker_id": worker, "url": url, "pings": self.pings,
+                                   "frames": PROBE_FRAMES}  # fmt: skip
         if tls_name is not None:
             body["tls_server_name"] = tls_name
         for http in self._https:
@@ -98,7 +109,7 @@ class IngestRtt:
                 return ms
         return None
 
-    async def _ask(self, http: httpx.AsyncClient, body: dict[str, object]) -> float | None:
+    async def _ask(self, http: httpx.AsyncClient, body: dict[str, object]) -> RoundTrip | None:
         headers = {"Authorization": f"Bearer {self._token.get()}"}
         try:
             resp = await http.post("/v1/rtt", json=body, headers=headers)
@@ -116,12 +127,20 @@ class IngestRtt:
         await asyncio.gather(*(http.aclose() for http in self._https))
 
 
-def _rtt_of(resp: httpx.Response) -> float | None:
-    """The ``rtt_ms`` of the ingest's answer, if it is a plausible number."""
+def _rtt_of(resp: httpx.Response) -> RoundTrip | None:
+    """The ingest's answer, if its ``rtt_ms`` is a plausible number (``processing_ms``
+    too, else None)."""
     try:
-        value = resp.json().get("rtt_ms")
-    except (ValueError, AttributeError):
+        body = resp.json()
+    except ValueError:
         return None
+    if not isinstance(body, dict):
+        return None
+    rtt = _ms(body.get("rtt_ms"))
+    return None if rtt is None else RoundTrip(rtt, _ms(body.get("processing_ms")))
+
+
+def _ms(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     ms = float(value)
@@ -142,6 +161,7 @@ class Latency:
     source: RttSource = field(default_factory=NoRtt)
     interval_s: float = 30.0
     samples: dict[str, collections.deque[float]] = field(default_factory=dict)
+    processing: dict[str, collections.deque[float]] = field(default_factory=dict)
     measured_at: dict[str, float] = field(default_factory=dict)
     breaches: dict[str, SloBreach] = field(default_factory=dict)
     """Streams placed over their budget now, as the last placement found."""
@@ -152,22 +172,22 @@ class Latency:
         known = {w.name for w in workers}
         for name in set(self.samples) - known:  # a worker gone: its figures go too
             self.samples.pop(name, None)
+            self.processing.pop(name, None)
             self.measured_at.pop(name, None)
         due = [w for w in workers if w.ready and w.tunnel_url and self._due(w.name, now)]
         found = await asyncio.gather(*(self._one(w) for w in due))
-        for worker, ms in zip(due, found, strict=True):
+        for worker, trip in zip(due, found, strict=True):
             self.measured_at[worker.name] = now
-            if ms is None:
-                continue
-            window = self.samples.setdefault(worker.name, collections.deque(maxlen=WINDOW))
-            window.append(ms)
-            worker.rtt_ms = round(statistics.median(window), 3)
+            if trip is not None:
+                worker.rtt_ms = _fold(self.samples, worker.name, trip.rtt_ms)
+                if trip.processing_ms is not None:
+                    worker.processing_ms = _fold(self.processing, worker.name, trip.processing_ms)
 
     def _due(self, name: str, now: float) -> bool:
         at = self.measured_at.get(name)
         return at is None or now - at >= self.interval_s or now < at
 
-    async def _one(self, worker: WorkerState) -> float | None:
+    async def _one(self, worker: WorkerState) -> RoundTrip | None:
         assert worker.tunnel_url is not None  # noqa: S101 - only workers with one are due
         return await self.source.measure(worker.name, worker.tunnel_url, worker.tls_server_name)
 
@@ -191,6 +211,13 @@ class Latency:
         """The stream's breach for the API (None: none)."""
         late = self.breaches.get(stream)
         return None if late is None else late.as_dict()
+
+
+def _fold(windows: dict[str, collections.deque[float]], name: str, ms: float) -> float:
+    """Add ``ms`` to the worker's window; the window's median."""
+    window = windows.setdefault(name, collections.deque(maxlen=WINDOW))
+    window.append(ms)
+    return round(statistics.median(window), 3)
 
 
 def region_rtts(pods: Iterable[PodRecord], settings: OrchestratorSettings) -> dict[str, float]:

@@ -273,8 +273,9 @@ class WorkerState(BaseModel):
     )  # fmt: skip
     processing_ms: float | None = Field(
         None, ge=0, le=600_000,
-        description="Its processing time of a frame, ms: a full batch's inference as its /info "
-        "says (ms_per_inference); None: unknown.",
+        description="Its processing time of a frame, ms: the median of the ingest's recent "
+        "measurements (probe frames, less the round trip; deploy.latency), until then its "
+        "/info ms_per_inference; None: unknown.",
     )  # fmt: skip
 
 

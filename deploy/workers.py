@@ -33,7 +33,7 @@ def apply_probe(
         worker.last_canary = now
     if probe.capacity_fps > 0:
         worker.capacity_fps = probe.capacity_fps
-    if probe.ms_per_inference > 0:
+    if probe.ms_per_inference > 0 and worker.processing_ms is None:  # until the ingest measured
         worker.processing_ms = round(probe.ms_per_inference, 3)
     if probe.alive and probe.ready is True:  # its /info was read: models as it says now
         worker.models = probe.worker_models

@@ -153,7 +153,7 @@ def test_ingest_measures_round_trips_on_a_tunnel(
             auth = ingest.auth("routing:write")
             for label, url in (("direct", local_worker.url),
                                ("proxied", f"ws://127.0.0.1:{proxy.port}/v1/tunnel")):  # fmt: skip
-                body = {"worker_id": "test-worker", "url": url, "pings": 5}
+                body = {"worker_id": "test-worker", "url": url, "pings": 5, "frames": 3}
                 out[label] = (await http.post("/v1/rtt", json=body, headers=auth)).json()
             out["refused"] = await _refusals(http, auth)
             rtt = IngestRtt(ingest.base, TokenIssuer(KeySet.from_secrets([secret])), pings=3)
@@ -161,7 +161,8 @@ def test_ingest_measures_round_trips_on_a_tunnel(
             latency = Latency(rtt, interval_s=30)
             await latency.measure([worker], now=100.0)
             await latency.measure([worker], now=110.0)  # not due: not asked again
-            out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]))
+            out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]),
+                           worker.processing_ms)  # fmt: skip
             await rtt.aclose()
         await proxy.aclose()
         return out
@@ -169,18 +170,23 @@ def test_ingest_measures_round_trips_on_a_tunnel(
     out = asyncio.run(main())
     direct, proxied = out["direct"], out["proxied"]
     print(f"\nround trip ingest -> worker: direct {direct['rtt_ms']} ms, behind a 2 x 15 ms "
-          f"proxy {proxied['rtt_ms']} ms ({proxied['samples_ms']})")  # fmt: skip
+          f"proxy {proxied['rtt_ms']} ms ({proxied['samples_ms']}); probe frames "
+          f"{proxied['frame_ms']} ms: processing {proxied['processing_ms']} ms")  # fmt: skip
     assert len(direct["samples_ms"]) == 5 and direct["rtt_ms"] < 25
     assert 30 <= proxied["rtt_ms"] < 80
-    assert out["refused"] == [422, 422, 502]
-    rtt_ms, samples = out["book"]
-    assert len(samples) == 1 and rtt_ms == samples[0] < 25
+    for answer in (direct, proxied):
+        assert len(answer["frame_ms"]) == 3 and answer["processing_ms"] > 0
+        assert min(answer["frame_ms"]) > answer["rtt_ms"]
+    assert out["refused"] == [422, 422, 422, 502]
+    rtt_ms, samples, processing = out["book"]
+    assert len(samples) == 1 and rtt_ms == samples[0] < 25 and processing > 0
 
 
 async def _refusals(http: httpx.AsyncClient, auth: dict[str, str]) -> list[int]:
     bodies = [
         {"worker_id": "w", "url": "ws://10.9.8.7:8443/v1/tunnel"},  # plain ws:// off this host
         {"worker_id": "w", "url": "ws://127.0.0.1:9/v1/tunnel", "pings": 21},
+        {"worker_id": "w", "url": "ws://127.0.0.1:9/v1/tunnel", "frames": 11},
         {"worker_id": "w", "url": "ws://127.0.0.1:9/v1/tunnel"},  # nobody listens
     ]
     return [(await http.post("/v1/rtt", json=b, headers=auth)).status_code for b in bodies]

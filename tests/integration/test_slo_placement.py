@@ -4,7 +4,10 @@ Two tiers, each one region of one local worker process; each worker is behind it
 TCP proxy on 127.0.0.1 that delays each direction (``tests.support.delay_proxy``): 2.5 ms
 each way for region ``near-1`` (5 ms round trip), 40 ms each way for ``far-1`` (80 ms).
 The real orchestrator (real Redis) probes, canaries and places; the real ingest measures
-each worker's round trip with pings on a tunnel (``POST /v1/rtt``) and runs the streams.
+each worker's round trip with pings on a tunnel (``POST /v1/rtt``), and its processing
+with probe frames, and runs the streams. The workers batch as a GPU worker does (up to 2
+frames, waiting up to 15 ms to fill a batch), so a frame takes 15 ms plus its inference
+there: the 80 ms region cannot meet a 100 ms budget however idle this machine is.
 
 1. A stream with ``latency_slo_ms`` 100 goes to the near region, no breach.
 2. The near worker is full (another stream took its capacity): the same stream goes to
@@ -30,6 +33,7 @@ from tests.support.delay_proxy import ProxiedProvider
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ONE_WAY_S = {"near": 0.0025, "far": 0.040}
+BATCHING = {"FRAMERELAY_WORKER_MAX_BATCH": "2", "FRAMERELAY_WORKER_BATCH_WAIT_MS": "15"}
 SLO_MS = 100.0
 CAPACITY_FPS = 6.0  # per worker; x 0.8 target utilisation = 4.8 fps of room
 FPS = 3.0  # two such streams do not fit one worker
@@ -111,7 +115,8 @@ def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> N
     settings = settings_for(secret, tmp_path / "ca", tiers=_tiers(), rtt_interval_s=2.0)
 
     async def main() -> dict[str, Any]:
-        provider = ProxiedProvider(LocalProvider(settings.local), ONE_WAY_S)
+        local = LocalProvider(settings.local, env_hook=lambda spec: BATCHING)
+        provider = ProxiedProvider(local, ONE_WAY_S)
         async with running_fleet(settings, provider=provider) as fleet:
             return await _scenario(fleet)
 
