@@ -18,6 +18,7 @@ Errors say which input and why, never the input itself (it may hold a password).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ class JobsSettings(BaseModel):
         None, description="Where the sidecars of URL inputs go (<dir>/<job id>/); without "
         "it a job takes local files and recordings only.",
     )  # fmt: skip
+    input_dirs: tuple[Path, ...] = Field(
+        (), description="When set, local inputs must lie under one of these directories "
+        "(symbolic links resolved); empty: any path the orchestrator can read.",
+    )  # fmt: skip
     keep_finished: int = Field(
         1000, ge=1, le=100_000,
         description="Finished jobs kept for GET /v1/jobs; older ones go, with their tasks' "
@@ -83,15 +88,18 @@ class TaskInput:
     sidecar: str
 
 
-def expand_inputs(inputs: Sequence[str], job_id: str, output_dir: Path | None) -> list[TaskInput]:
+def expand_inputs(
+    inputs: Sequence[str], job_id: str, output_dir: Path | None, roots: Sequence[Path] = ()
+) -> list[TaskInput]:
     """The job's tasks, in input order (a recording directory: its segments in time order).
 
     Raises :class:`InputError` for an input that is not well-formed, does not exist, is
-    not a recording, repeats another, or for more than :data:`MAX_INPUTS` tasks in all.
+    not a recording, lies outside ``roots`` (when given), repeats another, or for more
+    than :data:`MAX_INPUTS` tasks in all.
     """
     tasks: list[TaskInput] = []
     for i, text in enumerate(inputs):
-        for url in _one(i, text, output_dir):
+        for url in _one(i, text, output_dir, roots):
             sidecar = _url_sidecar(url, job_id, len(tasks), output_dir, i) if _is_url(url) else (
                 str(Path(url).with_name(f"{Path(url).stem}.{job_id}.jsonl"))
             )  # fmt: skip
@@ -112,7 +120,7 @@ def _is_url(text: str) -> bool:
     return bool(_URL.match(text)) and not text.lower().startswith("file://")
 
 
-def _one(i: int, text: str, output_dir: Path | None) -> list[str]:
+def _one(i: int, text: str, output_dir: Path | None, roots: Sequence[Path]) -> list[str]:
     """What input ``i`` stands for: itself (a file, a URL) or a recording's segments."""
     if not text or len(text) > MAX_INPUT_CHARS:
         raise InputError(i, f"an input is 1-{MAX_INPUT_CHARS} characters")
@@ -123,10 +131,13 @@ def _one(i: int, text: str, output_dir: Path | None) -> list[str]:
             raise InputError(i, "a URL input needs FRAMERELAY_ORCH_JOBS__OUTPUT_DIR (where its "
                              "sidecar goes); local files and recordings need nothing")  # fmt: skip
         return [text]
-    path = Path(unquote(urlsplit(text).path)) if text.lower().startswith("file://") else Path(text)
-    if not path.is_absolute():
+    raw = unquote(urlsplit(text).path) if text.lower().startswith("file://") else text
+    if not os.path.isabs(raw):
         raise InputError(i, "a local input is an absolute path (framerelay jobs submit makes "
                          "relative paths absolute)")  # fmt: skip
+    path = Path(os.path.normpath(raw))  # no '..' left (the ingest refuses it in a sidecar)
+    if roots and not any(path.resolve().is_relative_to(r.resolve()) for r in roots):
+        raise InputError(i, "a local input lies under FRAMERELAY_ORCH_JOBS__INPUT_DIRS")
     if path.is_dir():
         return [str(p) for p in recording_segments(i, path)]
     if not path.is_file():

@@ -47,8 +47,9 @@ async def new_job(orch: Orchestrator, spec: JobSpec) -> JobRecord:
                                        "msg": problem}])  # fmt: skip
     job_id = spec.id or secrets.token_hex(4)
     try:
+        jobs = orch.settings.jobs
         tasks = await asyncio.to_thread(
-            expand_inputs, spec.inputs, job_id, orch.settings.jobs.output_dir
+            expand_inputs, spec.inputs, job_id, jobs.output_dir, jobs.input_dirs
         )
     except InputError as exc:
         raise _input_error(exc) from None

@@ -96,6 +96,19 @@ def test_inputs_that_cannot_be_tasks_say_which_and_why(make: Any, why: str, tmp_
     assert caught.value.index == 1
 
 
+def test_inputs_outside_the_allowed_directories_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.mp4").write_bytes(b"")
+    (tmp_path / "b.mp4").write_bytes(b"")
+    (tmp_path / "in" / "link.mp4").symlink_to(tmp_path / "b.mp4")
+    roots = [tmp_path / "in"]
+    ok = expand_inputs([str(tmp_path / "in" / "x" / ".." / "a.mp4")], "j1", None, roots)
+    assert ok[0].url == str(tmp_path / "in" / "a.mp4")  # normalised: no '..' in a sidecar
+    for bad in (tmp_path / "b.mp4", tmp_path / "in" / ".." / "b.mp4", tmp_path / "in" / "link.mp4"):
+        with pytest.raises(InputError, match="INPUT_DIRS"):
+            expand_inputs([str(bad)], "j1", None, roots)
+
+
 def test_a_repeated_input_and_too_many_segments_are_refused(tmp_path: Path) -> None:
     clip = tmp_path / "ok.mp4"
     clip.write_bytes(b"")

@@ -26,6 +26,7 @@ from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
 from deploy.service import Orchestrator
 from framerelay.auth import KeySet
+from framerelay.commands.jobs import absolute, describe, progress_bar
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.deploy.orch_support import orch_settings, serving_here
 from tests.deploy.test_fleet_models import REGISTRY
@@ -171,3 +172,18 @@ def test_the_jobs_cli_submits_follows_lists_and_cancels(
     refused = cli(no_token, tmp_path, "list")
     assert refused.returncode == 2 and "HTTP 401" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_progress_bar_and_the_summary_say_frames_eta_cost_and_duration() -> None:
+    job = {"id": "n1", "state": "running", "frames_done": 45, "frames_total": 180,
+           "eta_s": 75.4, "cost_usd": 0.00123, "duration_s": 12.0, "error": None,
+           "tasks": [{"state": "done", "frames_done": 45, "frames_total": 60},
+                     {"state": "pending", "frames_done": 0, "frames_total": None}],
+           "sidecars": ["/r/a.n1.jsonl", "/r/b.n1.jsonl"]}  # fmt: skip
+    bar = progress_bar(job)
+    assert bar == "[#######.......................] 45/180 frames  eta 1m15s  $0.0012  running"
+    assert progress_bar({**job, "frames_total": None}).startswith("[" + "." * 30 + "] 45/? ")
+    text = describe(job)
+    assert "eta: 1m15s" in text and "cost: $0.0012" in text and "duration: 12s" in text
+    assert "task 1: pending 0/? -> /r/b.n1.jsonl" in text
+    assert absolute("rtsp://cam/x") == "rtsp://cam/x" and absolute("a.mp4").startswith("/")
