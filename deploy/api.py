@@ -188,12 +188,13 @@ def _fleet_gauges(status: dict[str, Any]) -> list[Metric]:
 
 def _latency_gauges(status: dict[str, Any]) -> list[Metric]:
     """Round trips from the ingest per worker, and streams over their latency budget."""
-    rtt = GaugeMetricFamily(ORCH + "worker_rtt_ms", "Round trip from the ingest (ms)",
+    rtt = GaugeMetricFamily(ORCH + "worker_rtt_seconds", "Round trip from the ingest (s)",
                             labels=["worker", "tier", "region"])  # fmt: skip
     for pod in status["pods"]:
         for w in pod.get("gpus") or [pod]:
             if w.get("rtt_ms") is not None:
-                rtt.add_metric([w["name"], pod["tier"], pod.get("region") or ""], w["rtt_ms"])
+                where = [w["name"], pod["tier"], pod.get("region") or ""]
+                rtt.add_metric(where, w["rtt_ms"] / 1000)
     late = sum(1 for s in status["streams"] if s.get("slo_breach"))
     breach = GaugeMetricFamily(ORCH + "slo_breach_streams",
                                "Streams placed over their latency budget", value=late)  # fmt: skip

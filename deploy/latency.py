@@ -26,7 +26,7 @@ where the expected latency fits; when nowhere with room does, on the fastest wor
 room, and the breach is reported: an event ``slo_breach`` (and ``slo_met`` once it fits
 again, or the stream left), the stream's ``slo_breach`` in ``/v1/streams`` and
 ``/v1/fleet`` (``{"worker", "expected_ms", "slo_ms", "rtt_ms", "processing_ms"}``), and the
-metrics ``framerelay_orch_slo_breach_streams`` and ``framerelay_orch_worker_rtt_ms``.
+metrics ``framerelay_orch_slo_breach_streams`` and ``framerelay_orch_worker_rtt_seconds``.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> N
             return await _scenario(fleet)
 
     out = asyncio.run(main())
+    (tmp_path / "metrics.txt").write_text(out["metrics"])
     rtt, proc = out["rtt"], out["processing"]
     print(
         f"\nmeasured round trips (ingest -> worker, ms): near {rtt['near']:.1f}, far "
@@ -143,6 +144,10 @@ def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> N
     assert breach is not None and breach["worker"] == out["far"] and breach["slo_ms"] == SLO_MS
     assert breach["expected_ms"] > SLO_MS
     assert "framerelay_orch_slo_breach_streams 1.0" in out["metrics"]
+    rtt_far = (
+        f'framerelay_orch_worker_rtt_seconds{{region="far-1",tier="far",worker="{out["far"]}"}}'
+    )
+    assert rtt_far in out["metrics"]
     assert 'framerelay_orch_events_total{kind="slo_breach"} 1.0' in out["metrics"]
     assert [(e["kind"], e["stream"]) for e in out["events"]] == [("slo_breach", "cam-slo2")]
     kinds = [(e["kind"], e["stream"], e["pod"]) for e in out["events_after"]]
