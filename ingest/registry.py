@@ -105,8 +105,7 @@ class StreamRegistry:
         serverless: ServerlessRuns | None = None,
     ) -> None:
         self.options = options or TunnelOptions()
-        self.jobs = jobs
-        """Runs the job task of a stream whose config has one (:mod:`ingest.job_task`)."""
+        self.jobs = jobs  # runs the job task of a stream whose config has one
         self.serverless = serverless  # job tasks naming an endpoint: never on a tunnel
         self._token_for = token_for
         self._on_result = on_result
