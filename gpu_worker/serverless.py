@@ -31,13 +31,13 @@ most the worker's batch size. Limits: a ``/run`` body is at most 10 MB (RunPod d
 batches below that. Detections are untracked (``tracker_id`` -1): frames of one task
 may run on several workers at once, so no tracker sees them all.
 
-Start (the image's command on a serverless endpoint)::
+Start (the image's command on a serverless endpoint; its entrypoint is ``framerelay``)::
 
-    python -m gpu_worker.serverless
+    framerelay worker --serverless        # or: python -m gpu_worker.serverless
 
-It reads the worker's settings (``FRAMERELAY_WORKER_...``: detector, model registry)
-and hands the handler to the RunPod SDK (``pip install runpod``, optional: imported
-only here).
+It reads the worker's settings (``FRAMERELAY_WORKER_...``: detector, model registry;
+``--model`` and the other detector options too) and hands the handler to the RunPod
+SDK (``pip install runpod``, optional: imported only here).
 """
 
 from __future__ import annotations
@@ -227,21 +227,34 @@ def build_handler(settings: WorkerSettings, detector: Detector | None = None) ->
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gpu_worker.serverless``: serve RunPod jobs with the RunPod SDK."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def serve_runpod(settings: WorkerSettings) -> int:
+    """Serve RunPod jobs with the RunPod SDK (``framerelay worker --serverless``); an exit
+    status (2: the SDK is missing or the settings are wrong, said in one line)."""
     try:
         import runpod  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         log.error("the RunPod SDK is not installed: pip install runpod (serverless mode only)")
         return 2
     try:
-        handler = build_handler(WorkerSettings())
-    except (ValidationError, FramerelayError) as exc:
+        handler = build_handler(settings)
+    except FramerelayError as exc:
         log.error("cannot start: %s", str(exc).splitlines()[0][:_MAX_ERROR])
         return 2
+    log.info("serving RunPod serverless jobs (model %s, batches of %d)",
+             handler.models.default.name, handler.max_batch)  # fmt: skip
     runpod.serverless.start({"handler": handler})
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpu_worker.serverless``: the worker's settings from the environment."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = WorkerSettings()
+    except ValidationError as exc:
+        log.error("cannot start: %s", str(exc).splitlines()[0][:_MAX_ERROR])
+        return 2
+    return serve_runpod(settings)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "GPU NVML sees), a count N (GPUs 0..N-1) or indexes/GPU-<uuid>s; worker ids "
         "<id>-gpu<i>, ports --port + k (0: each a free port)",
     )
+    p.add_argument(
+        "--serverless",
+        action="store_true",
+        help="serve RunPod serverless jobs instead of tunnels (a serverless endpoint's start "
+        "command; needs 'pip install runpod'): docs/runpod.md#serverless-mode",
+    )
     p.set_defaults(func=run)
 
 
@@ -97,6 +103,10 @@ def build_settings(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     settings = build_settings(args)
+    if args.serverless:
+        from gpu_worker.serverless import serve_runpod
+
+        return serve_runpod(settings)
     if args.gpus is not None:  # a supervisor of one worker per GPU, each warned on its own
         from framerelay.commands.worker_gpus import run_per_gpu
 

@@ -5,7 +5,11 @@ detections per frame out, in batches of the worker's size; bad input gets one li
 from __future__ import annotations
 
 import base64
+import importlib.util
 import logging
+import subprocess
+import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +17,13 @@ import av
 import pytest
 
 from gpu_worker.detectors import Detector, ModelInput, OnnxDetectorSettings, load_detector
-from gpu_worker.serverless import MAX_FRAMES, ServerlessHandler, build_handler, main
+from gpu_worker.serverless import (
+    MAX_FRAMES,
+    ServerlessHandler,
+    build_handler,
+    main,
+    serve_runpod,
+)
 from gpu_worker.settings import WorkerSettings
 from ingest.prepare import Preparer
 from tests.conftest import CLIP, MODEL
@@ -145,11 +155,28 @@ def test_bad_input_is_one_line_of_error(
 
 
 def test_start_without_the_runpod_sdk_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    pytest.importorskip("onnxruntime")
-    try:
-        import runpod  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-    except ImportError:
-        assert main([]) == 2
-        assert "pip install runpod" in caplog.text
-    else:
+    if importlib.util.find_spec("runpod") is not None:
         pytest.skip("the RunPod SDK is installed here")
+    assert main([]) == 2
+    assert "pip install runpod" in caplog.text
+    run = subprocess.run(
+        [sys.executable, "-m", "framerelay", "worker", "--serverless", "--model", str(MODEL)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2 and "pip install runpod" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_the_sdk_gets_the_handler(
+    detector: Counting, frames: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve_runpod`` hands RunPod's SDK the handler (``runpod.serverless.start``); the
+    SDK is replaced by a recorder, as it is not installed here."""
+    started: list[dict[str, Any]] = []
+    sdk = types.SimpleNamespace(serverless=types.SimpleNamespace(start=started.append))
+    monkeypatch.setitem(sys.modules, "runpod", sdk)
+    monkeypatch.setattr("gpu_worker.serverless.load_detector", lambda settings: detector)
+    assert serve_runpod(WorkerSettings(worker_id="sl-2")) == 0
+    (config,) = started
+    out = config["handler"]({"id": "j", "input": {"frames": frames[:2]}})
+    assert out["worker_id"] == "sl-2" and len(out["results"]) == 2
