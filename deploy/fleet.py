@@ -284,7 +284,10 @@ class Fleet:
             if now < self.held_until(tier)
         }
         needs = fleet_model_needs(self.registry, pods.values())
-        self.targets = tier_targets(self.settings, streams, pods, self.prices, now, limits, needs)
+        expected = self.latency.tier_expected(pods.values())  # budgets: tiers that meet them
+        self.targets = tier_targets(
+            self.settings, streams, pods, self.prices, now, limits, needs, expected
+        )
         for name, floor in (await self.store.floors()).items():
             cfg = self.settings.tier(name)
             if cfg is not None and floor > 0:

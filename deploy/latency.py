@@ -165,6 +165,20 @@ class Latency:
     measured_at: dict[str, float] = field(default_factory=dict)
     breaches: dict[str, SloBreach] = field(default_factory=dict)
     """Streams placed over their budget now, as the last placement found."""
+    tiers: dict[str, float] = field(default_factory=dict)
+    """Each tier's expected latency (ms) as last measured: kept while it has no worker, so
+    the scaler does not open a pod again and again in a tier known to miss a budget."""
+
+    def tier_expected(self, pods: Iterable[PodRecord]) -> dict[str, float]:
+        """Each measured tier's expected latency: the median over its ready, measured
+        workers of round trip plus processing (the last figure known for a tier without)."""
+        seen: dict[str, list[float]] = {}
+        for rec in pods:
+            for w in rec.workers():
+                if w.ready and w.rtt_ms is not None:
+                    seen.setdefault(rec.tier, []).append(w.rtt_ms + (w.processing_ms or 0.0))
+        self.tiers.update({t: statistics.median(v) for t, v in seen.items()})
+        return dict(self.tiers)
 
     async def measure(self, workers: Iterable[WorkerState], now: float) -> None:
         """Measure the ready workers that are due (new, or ``interval_s`` since the last)."""

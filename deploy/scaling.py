@@ -22,6 +22,13 @@ model's memory (:class:`deploy.placement.ModelNeeds`) fits beside those planned,
 stream whose model fits no worker with room opens a pod instead of staying unplaced.
 Tiers whose workers have not said (or have no budget) are planned on frame rate alone.
 
+Latency budgets (issue 18): a tier whose workers were measured (:mod:`deploy.latency`:
+their round trip from the ingest plus their processing, the last figures known) and
+miss a stream's ``latency_slo_ms`` comes after the tiers that meet it or are not
+measured, for that stream: it is planned on a worker of a tier that fits its budget,
+and when none has room a pod of such a tier is opened (below its ``max_workers``)
+rather than the stream planned over its budget; placement then moves it there.
+
 A stream larger than one worker, or with every allowed tier full, opens
 nothing; placement reports it as unplaced. ``limits`` caps tiers below their
 ``max_workers`` (a tier that just answered "no capacity" is held at the pods
@@ -30,6 +37,7 @@ it has, so its demand goes to the next allowed tier).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -136,10 +144,12 @@ def plan_workers(
     limits: Mapping[str, int] | None = None,
     memory: Mapping[str, TierMemory] | None = None,
     needs: ModelNeeds | None = None,
+    expected: Mapping[str, float] | None = None,
 ) -> dict[str, int]:
     """Pods per tier (tiers in ``warm``: the runnable ones) to carry ``streams``; a pod
     of the tier's ``gpu_count`` brings that many workers (bins), each ``capacity`` and
-    the tier's model ``memory`` (``needs``: each model's MiB)."""
+    the tier's model ``memory`` (``needs``: each model's MiB); ``expected``: each
+    measured tier's expected latency (ms), for streams with a latency budget."""
     limits, memory, needs = limits or {}, memory or {}, needs or ModelNeeds()
     index = {t.name: i for i, t in enumerate(settings.tiers)}
     tiers = [t for t in settings.tiers if t.name in warm]
@@ -158,16 +168,20 @@ def plan_workers(
     by_rank = sorted(tiers, key=lambda t: rank[t.name])
     for stream in by_priority(streams, settings.model_costs):
         need = demand(stream, settings.model_costs)
-        ok = [t for t in by_rank if allowed(stream, t.spot, t.batch_only, pinned)]
+        late = functools.partial(_late, stream, expected or {})
+        ok = sorted((t for t in by_rank if allowed(stream, t.spot, t.batch_only, pinned)),
+                    key=lambda t: late(t.name))  # fmt: skip
         names = {t.name for t in ok}
         model = stream.model
         fits = [p for p in planned if p.tier.name in names and p.fits(model, need, needs)]
-        if fits:
-            min(fits, key=lambda p: (p.rank, p.room - p.used - need)).take(model, need, needs)
-            continue
+        best = min(fits, key=lambda p: (late(p.tier.name), p.rank, p.room - p.used - need),
+                   default=None)  # fmt: skip
         tier = next((t for t in ok if count[t.name] < most[t.name]
                      and _Planned(t, rank[t.name], room[t.name], memory=mem[t.name])
                      .fits(model, need, needs)), None)  # fmt: skip
+        if best is not None and (not late(best.tier.name) or tier is None or late(tier.name)):
+            best.take(model, need, needs)
+            continue
         if tier is not None:  # a new pod: its first worker takes the stream
             new = [_Planned(tier, rank[tier.name], room[tier.name], memory=mem[tier.name])
                    for _ in range(tier.gpu_count)]  # fmt: skip
@@ -175,6 +189,12 @@ def plan_workers(
             planned += new
             count[tier.name] += 1
     return count
+
+
+def _late(stream: StreamSpec, expected: Mapping[str, float], tier: str) -> bool:
+    """The tier was measured over the stream's latency budget."""
+    ms = expected.get(tier)
+    return stream.latency_slo_ms is not None and ms is not None and ms > stream.latency_slo_ms
 
 
 def tier_targets(
@@ -185,6 +205,7 @@ def tier_targets(
     now: float,
     limits: Mapping[str, int] | None = None,
     needs: ModelNeeds | None = None,
+    expected: Mapping[str, float] | None = None,
 ) -> dict[str, int]:
     tz = ZoneInfo(settings.timezone)
     capacity = {
@@ -197,5 +218,7 @@ def tier_targets(
         if may_run(t, now, tz) and t.max_workers > 0
     }
     memory = {t.name: tier_memory(t, pods.values()) for t in settings.tiers}
-    planned = plan_workers(settings, streams, capacity, prices, warm, limits, memory, needs)
+    planned = plan_workers(
+        settings, streams, capacity, prices, warm, limits, memory, needs, expected
+    )
     return {t.name: planned.get(t.name, 0) for t in settings.tiers}

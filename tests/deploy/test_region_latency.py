@@ -1,7 +1,8 @@
 """Issue 18: regions by latency and SLO-aware placement, piece by piece.
 
-Placement tables on :class:`deploy.placement.Slot` values (pure), the breach events of
-:class:`deploy.latency.Latency`, region round trips from pod records, the tier setting,
+Placement tables on :class:`deploy.placement.Slot` values (pure), the scaler's plan for
+streams with a budget, the breach events of :class:`deploy.latency.Latency`, region round
+trips from pod records, the tier setting,
 and the ingest's ``POST /v1/rtt`` against a real worker process, directly and behind a
 delaying TCP proxy (the orchestrator's :class:`deploy.latency.IngestRtt` asking it).
 """
@@ -19,6 +20,8 @@ from pydantic import ValidationError
 from deploy.latency import IngestRtt, Latency, annotate, region_rtts
 from deploy.models import PodRecord, StreamSpec, WorkerState
 from deploy.placement import SloBreach, Slot, place
+from deploy.providers.base import GpuPrice
+from deploy.scaling import plan_workers
 from deploy.settings import OrchestratorSettings, TierConfig
 from framerelay.auth import KeySet, TokenIssuer
 from framerelay.launcher import LocalWorker
@@ -190,3 +193,41 @@ async def _refusals(http: httpx.AsyncClient, auth: dict[str, str]) -> list[int]:
         {"worker_id": "w", "url": "ws://127.0.0.1:9/v1/tunnel"},  # nobody listens
     ]
     return [(await http.post("/v1/rtt", json=b, headers=auth)).status_code for b in bodies]
+
+
+def _plan(slo: float | None, expected: dict[str, float] | None) -> dict[str, int]:
+    """Pods per tier for one 5 fps stream: "far" has a warm pod with room and is cheaper,
+    "near" has none (up to 2)."""
+    settings = OrchestratorSettings(tiers=[
+        TierConfig(name="near", gpu_types=("A",), max_workers=2, region="near-1"),
+        TierConfig(name="far", gpu_types=("B",), max_workers=2, region="far-1"),
+    ])  # fmt: skip
+    prices = {"A": GpuPrice("A", 2.0, 2.0, 1.0, 1.0), "B": GpuPrice("B", 1.0, 1.0, 0.5, 0.5)}
+    capacity, warm = {"near": 10.0, "far": 10.0}, {"near": 0, "far": 1}
+    streams = [_stream(slo)]
+    return plan_workers(settings, streams, capacity, prices, warm, expected=expected)
+
+
+@pytest.mark.parametrize(
+    ("case", "slo", "expected", "want"),
+    [
+        ("budget missed on far: a near pod", 100, {"near": 40.0, "far": 120.0}, {"near": 1}),
+        ("near not measured yet: tried", 100, {"far": 120.0}, {"near": 1}),
+        ("budget met on far: price", 150, {"near": 40.0, "far": 120.0}, {"near": 0}),
+        ("missed everywhere: price", 30, {"near": 40.0, "far": 120.0}, {"near": 0}),
+        ("no budget: price", None, {"near": 40.0, "far": 120.0}, {"near": 0}),
+        ("nothing measured: as before", 100, None, {"near": 0}),
+    ],
+)
+def test_scaler_opens_a_pod_where_the_budget_holds(
+    case: str, slo: float | None, expected: dict[str, float] | None, want: dict[str, int]
+) -> None:
+    assert _plan(slo, expected) == {"far": 1, **want}, case
+
+
+def test_tier_latency_is_remembered_while_the_tier_has_no_worker() -> None:
+    latency = Latency()
+    pods = [_pod("n1", "near", 10.0, 30.0), _pod("n2", "near", 20.0, 30.0),
+            _pod("f1", "far", 80.0, 30.0)]  # fmt: skip
+    assert latency.tier_expected(pods) == {"near": 45.0, "far": 110.0}
+    assert latency.tier_expected(pods[2:]) == {"near": 45.0, "far": 110.0}
