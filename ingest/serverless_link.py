@@ -128,6 +128,8 @@ class ServerlessLink:
         )  # fmt: skip
         self.requests = 0
         self.retries = 0
+        self.execution_s = 0.0
+        """Worker time of the jobs this link saw end (``executionTime``): what RunPod bills."""
 
     async def __aenter__(self) -> ServerlessLink:
         return self
@@ -190,6 +192,8 @@ class ServerlessLink:
             while True:
                 answer = await self.status(job_id)
                 state = answer["status"]
+                if state in TERMINAL:
+                    self.execution_s += _ms(answer.get("executionTime")) / 1000
                 if state == "COMPLETED":
                     return answer.get("output")
                 if state in TERMINAL:
@@ -263,6 +267,13 @@ def _retry_after(resp: httpx.Response) -> float | None:
     except ValueError:
         return None
     return min(max(value, 0.0), _MAX_RETRY_AFTER_S) if value == value else None
+
+
+def _ms(value: object) -> float:
+    """A duration in ms from an answer (0 when missing or not a sane number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if 0 <= value < 1e10 else 0.0
 
 
 def _text(value: object) -> str:

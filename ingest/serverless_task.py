@@ -214,4 +214,12 @@ async def serve_stream(
     endpoint's model; no HELLO tells it), its decode thread started, its frames sent."""
     async with ServerlessLink(settings, endpoint_id) as link:
         stream.start(*input_size)
-        await ServerlessSender(stream, link, publish, batching).run()
+        sender = ServerlessSender(stream, link, publish, batching)
+        try:
+            await sender.run()
+        finally:
+            sink = sender.sink
+            log.info("stream %s on serverless endpoint %s: %d jobs (%d submitted again, %d "
+                     "batches lost), %d frames answered, %.1f s of worker time",
+                     stream.id, endpoint_id, sink.jobs, sink.resubmits, sink.batches_lost,
+                     sink.frames_answered, link.execution_s)  # fmt: skip

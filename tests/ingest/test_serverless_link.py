@@ -100,15 +100,17 @@ def test_run_moves_through_the_documented_states(
             while seen[-1] != "IN_PROGRESS" and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
                 seen.append((await link.status(job_id))["status"])
+            await asyncio.sleep(0.2)
             handler.gate.set()
             output = await link.wait(job_id)
             final = await link.status(job_id)
             seen.append(final["status"])
-            assert final["executionTime"] >= 0 and final["delayTime"] >= 0
+            assert final["executionTime"] >= 150 and final["delayTime"] >= 0
+            assert link.execution_s == pytest.approx(final["executionTime"] / 1000)
             return seen, output
 
     seen, output = _run(main())
-    assert seen[0] == "IN_QUEUE" or seen[0] == "IN_PROGRESS"
+    assert seen[0] in ("IN_QUEUE", "IN_PROGRESS")
     assert "IN_PROGRESS" in seen and seen[-1] == "COMPLETED"
     assert output["echo"] == {"n": 1}
     assert ("POST", f"/v2/{ENDPOINT}/run") in state.requests

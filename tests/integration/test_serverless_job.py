@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from collections.abc import Iterator
@@ -187,23 +188,29 @@ def _state(prefix: str) -> str | None:
 
 
 def test_job_task_on_a_serverless_endpoint_every_frame_once(
-    endpoint: tuple[EndpointState, str], clip: tuple[Path, list[int]], tmp_path: Path
+    endpoint: tuple[EndpointState, str],
+    clip: tuple[Path, list[int]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     state, url = endpoint
     path, pts = clip
     state.faults.fail_next = 1  # a request answered 500: the link retries it
     state.faults.lose_run_answer_next = 1  # a /run answer lost: the job is queued twice
-    state.faults.crash_next_jobs = 1  # a job fails on its worker: submitted again
+    state.faults.crash_next_jobs = 2  # the orphan of the lost answer, then a job of ours
     prefix = f"test-sls-{secrets.token_hex(4)}"
     sidecar = tmp_path / "out" / "seg-000.jsonl"
+    caplog.set_level(logging.INFO, logger="ingest")
     took = _serve_through_the_ingest(url, path, sidecar, prefix)
     _check_exactly_once(sidecar, pts, prefix)
     health = state.health()["jobs"]
     print(f"{len(pts)} frames in {took:.1f} s; jobs {health}; handler calls "
           f"{state.handler_calls}; requests {len(state.requests)}")  # fmt: skip
-    assert health["failed"] >= 1 and state.faults.fail_next == 0
+    assert health["failed"] == 2 and state.faults.fail_next == 0
     assert state.faults.lose_run_answer_next == 0
-    assert not state.key_in_url
+    assert "submitting again" in caplog.text and "retrying" in caplog.text
+    assert "worker time" in caplog.text
+    assert not state.key_in_url and KEY not in caplog.text
 
 
 def test_a_batch_lost_for_good_is_read_again(
