@@ -256,3 +256,28 @@ def test_link_needs_a_key_and_a_clean_endpoint_id() -> None:
         ServerlessLink(ServerlessSettings(), ENDPOINT)
     with pytest.raises(ConfigError, match="endpoint id"):
         ServerlessLink(ServerlessSettings(api_key=SecretStr(KEY)), "ep/../x")
+
+
+def test_workers_start_cold_and_scale_back_to_zero(handler: Echo) -> None:
+    """The contract's endpoint has no worker until a job comes (a cold start, inside the
+    job's executionTime), keeps them idle for ``idle_timeout_s``, then has none again."""
+    state = EndpointState(KEY, handler, endpoint_id=ENDPOINT, workers=2, cold_start_s=0.2,
+                          idle_timeout_s=0.3)  # fmt: skip
+    with running_endpoint(state) as url:
+
+        async def main() -> list[dict[str, Any]]:
+            async with ServerlessLink(_settings(url), ENDPOINT) as link:
+                seen = [await link.health()]
+                await link.run({"n": 9})
+                seen.append(await link.health())
+                await asyncio.sleep(0.5)
+                seen.append(await link.health())
+                await link.run({"n": 10})
+                assert link.execution_s >= 0.4  # two cold starts of 0.2 s
+                return seen
+
+        before, warm, after = _run(main())
+    assert before["workers"] == {"idle": 0, "running": 0}
+    assert warm["workers"] == {"idle": 2, "running": 0}
+    assert after["workers"] == {"idle": 0, "running": 0}
+    assert state.cold_starts == 2
