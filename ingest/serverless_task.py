@@ -56,11 +56,12 @@ class Batching:
 
 def record_of(result: FrameResult, endpoint_id: str) -> ResultRecord:
     """The result record of a serverless answer: the frame's timing unchanged, the
-    worker named ``serverless:<endpoint>/<worker>``."""
+    worker named ``serverless:<endpoint>/<worker>``, the job's timings (of its whole
+    batch) as ``batch_<stage>_ms``."""
     det = result.detections
     header = wire.build(
         wire.Result, **result.frame.timing.timing_fields(), n=len(det),
-        timings={k: v for k, v in list(result.timings.items())[: wire.MAX_TIMINGS]},
+        timings={f"batch_{k}": v for k, v in list(result.timings.items())[: wire.MAX_TIMINGS]},
         model=result.model,
     )  # fmt: skip
     worker = f"serverless:{endpoint_id}/{result.worker_id}"[:128]

@@ -123,6 +123,7 @@ def _check_exactly_once(sidecar: Path, pts: list[int], prefix: str) -> TaskProgr
                         for x in lines)  # fmt: skip
     assert person_frames >= len(lines) * 0.9  # TUD-Stadtmitte: people in every frame
     assert all(x["result"]["worker_id"].startswith(f"serverless:{ENDPOINT}/") for x in lines)
+    assert all(x["result"]["timings"].keys() >= {"batch_infer_ms"} for x in lines)
     r = Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         raw_progress = r.get(progress_key(prefix, "night-1", 0))
