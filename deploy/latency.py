@@ -9,9 +9,11 @@ tunnel to the worker as it does for frames (its token, TLS and CA) and sends
 is the pings' median and the frames' median less it (the worker's processing as the
 ingest sees it: its queueing, batching, decoding, inference). The worker's ``rtt_ms``
 and ``processing_ms`` (its record, ``/v1/pods``) are the medians of its last
-``WINDOW`` measurements. A measurement that fails keeps the previous figure (and is retried after
-the interval); a worker never measured has none. Without an ingest to ask
-(``ingest_url`` unset) nothing is measured and placement is as before.
+``WINDOW`` measurements. A measurement that fails keeps the previous figures (and is
+retried after the interval); a worker never measured has none. A reconcile pass waits
+at most ``WAIT_S`` for the measurements it started; one still running is taken on a later
+pass. Without an ingest to ask (``ingest_url`` unset) nothing is measured and placement
+is as before.
 
 **Regions.** A tier names the region its data centres are in (``region``); a region's
 round trip is the median of its measured workers'. A worker not measured yet counts
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 WINDOW = 5
 """Measurements per worker whose median is its ``rtt_ms`` (and ``processing_ms``)."""
 PROBE_FRAMES = 3
+WAIT_S = 2.0
+"""How long a reconcile pass waits for the measurements it started (or that still run)."""
 MAX_RTT_MS = 600_000.0
 Event = tuple[str, str, str, str, dict[str, object]]
 """(kind, worker, reason, stream, detail) of a fleet event."""
@@ -160,6 +164,7 @@ class Latency:
 
     source: RttSource = field(default_factory=NoRtt)
     interval_s: float = 30.0
+    wait_s: float = WAIT_S
     samples: dict[str, collections.deque[float]] = field(default_factory=dict)
     processing: dict[str, collections.deque[float]] = field(default_factory=dict)
     measured_at: dict[str, float] = field(default_factory=dict)
@@ -168,6 +173,7 @@ class Latency:
     tiers: dict[str, float] = field(default_factory=dict)
     """Each tier's expected latency (ms) as last measured: kept while it has no worker, so
     the scaler does not open a pod again and again in a tier known to miss a budget."""
+    _running: dict[str, asyncio.Task[RoundTrip | None]] = field(default_factory=dict)
 
     def tier_expected(self, pods: Iterable[PodRecord]) -> dict[str, float]:
         """Each measured tier's expected latency: the median over its ready, measured
@@ -181,21 +187,46 @@ class Latency:
         return dict(self.tiers)
 
     async def measure(self, workers: Iterable[WorkerState], now: float) -> None:
-        """Measure the ready workers that are due (new, or ``interval_s`` since the last)."""
-        workers = list(workers)
-        known = {w.name for w in workers}
-        for name in set(self.samples) - known:  # a worker gone: its figures go too
-            self.samples.pop(name, None)
-            self.processing.pop(name, None)
-            self.measured_at.pop(name, None)
-        due = [w for w in workers if w.ready and w.tunnel_url and self._due(w.name, now)]
-        found = await asyncio.gather(*(self._one(w) for w in due))
-        for worker, trip in zip(due, found, strict=True):
-            self.measured_at[worker.name] = now
-            if trip is not None:
-                worker.rtt_ms = _fold(self.samples, worker.name, trip.rtt_ms)
-                if trip.processing_ms is not None:
-                    worker.processing_ms = _fold(self.processing, worker.name, trip.processing_ms)
+        """Start measuring the ready workers that are due (new, or ``interval_s`` since
+        the last), wait up to ``wait_s`` for the measurements running, and fold those done
+        into ``workers`` (the others are folded in on a later pass: a worker that does not
+        answer never holds the reconcile loop)."""
+        by_name = {w.name: w for w in workers}
+        self._forget(set(by_name))
+        for w in by_name.values():
+            if w.ready and w.tunnel_url and w.name not in self._running and self._due(w.name, now):
+                self.measured_at[w.name] = now
+                self._running[w.name] = asyncio.create_task(self._one(w), name=f"rtt-{w.name}")
+        if self._running:
+            await asyncio.wait(self._running.values(), timeout=self.wait_s)
+        for name, task in list(self._running.items()):
+            if task.done():
+                del self._running[name]
+                self._apply(by_name.get(name), _result(task))
+
+    def _forget(self, known: set[str]) -> None:
+        """A worker gone: its figures and its running measurement go too."""
+        for name in (set(self.measured_at) | set(self.samples)) - known:
+            for book in (self.samples, self.processing, self.measured_at):
+                book.pop(name, None)
+            task = self._running.pop(name, None)
+            if task is not None:
+                task.cancel()
+
+    def _apply(self, worker: WorkerState | None, trip: RoundTrip | None) -> None:
+        if worker is None or trip is None:
+            return
+        worker.rtt_ms = _fold(self.samples, worker.name, trip.rtt_ms)
+        if trip.processing_ms is not None:
+            worker.processing_ms = _fold(self.processing, worker.name, trip.processing_ms)
+
+    async def aclose(self) -> None:
+        """Cancel the measurements running; close the source."""
+        for task in self._running.values():
+            task.cancel()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        self._running.clear()
+        await self.source.aclose()
 
     def _due(self, name: str, now: float) -> bool:
         at = self.measured_at.get(name)
@@ -225,6 +256,17 @@ class Latency:
         """The stream's breach for the API (None: none)."""
         late = self.breaches.get(stream)
         return None if late is None else late.as_dict()
+
+
+def _result(task: asyncio.Task[RoundTrip | None]) -> RoundTrip | None:
+    """A finished measurement's answer; None when it failed or was cancelled."""
+    if task.cancelled():
+        return None
+    error = task.exception()
+    if error is not None:
+        log.warning("round trip measurement failed: %s: %s", type(error).__name__, error)
+        return None
+    return task.result()
 
 
 def _fold(windows: dict[str, collections.deque[float]], name: str, ms: float) -> float:

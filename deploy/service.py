@@ -166,7 +166,7 @@ class Orchestrator:
         with contextlib.suppress(RedisError, OSError):
             await self.store.release(self.owner)
         await self.fleet.ingest.aclose()
-        await self.fleet.latency.source.aclose()
+        await self.fleet.latency.aclose()
         closer: Any = getattr(self._prober, "aclose", None)
         if closer is not None:
             await closer()

@@ -10,6 +10,7 @@ delaying TCP proxy (the orchestrator's :class:`deploy.latency.IngestRtt` asking 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,12 +162,13 @@ def test_ingest_measures_round_trips_on_a_tunnel(
             out["refused"] = await _refusals(http, auth)
             rtt = IngestRtt(ingest.base, TokenIssuer(KeySet.from_secrets([secret])), pings=3)
             worker = WorkerState(name="test-worker", ready=True, tunnel_url=local_worker.url)
-            latency = Latency(rtt, interval_s=30)
+            latency = Latency(rtt, interval_s=30, wait_s=30)
             await latency.measure([worker], now=100.0)
             await latency.measure([worker], now=110.0)  # not due: not asked again
             out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]),
                            worker.processing_ms)  # fmt: skip
             await rtt.aclose()
+            out["stuck"] = await _stuck_worker(ingest.base, secret)
         await proxy.aclose()
         return out
 
@@ -183,6 +185,8 @@ def test_ingest_measures_round_trips_on_a_tunnel(
     assert out["refused"] == [422, 422, 422, 502]
     rtt_ms, samples, processing = out["book"]
     assert len(samples) == 1 and rtt_ms == samples[0] < 25 and processing > 0
+    took, stuck_rtt, running = out["stuck"]
+    assert took < 1.5 and stuck_rtt is None and running == 1  # the pass went on
 
 
 async def _refusals(http: httpx.AsyncClient, auth: dict[str, str]) -> list[int]:
@@ -231,3 +235,25 @@ def test_tier_latency_is_remembered_while_the_tier_has_no_worker() -> None:
             _pod("f1", "far", 80.0, 30.0)]  # fmt: skip
     assert latency.tier_expected(pods) == {"near": 45.0, "far": 110.0}
     assert latency.tier_expected(pods[2:]) == {"near": 45.0, "far": 110.0}
+
+
+async def _hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A worker that accepts and never answers, for 1.5 s."""
+    await asyncio.sleep(1.5)
+    writer.close()
+
+
+async def _stuck_worker(ingest: str, secret: str) -> tuple[float, float | None, int]:
+    """(seconds one pass took, the worker's rtt_ms after it, measurements still running)
+    for a worker that does not answer, with a pass that waits 0.3 s."""
+    hole = await asyncio.start_server(_hold, "127.0.0.1", 0)
+    port = hole.sockets[0].getsockname()[1]
+    latency = Latency(IngestRtt(ingest, TokenIssuer(KeySet.from_secrets([secret]))), wait_s=0.3)
+    stuck = WorkerState(name="stuck", ready=True, tunnel_url=f"ws://127.0.0.1:{port}/v1/tunnel")
+    t0 = time.monotonic()
+    await latency.measure([stuck], now=0.0)
+    took, running = time.monotonic() - t0, len(latency._running)
+    await latency.aclose()
+    hole.close()
+    await hole.wait_closed()
+    return took, stuck.rtt_ms, running
