@@ -39,11 +39,18 @@ def _list(args: argparse.Namespace) -> int:
     rows = [
         (p["name"], p["tier"], "spot" if p["spot"] else "on-demand", p["state"],
          "yes" if p["ready"] else "no", p["gpu_type"], f"{p['cost_per_hr']:.3f}",
-         f"{p['capacity_fps']:.0f}", len(p["streams"]), p.get("last_error") or "")
+         f"{p['capacity_fps']:.0f}", p.get("region") or "-", _ms(p.get("rtt_ms")),
+         _ms(p.get("processing_ms")), len(p["streams"]), p.get("last_error") or "")
         for p in pods
     ]  # fmt: skip
-    header = ("POD", "TIER", "KIND", "STATE", "READY", "GPU", "$/H", "CAP FPS", "STREAMS", "ERROR")
+    header = ("POD", "TIER", "KIND", "STATE", "READY", "GPU", "$/H", "CAP FPS", "REGION",
+              "RTT MS", "PROC MS", "STREAMS", "ERROR")  # fmt: skip
     return emit(args, pods, table(rows, header))
+
+
+def _ms(value: object) -> str:
+    """A round trip or processing time (ms) for the table; '-' when not measured."""
+    return f"{value:.1f}" if isinstance(value, int | float) else "-"
 
 
 def _create(args: argparse.Namespace) -> int:

@@ -73,8 +73,20 @@ def _remove(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     streams = call(args, "GET", "/v1/streams")
-    rows = [(s["id"], s["priority"], s["fps"], s["model"], s["worker"] or "-") for s in streams]
-    return emit(args, streams, table(rows, ("STREAM", "PRIORITY", "FPS", "MODEL", "WORKER")))
+    rows = [(s["id"], s["priority"], s["fps"], s["model"], s["worker"] or "-", _slo(s))
+            for s in streams]  # fmt: skip
+    header = ("STREAM", "PRIORITY", "FPS", "MODEL", "WORKER", "LATENCY SLO")
+    return emit(args, streams, table(rows, header))
+
+
+def _slo(stream: dict[str, Any]) -> str:
+    """The stream's latency budget and, placed over it, the expected latency."""
+    slo, breach = stream.get("latency_slo_ms"), stream.get("slo_breach")
+    if slo is None:
+        return "-"
+    if isinstance(breach, dict):
+        return f"{slo:g} ms: BREACH, {breach.get('expected_ms')} ms expected"
+    return f"{slo:g} ms"
 
 
 def _show(args: argparse.Namespace) -> int:
