@@ -74,6 +74,7 @@ async def _scenario(fleet: Fleet) -> dict[str, Any]:
     near, far = pods["near"]["name"], pods["far"]["name"]
     out["rtt"] = {t: p["rtt_ms"] for t, p in pods.items()}
     out["processing"] = {t: p["processing_ms"] for t, p in pods.items()}
+    out["regions"] = {t: p["region"] for t, p in pods.items()}
     # 1. the 100 ms stream goes to the 5 ms region
     await store.put_stream(_spec("cam-slo", SLO_MS))
     await wait_for(lambda: _worker_of(fleet, "cam-slo"), 30, "cam-slo placed")
@@ -137,6 +138,7 @@ def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> N
     assert 4.5 <= rtt["near"] < 40, rtt
     assert 79.5 <= rtt["far"] < 200, rtt
     assert rtt["near"] + proc["near"] <= SLO_MS < rtt["far"] + proc["far"], (rtt, proc)
+    assert out["regions"] == {"near": "near-1", "far": "far-1"}
     assert out["first"] == out["near"]
     assert out["first_breach"] == {"cam-slo": None}
     assert out["second"] == out["far"]
