@@ -11,6 +11,10 @@ at once), so the tunnel writes them together:
   bounded: the protocol's credits bound what can be waiting) and a writer
   task (:meth:`Outbox.run`) sends everything waiting, in order, in one write.
   Each message stays its own WebSocket message; only the ``write`` is shared.
+  A large message (:data:`JOIN_BELOW`: a FRAME's JPEG) put while nothing waits
+  and the peer reads is written at once instead: it would be written alone
+  anyway, and waking the writer task costs a turn of the event loop per frame,
+  which in a round trip with few frames in flight is most of the tunnel's cost.
 * :class:`CoalescingServerConnection` and :class:`CoalescingClientConnection`
   (give them to ``serve``/``connect`` as ``create_connection``) add
   :meth:`Coalescing.send_batch`: several messages framed by the connection's
@@ -52,6 +56,16 @@ class Coalescing:
 
     protocol: Any
     transport: Any
+    paused: bool
+
+    def write_now(self, data: bytes) -> bool:
+        """Send ``data`` as one binary message now, without waiting, if the connection is
+        open and its peer reads (flow control not engaged); False (nothing sent) if not."""
+        if self.protocol.state is not State.OPEN or self.paused or self.transport.is_closing():
+            return False
+        self.protocol.send_binary(data)
+        self.send_data()
+        return True
 
     async def send_batch(self, messages: Sequence[bytes]) -> None:
         """Send each of ``messages`` as one binary message, all in one write."""
@@ -149,6 +163,8 @@ class Outbox:
             raise ConnectionError("the connection's writer has stopped")
         if len(self._waiting) >= self.capacity:
             raise OutboxFull(f"{len(self._waiting)} messages wait for a peer that does not read")
+        if len(data) >= JOIN_BELOW and self._idle.is_set() and self._write_now(data):
+            return
         self._waiting.append(data)
         self._ready.set()
         self._idle.clear()
@@ -189,6 +205,15 @@ class Outbox:
                 await self._idle.wait()
         except TimeoutError:
             return False
+        return True
+
+    def _write_now(self, data: bytes) -> bool:
+        """Nothing waits or is being written: a large message goes out at once (on a
+        coalescing connection whose peer reads)."""
+        if not isinstance(self.ws, Coalescing) or not self.ws.write_now(data):
+            return False
+        self.writes += 1
+        self.messages += 1
         return True
 
     def _take(self) -> list[bytes]:

@@ -135,6 +135,39 @@ def test_what_waits_together_goes_out_together_and_later_puts_follow_in_order() 
     assert out.writes == 2  # the first ten together, then the twenty put in one go
 
 
+def test_a_large_message_put_while_nothing_waits_is_written_at_once_and_order_holds() -> None:
+    """A FRAME's JPEG (>= JOIN_BELOW) is written alone anyway: put while the outbox is idle
+    it goes out at once, with no writer task (a turn of the loop saved per frame); put
+    behind waiting messages it waits its turn."""
+
+    async def main() -> tuple[list[bytes], list[bytes], Outbox]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        big = messages(3, size=JOIN_BELOW)
+        small = messages(2)
+        async with server(lambda ws: collect(ws, got, 5, done)) as url:
+            async with connect(url, compression=None, max_size=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                out = Outbox(ws, capacity=10)
+                out.put(big[0])  # idle: written now, nothing waits
+                assert len(out) == 0 and out.writes == 1
+                out.put(small[0])  # small: waits for the writer
+                out.put(big[1])  # behind it: waits too
+                assert len(out) == 2
+                writer = asyncio.create_task(out.run(send_timeout_s=10))
+                assert await out.flush(10)
+                out.put(big[2])  # idle again
+                out.put(small[1])
+                assert await out.flush(10)
+                await asyncio.wait_for(done.wait(), 10)
+                writer.cancel()
+        return got, [big[0], small[0], big[1], big[2], small[1]], out
+
+    got, sent, out = asyncio.run(main())
+    assert got == sent
+    assert out.messages == 5
+
+
 def test_a_batch_stops_growing_at_its_byte_bound() -> None:
     async def main() -> Outbox:
         got: list[bytes] = []
