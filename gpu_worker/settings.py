@@ -106,7 +106,8 @@ class WorkerSettings(ServiceSettings):
         1.0,
         ge=0,
         le=3600,
-        description="Send each stream's tracker snapshot this often (stream time); 0 = never.",
+        description="Send each stream's tracker snapshot this often (stream time), and after "
+        "a frame that reports a new track id; 0 = never.",
     )
     decode_threads: int = Field(2, ge=1, le=64)
     jpeg_decoder: Literal["auto", "cpu", "cpu-batch", "nvimgcodec"] = Field(
