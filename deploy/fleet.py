@@ -56,6 +56,7 @@ from deploy.pod_trust import PodCredentials, PodTrust
 from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderError
 from deploy.scaling import tier_targets
 from deploy.schedule import in_window
+from deploy.serverless_jobs import SERVERLESS, endpoint_of, withdraw
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.sizing import gpu_order, sizing_report, why_chosen
 from deploy.store import Store
@@ -290,7 +291,7 @@ class Fleet:
         )
         for name, floor in (await self.store.floors()).items():
             cfg = self.settings.tier(name)
-            if cfg is not None and floor > 0:
+            if cfg is not None and floor > 0 and cfg.rents_pods:
                 self.targets[name] = min(cfg.max_workers, max(self.targets.get(name, 0), floor))
         for tier in self.settings.tiers:
             await self._scale_tier(tier, pods, now)
@@ -440,7 +441,7 @@ class Fleet:
         streams = await self.store.streams()
         current = await self.store.assignments()
         pins = await self.store.pins()
-        batch_pinned = any(t.batch_only for t in self.settings.tiers)
+        batch_pinned = any(t.batch_only and t.rents_pods for t in self.settings.tiers)
         slots = self._slots(pods)
         annotate(slots, pods, self.settings)  # round trips, regions, processing times
         result = place(
@@ -460,7 +461,7 @@ class Fleet:
                 why = move_reason(old, new, ready, pins.get(sid))
                 self.event("moved", new or "", why, sid, old=old, new=new)
         for sid in set(self._acked) - set(streams):
-            if await self.ingest.unassign(sid):
+            if await withdraw(self.ingest, sid, self._acked[sid][0]):
                 self._acked.pop(sid, None)
         workers = by_name(pods.values())
         for sid, spec in streams.items():
@@ -479,16 +480,19 @@ class Fleet:
         off the ingest first, then placed again with the new definition.
         """
         sid, rev = spec.id, definition_key(spec)
+        want = SERVERLESS if endpoint_of(spec) is not None else want  # no worker: its endpoint
         acked = self._acked.get(sid)
         if acked == (want, rev):
             return
         if acked is not None and acked[0] is not None and acked[1] != rev:
-            if not await self.ingest.unassign(sid):
+            if not await withdraw(self.ingest, sid, acked[0]):
                 return
             self.event("redefined", acked[0], "its definition changed", sid)
             self._acked[sid] = (None, acked[1])
         if want is None:
-            ok = await self.ingest.unassign(sid)
+            ok = await withdraw(self.ingest, sid, acked[0] if acked else None)
+        elif want == SERVERLESS:
+            ok = await self.ingest.serve(spec)
         else:
             worker = workers[want][1]
             url, name = worker.tunnel_url, worker.tls_server_name

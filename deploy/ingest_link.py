@@ -1,4 +1,5 @@
-"""Tell the ingest where each stream goes (``PUT /v1/streams/{id}/worker``).
+"""Tell the ingest where each stream goes (``PUT /v1/streams/{id}/worker``; a job task on
+a serverless endpoint: ``POST /v1/streams``, :mod:`deploy.serverless_jobs`).
 
 The call is idempotent: the ingest moves a stream only when the worker
 differs, carrying the stream's tracker snapshot to the new worker. The
@@ -44,6 +45,10 @@ from framerelay.net import is_loopback
 
 log = logging.getLogger(__name__)
 INGEST_SCOPES = ("routing:write", "streams:read")
+SERVE_SCOPES = ("streams:write",)
+"""A token of its own (minted at the first use) for :meth:`HttpIngestLink.serve`: a job
+task on a serverless endpoint is given by its definition (``POST``/``DELETE
+/v1/streams``), with no worker (:mod:`deploy.serverless_jobs`)."""
 TOKEN_TTL_S = 900.0
 RENEW_BEFORE_S = 180.0
 
@@ -61,6 +66,15 @@ class IngestLink(Protocol):
 
     async def unassign(self, stream_id: str) -> bool: ...
 
+    async def serve(self, stream: StreamSpec) -> bool:
+        """True once the ingest runs ``stream`` with no worker (a job task on a serverless
+        endpoint: its ingest serves it from there)."""
+        ...
+
+    async def unserve(self, stream_id: str) -> bool:
+        """True once the ingest no longer runs a stream given by :meth:`serve`."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -77,6 +91,12 @@ class NullIngestLink:
         return True
 
     async def unassign(self, stream_id: str) -> bool:
+        return True
+
+    async def serve(self, stream: StreamSpec) -> bool:
+        return True
+
+    async def unserve(self, stream_id: str) -> bool:
         return True
 
     async def aclose(self) -> None:
@@ -116,8 +136,15 @@ def definition_key(stream: StreamSpec) -> str:
 class IngestToken:
     """A token for the ingest, minted once and renewed ``RENEW_BEFORE_S`` before it expires."""
 
-    def __init__(self, issuer: TokenIssuer, *, ttl_s: float = TOKEN_TTL_S) -> None:
+    def __init__(
+        self,
+        issuer: TokenIssuer,
+        *,
+        ttl_s: float = TOKEN_TTL_S,
+        scopes: tuple[str, ...] = INGEST_SCOPES,
+    ) -> None:
         self._issuer = issuer
+        self._scopes = scopes
         self._ttl_s = ttl_s
         self._token = ""
         self._renew_at = 0.0
@@ -125,9 +152,7 @@ class IngestToken:
     def get(self) -> str:
         now = time.time()
         if now >= self._renew_at:
-            self._token = self._issuer.mint(
-                "orchestrator", INGEST_SCOPES, self._ttl_s, aud="ingest"
-            )
+            self._token = self._issuer.mint("orchestrator", self._scopes, self._ttl_s, aud="ingest")
             self._renew_at = now + max(1.0, self._ttl_s - RENEW_BEFORE_S)
         return self._token
 
@@ -150,6 +175,7 @@ class HttpIngestLink:
         self._https = [httpx.AsyncClient(base_url=u, timeout=timeout_s, verify=verify)
                        for u in urls]  # fmt: skip
         self._token = IngestToken(issuer)
+        self._serve_token = IngestToken(issuer, scopes=SERVE_SCOPES)
 
     async def assign(
         self,
@@ -173,24 +199,47 @@ class HttpIngestLink:
         reached = [a for a in answers if a is not None]
         return bool(reached) and all(reached)
 
+    async def serve(self, stream: StreamSpec) -> bool:
+        """``POST /v1/streams`` with the definition (the ingest stores it; 409: it runs
+        there already, this same definition since the fleet withdraws a changed one first)."""
+        body = stream_config(stream)
+        answers = await self._fan_out("POST", "/v1/streams", body, self._serve_token)
+        return any(answers)
+
+    async def unserve(self, stream_id: str) -> bool:
+        """``DELETE /v1/streams/{id}`` (404: gone there already)."""
+        answers = await self._fan_out("DELETE", f"/v1/streams/{stream_id}", None, self._serve_token)
+        reached = [a for a in answers if a is not None]
+        return bool(reached) and all(reached)
+
     async def _fan_out(
-        self, method: str, path: str, body: dict[str, object] | None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, object] | None,
+        token: IngestToken | None = None,
     ) -> list[bool | None]:
         """Every replica's answer: True (accepted), False (refused), None (unreachable)."""
-        calls = (self._call(http, method, path, body) for http in self._https)
+        bearer = (token or self._token).get()
+        calls = (self._call(http, method, path, body, bearer) for http in self._https)
         return list(await asyncio.gather(*calls))
 
     async def _call(
-        self, http: httpx.AsyncClient, method: str, path: str, body: dict[str, object] | None
+        self,
+        http: httpx.AsyncClient,
+        method: str,
+        path: str,
+        body: dict[str, object] | None,
+        bearer: str,
     ) -> bool | None:
-        headers = {"Authorization": f"Bearer {self._token.get()}"}
+        headers = {"Authorization": f"Bearer {bearer}"}
         try:
             resp = await http.request(method, path, json=body, headers=headers)
         except httpx.HTTPError as exc:
             log.warning("ingest %s %s%s failed: %s", method, http.base_url, path,
                         describe_http_error(exc))  # fmt: skip
             return None
-        if resp.status_code >= 400 and not (method == "DELETE" and resp.status_code == 404):
+        if resp.status_code >= 400 and not _settled(method, resp.status_code):
             log.warning("ingest %s %s%s: HTTP %d %s", method, http.base_url, path,
                         resp.status_code, _detail(resp))  # fmt: skip
             return False
@@ -206,6 +255,11 @@ def ingest_urls(value: str) -> list[str]:
     if not urls:
         raise ConfigError("FRAMERELAY_ORCH_INGEST_URL names no ingest")
     return urls
+
+
+def _settled(method: str, status: int) -> bool:
+    """An error answer that means the call's end holds: gone (DELETE), there (POST)."""
+    return (method, status) in (("DELETE", 404), ("POST", 409))
 
 
 def _detail(resp: httpx.Response) -> str:

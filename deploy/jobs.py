@@ -48,6 +48,7 @@ from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.placement import allowed
 from deploy.providers.base import GpuPrice
 from deploy.scaling import per_worker
+from deploy.serverless_jobs import ServerlessChoice, batch_pinned, endpoint_of, execution_s
 from deploy.settings import OrchestratorSettings
 from deploy.sizing import expected_fps
 from deploy.store import Store
@@ -82,6 +83,7 @@ class TaskRecord(BaseModel):
     state: TaskRun = "pending"
     started_at: float | None = None
     finished_at: float | None = None
+    execution_s: float = Field(0.0, ge=0, description="Billed on a serverless endpoint.")
 
 
 class JobRecord(BaseModel):
@@ -103,6 +105,9 @@ class JobRecord(BaseModel):
     rate: list[tuple[float, int]] = Field(
         default_factory=list, description="Recent (time, frames done), for the ETA."
     )
+    serverless: ServerlessChoice | None = Field(
+        None, description="The serverless tier its tasks run on (deploy.serverless_jobs)."
+    )
 
     @property
     def active(self) -> bool:
@@ -116,15 +121,18 @@ class JobView(JobStatus):
     sidecars: list[str] = Field(description="Each task's results (JSON Lines).")
     pod_seconds: float = Field(description="The job's share of pod time so far.")
     duration_s: float | None = Field(description="Since its first task started.")
+    serverless_tier: str | None = Field(None, description="Its serverless tier (else pods).")
+    execution_s: float = Field(0.0, description="Worker seconds billed by its endpoint.")
 
 
 def task_spec(rec: JobRecord, k: int) -> StreamSpec:
     """The stream that runs task ``k`` of ``rec``."""
     spec, task = rec.spec, rec.tasks[k]
+    endpoint = rec.serverless.endpoint_id if rec.serverless is not None else None
     return StreamSpec(
         id=task_stream_id(rec.id, k), url=task.input, priority=spec.priority,
         realtime=False, loop=False, fps=spec.fps or ALL_FRAMES_FPS, model=spec.model,
-        job=JobTask(job_id=rec.id, index=k, sidecar=task.sidecar),
+        job=JobTask(job_id=rec.id, index=k, sidecar=task.sidecar, serverless_endpoint_id=endpoint),
     )  # fmt: skip
 
 
@@ -163,6 +171,8 @@ def job_view(rec: JobRecord, progress: Sequence[TaskProgress | None], now: float
         inputs=[redact_url(t.input) for t in rec.tasks], sidecars=[t.sidecar for t in rec.tasks],
         pod_seconds=round(rec.pod_seconds, 1),
         duration_s=None if rec.started_at is None else round(max(0.0, end - rec.started_at), 1),
+        serverless_tier=rec.serverless.tier if rec.serverless is not None else None,
+        execution_s=round(sum(t.execution_s for t in rec.tasks), 3),
     )  # fmt: skip
 
 
@@ -299,9 +309,11 @@ def advance(
 ) -> Changes:
     """One pass over a job (pure): end the tasks their ingest finished, start the next
     ones, put back a running task's stream that went missing, charge the interval since
-    the last pass (``rates``: $/s and pod-s/s), keep the recent rate, and finish the job."""
+    the last pass (``rates``: $/s and pod-s/s; on a serverless tier: the execution time
+    its ingest reports), keep the recent rate, and finish the job."""
     changes, have = Changes(), set(streams)
     _charge(rec, now, rates)
+    _charge_execution(rec, progress)
     for k, task in enumerate(rec.tasks):
         said = progress[k]
         if task.state == "running" and said is not None and said.state in ("done", "failed"):
@@ -332,6 +344,16 @@ def _charge(rec: JobRecord, now: float, rates: tuple[float, float]) -> None:
         rec.pod_seconds += rates[1] * dt
     if rec.accrued_at is not None:
         rec.accrued_at = now
+
+
+def _charge_execution(rec: JobRecord, progress: Sequence[TaskProgress | None]) -> None:
+    """Charge the execution seconds the tasks' ingest added since the last pass."""
+    if rec.serverless is None:
+        return
+    known = [t.execution_s for t in rec.tasks]
+    for task, now_s, was in zip(rec.tasks, execution_s(progress, known), known, strict=True):
+        task.execution_s = now_s
+        rec.cost_usd += (now_s - was) * rec.serverless.price_per_s
 
 
 def _sample(
@@ -372,7 +394,8 @@ def job_rates(
                 usd, pod = usd + rec.cost_per_hr / 3600 * share, pod + share
         out[job.id] = (usd, pod)
     idle = [r for r in pods.values() if _idle_batch(r, load, settings)]
-    batch = [j.id for j in jobs if j.state == "running" and j.spec.priority == "batch"]
+    batch = [j.id for j in jobs if j.state == "running" and j.spec.priority == "batch"
+             and j.serverless is None]  # fmt: skip
     for jid in batch:
         usd, pod = out[jid]
         out[jid] = (usd + sum(r.cost_per_hr for r in idle) / 3600 / len(batch),
@@ -436,13 +459,17 @@ def placement_view(
 ) -> list[StreamSpec]:
     """The streams as the scaler and placement weigh them: a job task claims one whole
     worker (the room of the smallest worker, planned or ready, of the tiers it may run
-    on), whatever its sampling rate; live streams as they are."""
-    out, pinned = [], any(t.batch_only for t in settings.tiers)
+    on), whatever its sampling rate; a task on a serverless endpoint is left out (no pod
+    serves it: :mod:`deploy.serverless_jobs`); live streams as they are."""
+    out, pinned = [], batch_pinned(settings)
     for spec in streams:
+        if endpoint_of(spec) is not None:
+            continue
         if not is_task(spec):
             out.append(spec)
             continue
-        tiers = [t for t in settings.tiers if allowed(spec, t.spot, t.batch_only, pinned)]
+        tiers = [t for t in settings.tiers
+                 if t.rents_pods and allowed(spec, t.spot, t.batch_only, pinned)]  # fmt: skip
         rooms = [per_worker(settings, t, pods.values(), expected_fps(settings, t, prices))
                  for t in tiers]  # fmt: skip
         rooms += [t.capacity_fps or w.capacity_fps or settings.default_capacity_fps

@@ -3,7 +3,9 @@
 * ``POST /v1/jobs`` (a :class:`framerelay.jobs.JobSpec`): 201 with the job's status; its
   tasks start on the next reconcile pass. 422 for a bad spec (NaN or out-of-range numbers,
   more than 1000 inputs, a model the registry lacks) or an input that cannot be a task
-  (:mod:`deploy.job_inputs`: where and why, never the input); 409 for a job id in use.
+  (:mod:`deploy.job_inputs`: where and why, never the input), or ``serverless`` true with no
+  serverless tier for its priority; 409 for a job id in use. The job's serverless tier, if
+  any, is chosen here (:func:`deploy.serverless_jobs.choose`).
 * ``GET /v1/jobs?limit=100``: the newest jobs kept, newest first; ``GET /v1/jobs/{id}``:
   one, with each task's progress, frames done/total, ETA, cost so far, start and end.
 * ``DELETE /v1/jobs/{id}``: cancel (its task streams are removed; the sidecars keep what
@@ -22,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 
 from deploy.job_inputs import InputError, expand_inputs
 from deploy.jobs import JobRecord, JobView, TaskRecord, cancel, job_view
+from deploy.serverless_jobs import NoServerlessTier, choose
 from deploy.service import Orchestrator
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.jobs import JOB_ID, JobSpec
@@ -45,6 +48,12 @@ async def new_job(orch: Orchestrator, spec: JobSpec) -> JobRecord:
     if problem is not None:
         raise RequestValidationError([{"type": "unknown_model", "loc": ("body", "model"),
                                        "msg": problem}])  # fmt: skip
+    try:
+        serverless = choose(orch.settings, spec)
+    except NoServerlessTier as exc:
+        raise RequestValidationError(
+            [{"type": "no_serverless_tier", "loc": ("body", "serverless"), "msg": str(exc)}]
+        ) from None
     job_id = spec.id or secrets.token_hex(4)
     try:
         jobs = orch.settings.jobs
@@ -55,7 +64,7 @@ async def new_job(orch: Orchestrator, spec: JobSpec) -> JobRecord:
         raise _input_error(exc) from None
     return JobRecord(
         id=job_id, spec=spec.model_copy(update={"id": job_id}), submitted_at=orch.fleet.clock.now(),
-        tasks=[TaskRecord(input=t.url, sidecar=t.sidecar) for t in tasks],
+        tasks=[TaskRecord(input=t.url, sidecar=t.sidecar) for t in tasks], serverless=serverless,
     )  # fmt: skip
 
 

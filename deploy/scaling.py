@@ -29,6 +29,9 @@ measured, for that stream: it is planned on a worker of a tier that fits its bud
 and when none has room a pod of such a tier is opened (below its ``max_workers``)
 rather than the stream planned over its budget; placement then moves it there.
 
+A serverless tier (``serverless_endpoint_id``) rents no pods: it is never planned (its
+target is 0) and does not pin batch streams (:mod:`deploy.serverless_jobs`).
+
 A stream larger than one worker, or with every allowed tier full, opens
 nothing; placement reports it as unplaced. ``limits`` caps tiers below their
 ``max_workers`` (a tier that just answered "no capacity" is held at the pods
@@ -164,7 +167,7 @@ def plan_workers(
         for t in tiers
         for _ in range(count[t.name] * t.gpu_count)
     ]
-    pinned = any(t.batch_only for t in settings.tiers)
+    pinned = any(t.batch_only and t.rents_pods for t in settings.tiers)
     by_rank = sorted(tiers, key=lambda t: rank[t.name])
     for stream in by_priority(streams, settings.model_costs):
         need = demand(stream, settings.model_costs)
@@ -215,7 +218,7 @@ def tier_targets(
     warm = {
         t.name: min(t.max_workers, warm_target(t, now, tz))
         for t in settings.tiers
-        if may_run(t, now, tz) and t.max_workers > 0
+        if may_run(t, now, tz) and t.max_workers > 0 and t.rents_pods  # serverless: none
     }
     memory = {t.name: tier_memory(t, pods.values()) for t in settings.tiers}
     planned = plan_workers(

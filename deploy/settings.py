@@ -173,6 +173,15 @@ class TierConfig(BaseModel):
         "handler: docs/runpod.md#serverless-mode): job tasks on this tier go to its /run API, "
         "no pod is rented; the API key is the RunPod one (runpod.api_key).",
     )  # fmt: skip
+    serverless_price_per_s: float = Field(
+        0.0, ge=0, le=1, description="With serverless_endpoint_id: the endpoint's price ($) "
+        "a second of worker execution (RunPod bills executionTime), for jobs' cost.",
+    )  # fmt: skip
+
+    @property
+    def rents_pods(self) -> bool:
+        """False for a serverless tier: the scaler and placement leave it alone."""
+        return self.serverless_endpoint_id is None
 
     @field_validator("name")
     @classmethod

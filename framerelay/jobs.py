@@ -78,6 +78,12 @@ class JobSpec(BaseModel):
     )
     fps: float = Field(0.0, ge=0, le=240, description="Frames a second to analyse; 0: all.")
     max_parallel: int = Field(4, ge=1, le=256, description="Tasks running at once.")
+    serverless: bool | None = Field(
+        None, description="Run the tasks on a serverless tier (one with a "
+        "serverless_endpoint_id): null, when the orchestrator has one the priority allows "
+        "(the cheapest a second of execution); true: only there (refused without one); "
+        "false: on pods.",
+    )  # fmt: skip
 
 
 class TaskProgress(BaseModel):
@@ -94,6 +100,10 @@ class TaskProgress(BaseModel):
     time_base: tuple[int, int] | None = None
     error: str | None = Field(None, max_length=500)
     updated_at: float = 0.0
+    execution_s: float | None = Field(
+        None, ge=0, description="On a serverless endpoint: the worker seconds its jobs were "
+        "billed so far (RunPod's executionTime, added up over the task's runs); null: a tunnel.",
+    )  # fmt: skip
 
 
 class JobStatus(BaseModel):

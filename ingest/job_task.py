@@ -89,6 +89,9 @@ class JobRun:
         self._last: tuple[int | None, int] | None = None
         self.duplicates = 0
         """Results of a frame already in the sidecar (not written again)."""
+        self.billed_s: float | None = None
+        """Worker seconds a serverless endpoint billed this run (ingest.serverless_task)."""
+        self._billed_before = 0.0
 
     # -- the decode thread (ingest.job_ledger.JobReader) ------------------------------
 
@@ -192,6 +195,7 @@ class JobRun:
             floor = int(raw) if raw is not None else None
             seen = TaskProgress.model_validate_json(progress) if progress is not None else None
             tb = Fraction(*seen.time_base) if seen is not None and seen.time_base else None
+            self._billed_before = seen.execution_s or 0.0 if seen is not None else 0.0
         except (ValueError, ValidationError, ZeroDivisionError):
             log.warning("job task %s: its checkpoint in Redis is unreadable; starting from "
                         "the sidecar alone", self.stream.id)  # fmt: skip
@@ -266,6 +270,7 @@ class JobRun:
             time_base=(tb.numerator, tb.denominator) if tb is not None else None,
             error=error[:500] if error is not None else None,
             updated_at=time.time(),
+            execution_s=None if self.billed_s is None else self._billed_before + self.billed_s,
         )
         try:
             pipe = self._redis.pipeline(transaction=False)

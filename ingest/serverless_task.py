@@ -34,6 +34,7 @@ from framerelay import wire
 from framerelay.errors import ConfigError, FramerelayError
 from framerelay.results import ResultRecord
 from ingest.handoff import SlotClosed
+from ingest.job_task import JobRun
 from ingest.serverless_link import ServerlessError, ServerlessLink, ServerlessSettings
 from ingest.serverless_sink import FrameResult, ServerlessSink, SinkFrame
 from ingest.settings import StreamConfig
@@ -113,6 +114,7 @@ class ServerlessSender:
             self.stream.counters["sent"] += 1
 
     async def _answered(self, results: list[FrameResult]) -> None:
+        self._billed()
         for result in results:
             try:
                 record = record_of(result, self.link.endpoint_id)
@@ -124,7 +126,14 @@ class ServerlessSender:
             self.publish(record)
         self.stream.unstall("the serverless endpoint answers")
 
+    def _billed(self) -> None:
+        """The stream's job task reports the worker time billed so far (before the frames
+        it was billed for are on disk, so a task done has it all)."""
+        if isinstance(self.stream.job, JobRun):
+            self.stream.job.billed_s = self.link.execution_s
+
     def _lost(self, batch: list[SinkFrame], error: ServerlessError) -> None:
+        self._billed()
         self.stream.counters["worker_error"] += len(batch)
         self.stream.last_error = f"serverless: {error}"[:300]
 

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     submit.add_argument("--fps", type=finite_float, default=0.0,
                         help="frames a second to analyse (default 0: every frame)")  # fmt: skip
     submit.add_argument("--max-parallel", type=int, default=4, help="tasks at once (default 4)")
+    where = "only on a serverless tier, or (--no-...) on pods; default: serverless if any"
+    submit.add_argument("--serverless", action=argparse.BooleanOptionalAction, default=None,
+                        help=where)  # fmt: skip
     submit.add_argument("--id", help="the job's id (default: generated)")
     submit.add_argument("--wait", action="store_true", help="follow it to the end")
     add_url(submit)
@@ -69,6 +72,8 @@ def _submit(args: argparse.Namespace) -> int:
                             "fps": args.fps, "max_parallel": args.max_parallel}  # fmt: skip
     if args.id is not None:
         body["id"] = args.id
+    if args.serverless is not None:
+        body["serverless"] = args.serverless
     try:
         job = call(args, "POST", "/v1/jobs", body)
     except ConfigError as exc:
