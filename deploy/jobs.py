@@ -23,6 +23,12 @@ pod's GPUs) over the streams on that worker; a batch job also shares the idle po
 batch-only tiers (starting up for it, or between two tasks) with the other batch jobs
 running. ``pod_seconds`` is the same share in pod-seconds.
 
+**Serverless tiers** (:mod:`deploy.serverless_jobs`): a job may run on a tier with a
+RunPod serverless endpoint instead (chosen at submission, kept in
+:attr:`JobRecord.serverless`): its tasks name the endpoint, are left out of
+:func:`placement_view` (no pod), and the job is charged the execution seconds its ingest
+reports at the tier's price a second, not a share of pods.
+
 Redis (orchestrator prefix ``<p>``): ``<p>job:<id>`` (string, JobRecord JSON),
 ``<p>jobs`` (zset, id by submission time) and ``<p>jobs:active`` (set: the queued and
 running ones, all a pass reads). Every change of a job and of its task streams

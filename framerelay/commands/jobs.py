@@ -125,6 +125,9 @@ def describe(job: dict[str, Any]) -> str:
         f"eta: {_seconds(job.get('eta_s'))}", f"cost: ${job['cost_usd']:.4f}",
         f"duration: {_seconds(job.get('duration_s'))}",
     ]  # fmt: skip
+    if job.get("serverless_tier"):
+        lines.append(f"serverless tier: {job['serverless_tier']} "
+                     f"({job.get('execution_s', 0.0):.1f} s of execution billed)")  # fmt: skip
     if job.get("error"):
         lines.append(f"error: {job['error']}")
     for k, (task, sidecar) in enumerate(zip(job["tasks"], job["sidecars"], strict=False)):

@@ -25,9 +25,11 @@ from typing import Any
 
 import av
 import pytest
+from fastapi import FastAPI, Request, Response
 from redis.asyncio import Redis
 
 from bench.rig.runpod_serverless_contract import EndpointState, running_endpoint
+from deploy.ingest_link import HttpIngestLink
 from deploy.jobs import (
     JobRecord,
     JobView,
@@ -43,6 +45,8 @@ from deploy.models import PodRecord, StreamSpec
 from deploy.scaling import tier_targets
 from deploy.serverless_jobs import NoServerlessTier, ServerlessChoice, choose
 from deploy.settings import LocalSettings, OrchestratorSettings, TierConfig
+from framerelay.auth import AUD_INGEST, TokenIssuer, TokenVerifier
+from framerelay.commands.jobs import describe
 from framerelay.jobs import JobSpec, JobTask, TaskProgress, progress_key
 from framerelay.schemas import SidecarLine
 from gpu_worker.detectors import OnnxDetectorSettings
@@ -53,6 +57,7 @@ from ingest.job_task import JobRun
 from ingest.settings import ResultsSettings, StreamConfig
 from ingest.stream import IngestStream
 from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.deploy.orch_support import serving
 from tests.faults.fleet_harness import REDIS_URL, clear_prefix, running_fleet, settings_for
 from tests.support.auth import ed_keys
 from tests.support.media import ffmpeg
@@ -267,6 +272,7 @@ def test_a_serverless_job_costs_its_execution_time_and_no_pod_share() -> None:
     assert rec.cost_usd == pytest.approx(4.0 * PRICE_PER_S)
     view = job_view(rec, later, 13.0)
     assert (view.execution_s, view.serverless_tier, view.pod_seconds) == (4.0, "night", 0.0)
+    assert "serverless tier: night (4.0 s of execution billed)" in describe(view.model_dump())
     idle = PodRecord(name="fr-batch-0-g0", tier="batch", slot=0, gen=0, spot=True,
                      provider_id="p1", cost_per_hr=3.6)  # fmt: skip
     rates = job_rates([rec], {idle.name: idle}, {}, fleet_settings())
@@ -300,3 +306,44 @@ def test_the_ingest_carries_a_tasks_billed_time_over_from_its_last_run(tmp_path:
             await redis.aclose()
 
     assert asyncio.run(main()).execution_s == pytest.approx(5.75)
+
+
+def test_the_ingest_link_serves_with_a_streams_write_token_and_settles_409_and_404() -> None:
+    """After an orchestrator restart the definition is posted again: 409 (it runs there)
+    counts as done, as a 404 does for a withdrawal; the token has streams:write alone."""
+    keys, calls = ed_keys(), list[tuple[str, int, frozenset[str]]]()
+    verifier = TokenVerifier(keys.public(), AUD_INGEST)
+    app, held = FastAPI(), set[str]()
+
+    @app.post("/v1/streams")
+    async def post(request: Request) -> Response:
+        claims = verifier.verify(request.headers["authorization"][7:], "streams:write")
+        sid = (await request.json())["id"]
+        code = 409 if sid in held else 201
+        held.add(sid)
+        calls.append(("POST", code, frozenset(claims.scope)))
+        return Response(status_code=code)
+
+    @app.delete("/v1/streams/{sid}")
+    async def delete(sid: str, request: Request) -> Response:
+        claims = verifier.verify(request.headers["authorization"][7:], "streams:write")
+        code = 204 if sid in held else 404
+        held.discard(sid)
+        calls.append(("DELETE", code, frozenset(claims.scope)))
+        return Response(status_code=code)
+
+    task = task_spec(serverless_job(1), 0)
+
+    async def talk(url: str) -> list[bool]:
+        link = HttpIngestLink(url, TokenIssuer(keys))
+        try:
+            return [await link.serve(task), await link.serve(task),
+                    await link.unserve(task.id), await link.unserve(task.id)]  # fmt: skip
+        finally:
+            await link.aclose()
+
+    with serving(app) as url:
+        assert asyncio.run(talk(url)) == [True, True, True, True]
+    assert [(m, c) for m, c, _ in calls] == [("POST", 201), ("POST", 409), ("DELETE", 204),
+                                             ("DELETE", 404)]  # fmt: skip
+    assert all(scope == {"streams:write"} for _, _, scope in calls)
