@@ -45,6 +45,28 @@ def iou_matrix(a: NDArray[np.floating], b: NDArray[np.floating]) -> F64:
     return out
 
 
+def grown_iou(a: F64, b: F64, ratio: F64) -> F64:
+    """IoU of every box in ``a`` (N, 4) with every box in ``b`` (M, 4), both grown
+    on every side by ``ratio[i]`` (N,) of their own size for row ``i`` (C-BIoU's
+    buffer, one buffer per row): (N, M)."""
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return np.zeros((a.shape[0], b.shape[0]))
+    r = ratio[:, np.newaxis]
+    a_size = a[:, 2:4] - a[:, 0:2]
+    a_lo, a_hi = a[:, 0:2] - r * a_size, a[:, 2:4] + r * a_size
+    b_size = b[:, 2:4] - b[:, 0:2]
+    bw, bh = b_size[:, 0], b_size[:, 1]
+    b_x1, b_x2 = b[:, 0] - r * bw, b[:, 2] + r * bw  # (N, M)
+    b_y1, b_y2 = b[:, 1] - r * bh, b[:, 3] + r * bh
+    iw = np.minimum(a_hi[:, 0:1], b_x2) - np.maximum(a_lo[:, 0:1], b_x1)
+    ih = np.minimum(a_hi[:, 1:2], b_y2) - np.maximum(a_lo[:, 1:2], b_y1)
+    inter = np.maximum(iw, 0.0) * np.maximum(ih, 0.0)
+    area_a = ((a_hi - a_lo)[:, 0] * (a_hi - a_lo)[:, 1])[:, np.newaxis]
+    area_b = (b_x2 - b_x1) * (b_y2 - b_y1)
+    out: F64 = inter / np.maximum(area_a + area_b - inter, 1e-12)
+    return out
+
+
 def height_iou(a: F64, b: F64) -> F64:
     """Overlap of the vertical extents of row-aligned boxes ``a`` and ``b`` (K, 4):
     intersection over union of ``[y1, y2]`` (Hybrid-SORT's height modulation)."""

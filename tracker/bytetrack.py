@@ -7,7 +7,7 @@ only in the defaults of their settings models (:mod:`tracker.settings`):
 name        low   HMIoU  robust  OCM       OCR       OCR dir.  ORU   report
             stage        Kalman  (dir. 1)  recovery  weight          >= score
 =========== ===== ====== ======= ========= ========= ========= ===== ========
-hybrid      yes   yes    2 sigma 0         yes       0.2       no    0.5
+hybrid      yes   yes    2 sigma 0         grown     0.2       no    0.4
 bytetrack   yes   no     no      0         no        0         no    0
 ocsort      no    no     no      0.2       yes       0         yes   0
 =========== ===== ====== ======= ========= ========= ========= ===== ========

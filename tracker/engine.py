@@ -10,7 +10,9 @@ time ``t`` (tracks unseen for longer than ``max_lost_s`` are dropped first):
    ``low_stage_lost``): IoU (ByteTrack's second stage, ``use_low_stage``);
 3. leftover high    <-> leftover confirmed tracks: IoU with their *last
    observed* box (OC-SORT's observation-centric recovery, ``recovery``),
-   plus the direction term (``recovery_direction_weight``);
+   both boxes grown by the distance ``recovery_speed`` covers since the track
+   was seen (the last box goes stale while the target moves on unseen), plus
+   the direction term (``recovery_direction_weight``);
 4. leftover high    <-> tentative tracks: IoU with the predicted box, or
    (``tentative_speed`` > 0) with the last box, both boxes grown by the
    distance that speed covers since the track was seen (a new track has no
@@ -45,7 +47,7 @@ from framerelay.detections import Detections
 from framerelay.errors import ConfigError
 from tracker import gap as gap_mod
 from tracker import kalman
-from tracker.association import assign, direction_score, height_iou, iou_matrix
+from tracker.association import assign, direction_score, grown_iou, height_iou, iou_matrix
 from tracker.settings import SortSettings
 from tracker.snapshot import SnapshotError, decode, encode
 from tracker.tracks import LOST, TENTATIVE, TRACKED, TrackTable
@@ -313,15 +315,36 @@ class SortFamilyTracker:
             rows = np.nonzero(self._free & confirmed)[0]
             cols = f.high & (match < 0)
             if rows.size and _any(cols):
-                boxes = tr.obs[rows]
-                if s.recovery_buffer > 0:
-                    boxes = _expand(boxes, s.recovery_buffer)
-                back = self._candidates(boxes, f, s.recovery_iou, rows)
+                back = self._recovery(rows, f, cols)
                 if s.recovery_direction_weight > 0 and back.rows.size:
                     back = self._with_direction(back, f, back.iou, s.recovery_direction_weight)
                 self._stage(back, confirmed, cols, s.recovery_iou)
         self._stage(self._tentative(cand, f), ~confirmed, f.high, s.tentative_match_iou)
         return match
+
+    def _recovery(self, rows: I64, f: _Frame, cols: Mask) -> _Candidates:
+        """Stage 3 candidates: track ``rows`` by their last observed box against the
+        ``cols`` detections. That box goes stale while the target moves on unseen, so
+        (``recovery_speed`` > 0) it and the detections are grown by the distance that
+        speed covers in the time since the track was seen (per track, at most
+        ``recovery_max_buffer`` of their size): right after a miss the bar is
+        ``recovery_iou`` on nearly the boxes themselves, after a longer gap it eases."""
+        s, tr = self.settings, self.tracks
+        boxes = tr.obs[rows]
+        if s.recovery_buffer > 0:
+            boxes = _expand(boxes, s.recovery_buffer)
+        if s.recovery_speed <= 0:
+            return self._candidates(boxes, f, s.recovery_iou, rows)
+        ratio = np.minimum(s.recovery_speed * (self._t - tr.t_obs[rows]), s.recovery_max_buffer)
+        dets = np.nonzero(cols)[0]
+        iou = grown_iou(boxes, f.xyxy[dets], ratio)
+        pr, pc = np.nonzero(iou >= s.recovery_iou)
+        values = iou[pr, pc]
+        pr, pc = rows[pr], dets[pc]
+        if s.class_aware:
+            same = tr.class_id[pr] == f.cls[pc]
+            pr, pc, values = pr[same], pc[same], values[same]
+        return _Candidates(pr, pc, values, values)
 
     def _tentative(self, cand: _Candidates, f: _Frame) -> _Candidates:
         """Stage 4 candidates. A tentative track has no velocity yet, so at a low

@@ -30,7 +30,7 @@ class SortSettings(BaseModel):
         0.5, ge=0.0, le=1.0, description="Unmatched high detections at/above this start a track."
     )
     report_threshold: float = Field(
-        0.25,
+        0.4,
         ge=0.0,
         le=1.0,
         description="Detections below this score may keep a track alive but are "
@@ -63,11 +63,28 @@ class SortSettings(BaseModel):
         True, description="Stage 3 (OC-SORT OCR): match leftover tracks by their last observed box."
     )
     recovery_iou: float = Field(
-        0.4,
+        0.5,
         ge=0.0,
         le=1.0,
         description="Stage 3: minimum IoU (last observed boxes go stale; in crowds "
         "a low bar hands a lost track to whoever walks past).",
+    )
+    recovery_speed: float = Field(
+        2.0,
+        ge=0.0,
+        le=20.0,
+        description="Stage 3: how far (box sizes per second) a target may have moved "
+        "since its last observed box; that box and the detections are grown by this x "
+        "the time since the track was seen (at most recovery_max_buffer) before IoU "
+        "(0: off).",
+    )
+    recovery_max_buffer: float = Field(
+        0.35,
+        ge=0.0,
+        le=1.0,
+        description="Stage 3: the most (fraction of their size) boxes are grown by "
+        "recovery_speed; after a longer gap, a generous buffer hands the track to "
+        "whoever walks past.",
     )
     recovery_direction_weight: float = Field(
         0.2, ge=0.0, le=2.0, description="Stage 3: weight of direction agreement."
@@ -167,6 +184,7 @@ class ByteTrackSettings(_PaperSettings):
     report_threshold: float = Field(0.0, ge=0.0, le=1.0, description="ByteTrack reports all.")
     recovery_direction_weight: float = Field(0.0, ge=0.0, le=2.0, description="Off for ByteTrack.")
     recovery: bool = Field(False, description="Off for ByteTrack.")
+    recovery_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for ByteTrack.")
     reupdate: bool = Field(False, description="Off for ByteTrack.")
     tentative_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for ByteTrack.")
 
@@ -187,4 +205,5 @@ class OCSortSettings(_PaperSettings):
         0.0, ge=0.0, le=2.0, description="OC-SORT's recovery is IoU only."
     )
     recovery_iou: float = Field(0.2, ge=0.0, le=1.0, description="OC-SORT's 0.2 (stage 3).")
+    recovery_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for OC-SORT.")
     tentative_speed: float = Field(0.0, ge=0.0, le=20.0, description="Off for OC-SORT.")

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tracker.association import assign, direction_score, iou_matrix
+from tracker.association import assign, direction_score, grown_iou, iou_matrix
 
 
 @pytest.mark.parametrize(
@@ -30,6 +30,26 @@ def test_iou_table(a: list[float], b: list[float], want: float) -> None:
 @pytest.mark.parametrize(("n", "m"), [(0, 0), (0, 3), (4, 0)])
 def test_iou_empty_shapes(n: int, m: int) -> None:
     assert iou_matrix(np.zeros((n, 4)), np.zeros((m, 4))).shape == (n, m)
+
+
+def _grow(xyxy: np.ndarray, ratio: float) -> np.ndarray:
+    pad = ratio * (xyxy[:, 2:4] - xyxy[:, 0:2])
+    return np.concatenate([xyxy[:, 0:2] - pad, xyxy[:, 2:4] + pad], axis=1)
+
+
+def test_grown_iou_is_iou_of_grown_boxes() -> None:
+    """Row i of grown_iou is the IoU of box i and every b, all grown by ratio[i]."""
+    rng = np.random.default_rng(3)
+    a = np.sort(rng.uniform(0, 200, (5, 2, 2)), axis=1).reshape(5, 4)
+    b = np.sort(rng.uniform(0, 200, (7, 2, 2)), axis=1).reshape(7, 4)
+    ratio = np.array([0.0, 0.1, 0.35, 1.0, 0.5])
+    got = grown_iou(a, b, ratio)
+    assert got.shape == (5, 7)
+    for i, r in enumerate(ratio):
+        np.testing.assert_allclose(got[i], iou_matrix(_grow(a[i : i + 1], r), _grow(b, r))[0])
+    np.testing.assert_allclose(got[0], iou_matrix(a[:1], b)[0])
+    assert grown_iou(a[:0], b, ratio[:0]).shape == (0, 7)
+    assert grown_iou(a, b[:0], ratio).shape == (5, 0)
 
 
 def test_iou_is_symmetric_and_bounded() -> None:

@@ -189,6 +189,25 @@ def test_recovery_by_last_observation(name: str, same: bool) -> None:
     assert bool(later[-1] == 1) is same
 
 
+@pytest.mark.parametrize(
+    ("settings", "same"),
+    [
+        ({}, True),  # unseen 0.44 s: both boxes grown by 0.35 of their size, IoU 0.58
+        ({"recovery_speed": 0.0}, False),  # no buffer: IoU 0.38 < recovery_iou 0.5
+        ({"recovery_max_buffer": 0.1}, False),  # grown by 0.1 only: IoU 0.45
+    ],
+)
+def test_recovery_buffer_grows_with_the_time_unseen(settings: dict[str, float], same: bool) -> None:
+    """The last observed box goes stale while the object moves on unseen: stage 3
+    grows it and the detections by recovery_speed x the time since (capped)."""
+    trk = create_tracker("default", **settings)
+    times = np.arange(0, 0.6, 0.04)
+    walk(trk, times.tolist(), speed=300.0)  # the prediction runs away once unseen
+    last_x = 100 + 300 * times[-1]
+    back = trk.update(dets([box(last_x + 18)]), times[-1] + 0.44).tracker_id[0]
+    assert bool(back == 1) is same
+
+
 @pytest.mark.parametrize(("class_aware", "same"), [(True, False), (False, True)])
 def test_class_aware_matching(class_aware: bool, same: bool) -> None:
     trk = create_tracker("default", class_aware=class_aware)
@@ -321,3 +340,8 @@ def test_tentative_search_scales_with_the_time_step(
 @pytest.mark.parametrize(("name", "speed"), [("default", 2.0), ("bytetrack", 0.0), ("ocsort", 0.0)])
 def test_tentative_speed_defaults(name: str, speed: float) -> None:
     assert create_tracker(name).settings.tentative_speed == speed  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("name", "speed"), [("default", 2.0), ("bytetrack", 0.0), ("ocsort", 0.0)])
+def test_recovery_speed_defaults(name: str, speed: float) -> None:
+    assert create_tracker(name).settings.recovery_speed == speed  # type: ignore[attr-defined]
