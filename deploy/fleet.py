@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
@@ -38,7 +37,8 @@ from deploy.clock import Clock
 from deploy.cost import PaidPod, accrue
 from deploy.events import EventLog
 from deploy.health import Probe, Prober
-from deploy.ingest_link import IngestLink, definition_key
+from deploy.ingest_link import IngestLink
+from deploy.ingest_sync import IngestSync
 from deploy.jobs import placement_view
 from deploy.latency import Latency, annotate
 from deploy.models import (
@@ -46,7 +46,6 @@ from deploy.models import (
     PodRecord,
     PodSpec,
     PodStatus,
-    StreamSpec,
     WorkerState,
     parse_pod_name,
     pod_name,
@@ -56,7 +55,6 @@ from deploy.pod_trust import PodCredentials, PodTrust
 from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderError
 from deploy.scaling import tier_targets
 from deploy.schedule import in_window
-from deploy.serverless_jobs import SERVERLESS, endpoint_of, withdraw
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.sizing import gpu_order, sizing_report, why_chosen
 from deploy.store import Store
@@ -95,8 +93,14 @@ class Fleet:
     unplaced: list[str] = field(default_factory=list)
     blocked: dict[str, tuple[float, int]] = field(default_factory=dict)
     """tier -> (no create before this time, "no capacity" answers in a row)."""
-    _acked: dict[str, tuple[str | None, str]] = field(default_factory=dict)
-    """stream -> (worker, definition key) the ingest acknowledged."""
+    _sync: IngestSync = field(init=False)
+    """What the ingest acknowledged of each stream (:mod:`deploy.ingest_sync`)."""
+
+    def __post_init__(self) -> None:
+        self._sync = IngestSync(self.ingest, self._redefined)
+
+    def _redefined(self, worker: str, stream_id: str) -> None:
+        self.event("redefined", worker, "its definition changed", stream_id)
 
     def held_until(self, tier: str) -> float:
         """No create for ``tier`` before this time ("no capacity" backoff); 0 = not held."""
@@ -460,45 +464,10 @@ class Fleet:
             if sid in streams:
                 why = move_reason(old, new, ready, pins.get(sid))
                 self.event("moved", new or "", why, sid, old=old, new=new)
-        for sid in set(self._acked) - set(streams):
-            if await withdraw(self.ingest, sid, self._acked[sid][0]):
-                self._acked.pop(sid, None)
+        await self._sync.forget_gone(streams)
         workers = by_name(pods.values())
         for sid, spec in streams.items():
-            await self._tell_ingest(spec, result.assign.get(sid), workers)
-
-    async def _tell_ingest(
-        self,
-        spec: StreamSpec,
-        want: str | None,
-        workers: Mapping[str, tuple[PodRecord, WorkerState]],
-    ) -> None:
-        """Tell the ingest where ``spec`` runs, unless it acknowledged that already.
-
-        The ingest keeps a placed stream's definition (a PUT only moves it), so a stream
-        whose definition changed, even removed and re-added between two passes, is taken
-        off the ingest first, then placed again with the new definition.
-        """
-        sid, rev = spec.id, definition_key(spec)
-        want = SERVERLESS if endpoint_of(spec) is not None else want  # no worker: its endpoint
-        acked = self._acked.get(sid)
-        if acked == (want, rev):
-            return
-        if acked is not None and acked[0] is not None and acked[1] != rev:
-            if not await withdraw(self.ingest, sid, acked[0]):
-                return
-            self.event("redefined", acked[0], "its definition changed", sid)
-            self._acked[sid] = (None, acked[1])
-        if want is None:
-            ok = await withdraw(self.ingest, sid, acked[0] if acked else None)
-        elif want == SERVERLESS:
-            ok = await self.ingest.serve(spec)
-        else:
-            worker = workers[want][1]
-            url, name = worker.tunnel_url, worker.tls_server_name
-            ok = url is not None and await self.ingest.assign(spec, want, url, name)
-        if ok:
-            self._acked[sid] = (want, rev)
+            await self._sync.tell(spec, result.assign.get(sid), workers)
 
     async def _account(self, pods: dict[str, PodRecord], now: float) -> None:
         last = await self.store.mark_accrual(now)

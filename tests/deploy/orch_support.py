@@ -32,6 +32,8 @@ def orch_settings(tmp: Path, keys: KeySet | None = None, **over: Any) -> Orchest
         "redis_url": REDIS_URL, "key_prefix": f"test-orch-{secrets.token_hex(4)}:",
         "signing_keys": jwks(keys or ed_keys()), "ca_dir": tmp / "ca", "timezone": "UTC",
         "tiers": [{"name": "ondemand", "max_workers": 0}],
+        # jobs' progress keys too: another test's ingest may write the same job id
+        "jobs": {"redis_prefix": f"test-jobs-{secrets.token_hex(4)}"},
     }  # fmt: skip
     return OrchestratorSettings(**{**base, **over})
 
