@@ -53,6 +53,7 @@ from ingest import api_docs
 from ingest.auth import api_guard
 from ingest.console import console_router
 from ingest.console_fleet import fleet_router
+from ingest.console_jobs import jobs_router
 from ingest.history import HistorySampler, history_router
 from ingest.hub import ResultHub, build_hub, results_router
 from ingest.jsonl import JsonlWriter
@@ -118,6 +119,7 @@ def create_app(
     app.include_router(results_router(hub))
     app.include_router(console_router(service, api))
     app.include_router(fleet_router(service.settings, api))  # the console's fleet panel
+    app.include_router(jobs_router(service.settings, api))  # the console's jobs panel
     return app
 
 

@@ -51,7 +51,8 @@ KEEPALIVE_S = 15.0
 """A comment line this often on a quiet live view keeps proxies from closing it."""
 MAX_VIEWERS = 32
 """Console event streams open at once (both kinds together)."""
-ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
+ASSETS = {"console.js": "text/javascript", "console_jobs.js": "text/javascript",
+          "console.css": "text/css"}  # fmt: skip
 PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "

@@ -1,10 +1,12 @@
-"""The ingest's read-only client of the orchestrator API (``fleet:read``), over HTTP only.
+"""The ingest's read-only client of the orchestrator API (:data:`SCOPES`), over HTTP only.
 
-Used by the console's fleet panel (:mod:`ingest.console_fleet`). Configured by
-``FRAMERELAY_INGEST_ORCHESTRATOR_URL`` (``https://``; plain ``http://`` only to
-this host), ``..._ORCHESTRATOR_TOKEN`` (a token for audience ``orchestrator``
-granting ``fleet:read``) or, without one, tokens minted here for
-:data:`TOKEN_TTL_S` with the ingest's private signing keys, and
+Used by the console's fleet and jobs panels (:mod:`ingest.console_fleet`,
+:mod:`ingest.console_jobs`). Configured by ``FRAMERELAY_INGEST_ORCHESTRATOR_URL``
+(``https://``; plain ``http://`` only to this host), ``..._ORCHESTRATOR_TOKEN`` (a
+token for audience ``orchestrator`` granting ``fleet:read`` and ``jobs:read``; one
+without ``jobs:read`` leaves the jobs panel with the orchestrator's 403) or, without
+one, tokens minted here for :data:`TOKEN_TTL_S` with the ingest's private signing
+keys (both scopes), and
 ``..._ORCHESTRATOR_CA`` (verifies an ``https://`` orchestrator; default: the
 system's CAs).
 
@@ -37,6 +39,8 @@ MAX_BODY_BYTES = 4 << 20
 TOKEN_TTL_S = 300.0
 RENEW_BEFORE_S = 60.0
 SCOPE = "fleet:read"
+SCOPES = (SCOPE, "jobs:read")
+"""What a minted token grants: the fleet panel's reads and the jobs panel's."""
 DETAIL_CHARS = 200
 Request = tuple[str, Mapping[str, str]]
 """``(path, query parameters)``."""
@@ -60,13 +64,15 @@ def orchestrator_tokens(settings: IngestSettings) -> Callable[[], str]:
     if issuer is None:
         raise ConfigError(
             f"FRAMERELAY_INGEST_ORCHESTRATOR_URL needs {ORCHESTRATOR_TOKEN_ENV} (audience "
-            "orchestrator, scope fleet:read) or a private FRAMERELAY_SIGNING_KEYS_FILE to mint one"
+            "orchestrator, scopes fleet:read and jobs:read) or a private "
+            "FRAMERELAY_SIGNING_KEYS_FILE to mint one"
         )
     return _MintedToken(issuer)
 
 
 class _MintedToken:
-    """A ``fleet:read`` token minted with the ingest's keys, renewed before it expires."""
+    """A token granting :data:`SCOPES` minted with the ingest's keys, renewed before it
+    expires."""
 
     def __init__(self, issuer: TokenIssuer) -> None:
         self._issuer = issuer
@@ -76,7 +82,7 @@ class _MintedToken:
     def __call__(self) -> str:
         now = time.time()
         if now >= self._renew_at:
-            self._token = self._issuer.mint("ingest", [SCOPE], TOKEN_TTL_S, aud="orchestrator")
+            self._token = self._issuer.mint("ingest", list(SCOPES), TOKEN_TTL_S, aud="orchestrator")
             self._renew_at = now + TOKEN_TTL_S - RENEW_BEFORE_S
         return self._token
 
@@ -134,7 +140,7 @@ class OrchestratorClient:
                 f"the orchestrator is unreachable: {describe_http_error(exc)}"
             ) from None
         if resp.status_code in (401, 403):
-            raise OrchestratorError(_refusal(resp.status_code, _detail(body, token)))
+            raise OrchestratorError(_refusal(resp.status_code, _detail(body, token), path))
         if resp.status_code != 200:
             raise OrchestratorError(
                 f"the orchestrator answered GET {path} with HTTP {resp.status_code}: "
@@ -161,12 +167,13 @@ async def _read_capped(resp: httpx.Response, path: str) -> bytes:
     return b"".join(chunks)
 
 
-def _refusal(status: int, detail: str) -> str:
+def _refusal(status: int, detail: str, path: str) -> str:
+    scope = "jobs:read" if path.startswith("/v1/jobs") else SCOPE  # what GET ``path`` needs
     fix = (
-        f"check {ORCHESTRATOR_TOKEN_ENV} (audience orchestrator, scope fleet:read) or that the "
+        f"check {ORCHESTRATOR_TOKEN_ENV} (audience orchestrator, scope {scope}) or that the "
         "orchestrator trusts the ingest's signing keys"
         if status == 401
-        else f"the ingest's token lacks {SCOPE}"
+        else f"the ingest's token lacks {scope}"
     )
     return f"the orchestrator refused the ingest's token (HTTP {status}: {detail}); {fix}"
 

@@ -427,11 +427,13 @@ class IngestSettings(ServiceSettings):
         None,
         max_length=2048,
         description="The orchestrator's API (https://host:port; http:// only to this host), "
-        "read for the console's fleet panel (GET /v1/console/fleet); unset: no panel.",
+        "read for the console's fleet and jobs panels (GET /v1/console/fleet, /jobs); "
+        "unset: no panels.",
     )
     orchestrator_token: SecretStr | None = Field(
         None,
-        description="A token for the orchestrator (audience orchestrator, scope fleet:read); "
+        description="A token for the orchestrator (audience orchestrator, scopes fleet:read "
+        "and jobs:read: the console's fleet and jobs panels); "
         "unset: the ingest mints short-lived ones with the private FRAMERELAY_SIGNING_KEYS.",
     )
     orchestrator_ca: Path | None = Field(
@@ -458,7 +460,8 @@ class IngestSettings(ServiceSettings):
         if url is not None and keys is None:
             raise ValueError(
                 f"FRAMERELAY_INGEST_ORCHESTRATOR_URL needs credentials: {ORCHESTRATOR_TOKEN_ENV} "
-                "(audience orchestrator, scope fleet:read) or FRAMERELAY_SIGNING_KEYS_FILE (the "
+                "(audience orchestrator, scopes fleet:read, jobs:read) or "
+                "FRAMERELAY_SIGNING_KEYS_FILE (the "
                 "private key set, to mint one)"
             )
         return self

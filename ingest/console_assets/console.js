@@ -4,6 +4,8 @@
 // (EventSource cannot send headers). Every value from the server is written with
 // textContent, never as HTML.
 
+import { followJobs } from "./console_jobs.js";
+
 const TOKEN_KEY = "framerelay.console.token";
 const BOX = "#00ff66"; // boxes and labels on the live view (tests read this colour)
 const TRAIL = "#ffb000";
@@ -136,6 +138,7 @@ async function followTable() {
   state.table = control;
   followHistory(control);
   followFleet(control);
+  followJobs(control, api);
   while (!control.signal.aborted) {
     try {
       await readEvents("/v1/console/streams", onTableEvent, control.signal);

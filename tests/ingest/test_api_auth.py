@@ -55,6 +55,7 @@ SCOPES = {
     ("GET", "/v1/console/streams"): "streams:read",
     ("GET", "/v1/console/streams/{stream_id}/live"): "results:{stream_id}",
     ("GET", "/v1/console/fleet"): "streams:read",
+    ("GET", "/v1/console/jobs"): "streams:read",
 }
 
 

@@ -1,0 +1,243 @@
+"""Issue 18: the console's jobs panel (GET /v1/console/jobs) of a real ingest API reading a
+real orchestrator API on loopback (real Redis, the real job store): a running job's frames
+done/total, %, ETA and cost so far, a finished job's final cost, a failed job's error as one
+line; one upstream call per 2 s for any number of consoles; an orchestrator that is not
+configured, unreachable (last rows kept, stale), refusing a token without jobs:read, or
+answering what the ingest cannot read (NaN, huge numbers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Response
+
+from deploy.api import create_app as orch_app
+from deploy.jobs import JobRecord, TaskRecord
+from deploy.service import Orchestrator
+from framerelay.jobs import JobSpec, TaskProgress, progress_key
+from ingest.console_jobs import REFRESH_S
+from tests.deploy.orch_support import serving_here
+from tests.ingest.api_rig import client, running_ingest
+from tests.ingest.test_console_fleet import counted, plain_orchestrator, served_on
+from tests.support.auth import ed_keys, mint
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.integration
+PANEL = "/v1/console/jobs"
+AFTER_REFRESH_S = REFRESH_S + 0.2
+HOSTILE = '<img src=x onerror="window.pwned=1">&amp; "quoted" </td></tr>'
+"""A job's error (ids and model names cannot hold HTML-special characters; errors can)."""
+
+
+def _tasks(n: int, states: list[str]) -> list[TaskRecord]:
+    return [TaskRecord(input=f"/rec/seg-{k}.mp4", sidecar=f"/rec/seg-{k}.jsonl",
+                       state=states[k]) for k in range(n)]  # fmt: skip
+
+
+async def put_jobs(orch: Orchestrator) -> None:
+    """A running job (3 segments of 300 frames: one done, one half way, one pending), a
+    finished one with its final cost and a failed one whose error holds HTML."""
+    now = orch.fleet.clock.now()
+    spec = JobSpec(inputs=[f"/rec/seg-{k}.mp4" for k in range(3)], model="yolox-nano")
+    jobs = [
+        JobRecord(id="night-2", spec=spec, state="running",
+                  tasks=_tasks(3, ["done", "running", "pending"]), submitted_at=now - 130,
+                  started_at=now - 120, cost_usd=0.0123456, rate=[(now - 20, 250), (now, 450)]),
+        JobRecord(id="night-1", spec=spec, state="done", tasks=_tasks(3, ["done"] * 3),
+                  submitted_at=now - 4000, started_at=now - 3900, finished_at=now - 3000,
+                  cost_usd=0.4321),
+        JobRecord(id="bad-1", spec=spec.model_copy(update={"inputs": spec.inputs[:1]}),
+                  state="failed", tasks=_tasks(1, ["failed"]), submitted_at=now - 5000,
+                  started_at=now - 4990, finished_at=now - 4980, error=HOSTILE, cost_usd=0.001),
+    ]  # fmt: skip
+    progress = {
+        ("night-2", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
+        ("night-2", 1): TaskProgress(state="running", frames_done=150, frames_total=300),
+        ("night-2", 2): TaskProgress(state="pending", frames_done=0, frames_total=300),
+        ("night-1", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
+        ("night-1", 1): TaskProgress(state="done", frames_done=300, frames_total=300),
+        ("night-1", 2): TaskProgress(state="done", frames_done=300, frames_total=300),
+        ("bad-1", 0): TaskProgress(state="failed", frames_done=10, frames_total=300,
+                                   error="the input cannot be decoded"),
+    }  # fmt: skip
+    for rec in sorted(jobs, key=lambda r: r.submitted_at):
+        assert await orch.jobs.submit(rec)
+    for (job_id, k), said in progress.items():
+        key = progress_key(orch.jobs.progress_prefix, job_id, k)
+        await orch.jobs.progress_redis.set(key, said.model_dump_json())
+
+
+async def panel(http: httpx.AsyncClient, headers: dict[str, str]) -> dict[str, Any]:
+    resp = await http.get(PANEL, headers=headers)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["cache-control"] == "no-store"
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def test_rows_show_progress_eta_cost_duration_and_tasks_of_the_orchestrators_jobs(
+    tmp_path: Path,
+) -> None:
+    async def main() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        keys = ed_keys()
+        direct = {"Authorization": f"Bearer {mint(keys, ['jobs:read'], 'orchestrator')}"}
+        async with plain_orchestrator(tmp_path, keys) as orch:
+            await put_jobs(orch)
+            async with (
+                serving_here(orch_app(orch)) as url,
+                running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,  # mints tokens
+                client(ingest) as http,
+                httpx.AsyncClient(base_url=url) as orch_http,
+            ):
+                body = await panel(http, ingest.auth("streams:read"))
+                truth = (await orch_http.get("/v1/jobs", headers=direct)).json()
+        return body, truth
+
+    body, truth = asyncio.run(main())
+    assert body["configured"] and body["error"] is None and not body["stale"]
+    assert body["age_s"] < 2 and body["fetched_at"] is not None
+    rows = {r["id"]: r for r in body["jobs"]}
+    assert [r["id"] for r in body["jobs"]] == [j["id"] for j in truth] == ["night-2", "night-1",
+                                                                          "bad-1"]  # fmt: skip
+    for job in truth:
+        row = rows[job["id"]]
+        print(f"\n  {row}")
+        assert (row["state"], row["frames_done"], row["frames_total"], row["eta_s"]) == (
+            job["state"], job["frames_done"], job["frames_total"], job["eta_s"])  # fmt: skip
+        assert row["cost_usd"] == job["cost_usd"]
+        assert row["duration_s"] == pytest.approx(job["duration_s"], abs=1)  # read apart
+        assert row["model"] == "yolox-nano" and row["tasks_total"] == len(job["tasks"])
+    running, done, failed = rows["night-2"], rows["night-1"], rows["bad-1"]
+    assert (running["frames_done"], running["frames_total"], running["percent"]) == (450, 900, 50.0)
+    assert running["eta_s"] == pytest.approx(450 / 10, abs=0.2)  # 200 frames in 20 s
+    assert running["cost_usd"] == 0.012346 and not running["ended"]
+    assert running["tasks_done"] == 1 and running["duration_s"] == pytest.approx(120, abs=2)
+    assert done["ended"] and done["cost_usd"] == 0.4321 and done["eta_s"] is None
+    assert (done["percent"], done["tasks_done"], done["duration_s"]) == (100.0, 3, 900.0)
+    assert failed["error"] == HOSTILE and failed["ended"] and failed["tasks_done"] == 0
+
+
+def test_one_upstream_call_per_refresh_whatever_the_number_of_consoles(tmp_path: Path) -> None:
+    async def main() -> tuple[Any, list[dict[str, Any]]]:
+        keys = ed_keys()
+        async with plain_orchestrator(tmp_path, keys) as orch:
+            await put_jobs(orch)
+            app = orch_app(orch)
+            calls = counted(app)
+            async with (
+                serving_here(app) as url,
+                running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
+                client(ingest) as http,
+            ):
+                read = ingest.auth("streams:read")
+                bodies = await asyncio.gather(*(panel(http, read) for _ in range(20)))
+                assert calls == {"/v1/jobs": 1}, calls
+                await asyncio.gather(*(panel(http, read) for _ in range(10)))
+                assert calls == {"/v1/jobs": 1}, calls
+                await asyncio.sleep(AFTER_REFRESH_S)
+                await asyncio.gather(*(panel(http, read) for _ in range(10)))
+        return calls, bodies
+
+    calls, bodies = asyncio.run(main())
+    assert calls == {"/v1/jobs": 2}, calls
+    assert len({b["fetched_at"] for b in bodies}) == 1 and len(bodies[0]["jobs"]) == 3
+
+
+def test_not_configured_answers_so_and_the_route_needs_streams_read(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
+            assert await panel(http, ingest.auth("streams:read")) == {"configured": False}
+            missing = await http.get(PANEL)
+            wrong = await http.get(PANEL, headers=ingest.auth("results:*", "metrics:read"))
+        assert missing.status_code == 401
+        assert wrong.status_code == 403 and "streams:read" in wrong.text
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_orchestrator_keeps_the_last_rows_marked_stale(tmp_path: Path) -> None:
+    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        keys = ed_keys()
+        async with plain_orchestrator(tmp_path, keys) as orch:
+            await put_jobs(orch)
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            async with running_ingest(keys, tmp_path, orchestrator_url=url) as ingest:
+                async with client(ingest) as http:
+                    read = ingest.auth("streams:read")
+                    never = await panel(http, read)  # nobody listens yet
+                    await asyncio.sleep(AFTER_REFRESH_S)
+                    async with served_on(orch_app(orch), port):
+                        good = await panel(http, read)
+                    await asyncio.sleep(AFTER_REFRESH_S)
+                    stale = await panel(http, read)
+        return never, good, stale
+
+    never, good, stale = asyncio.run(main())
+    assert never["jobs"] == [] and never["fetched_at"] is None and not never["stale"]
+    assert never["error"] == "the orchestrator is unreachable: ConnectError"
+    assert good["error"] is None and len(good["jobs"]) == 3
+    assert stale["stale"] and stale["error"] == "the orchestrator is unreachable: ConnectError"
+    assert stale["jobs"] == good["jobs"] and stale["fetched_at"] == good["fetched_at"]
+    assert stale["age_s"] >= REFRESH_S
+
+
+def test_a_token_without_jobs_read_is_named_and_never_shown(tmp_path: Path) -> None:
+    async def main() -> tuple[str, dict[str, Any], str]:
+        keys = ed_keys()
+        token = mint(keys, ["fleet:read"], "orchestrator")  # enough for the fleet panel only
+        async with plain_orchestrator(tmp_path, keys) as orch:
+            async with (
+                serving_here(orch_app(orch)) as url,
+                running_ingest(
+                    keys, tmp_path, orchestrator_url=url, orchestrator_token=token
+                ) as ingest,  # fmt: skip
+                client(ingest) as http,
+            ):
+                read = ingest.auth("streams:read")
+                jobs = await http.get(PANEL, headers=read)
+                fleet = await http.get("/v1/console/fleet", headers=read)
+        return jobs.text, fleet.json(), token
+
+    text, fleet, token = asyncio.run(main())
+    error = json.loads(text)["error"]
+    print(f"\n  {error}")
+    assert "HTTP 403" in error and "the ingest's token lacks jobs:read" in error
+    assert "\n" not in error and token not in text and token.split(".")[2] not in text
+    assert fleet["error"] is None  # the same token still reads the fleet
+
+
+UNREADABLE = [
+    (b'[{"id": "j", "state": "running", "cost_usd": NaN}]', "cost_usd"),
+    (b'[{"id": "j", "state": "running", "frames_done": 1' + b"0" * 30 + b"}]", "frames_done"),
+    (b'{"detail": "not a list"}', "the answer"),
+]
+
+
+@pytest.mark.parametrize(("answer", "where"), UNREADABLE)
+def test_an_answer_the_ingest_cannot_read_is_one_line(
+    tmp_path: Path, answer: bytes, where: str
+) -> None:
+    odd = FastAPI()
+
+    @odd.get("/v1/jobs")
+    async def jobs() -> Response:
+        return Response(answer, media_type="application/json")
+
+    async def main() -> dict[str, Any]:
+        async with (
+            serving_here(odd) as url,
+            running_ingest(ed_keys(), tmp_path, orchestrator_url=url) as ingest,
+            client(ingest) as http,
+        ):
+            return await panel(http, ingest.auth("streams:read"))
+
+    body = asyncio.run(main())
+    error = body["error"]
+    assert error.startswith("the orchestrator's jobs are not what this ingest reads")
+    assert where in error and "\n" not in error and body["jobs"] == []
