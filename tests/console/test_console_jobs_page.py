@@ -31,7 +31,8 @@ return Array.from(document.querySelectorAll('#jobs tbody tr')).map((tr) => {
   const bar = tr.querySelector('progress');
   return {cells: Array.from(tr.cells).map((c) => c.firstChild ? c.firstChild.textContent : ''),
           notes: Array.from(tr.querySelectorAll('.reason')).map((s) => s.textContent),
-          value: bar.value, max: bar.max, frames: tr.querySelector('.frames').textContent};
+          value: bar.value, max: bar.max, indeterminate: bar.matches(':indeterminate'),
+          frames: tr.querySelector('.frames').textContent};
 });
 """
 
@@ -64,11 +65,15 @@ def test_the_jobs_panel_shows_progress_a_final_cost_and_errors_as_text(tmp_path:
 
     def first_look(driver: Any, ingest: Ingest) -> None:
         sign_in(driver, ingest, ingest.token("streams:read"))
-        WebDriverWait(driver, 30 * TIMEOUT_FACTOR).until(lambda d: len(jobs_shown(d)) == 3)
+        WebDriverWait(driver, 30 * TIMEOUT_FACTOR).until(lambda d: len(jobs_shown(d)) == 4)
         shown = jobs_shown(driver)
         for row in shown.values():
             print(f"\n  {row}")
-        running, done, failed = shown["night-2"], shown["night-1"], shown["bad-1"]
+        running, done, failed, queued = (
+            shown[i] for i in ("night-2", "night-1", "bad-1", "later-1")
+        )
+        assert queued["frames"] == "0 / ? frames" and queued["indeterminate"]
+        assert queued["cells"][4:] == ["–", "$0.0000", "–", "0 / 3"]
         # Job, State, Model, Progress, ETA, Cost, Duration, Tasks
         assert running["cells"][1:3] == ["running", "yolox-nano"]
         assert (running["value"], running["max"]) == (450, 900)
@@ -83,7 +88,7 @@ def test_the_jobs_panel_shows_progress_a_final_cost_and_errors_as_text(tmp_path:
         assert failed["frames"] == "10 / 300 frames (3.3 %)"
         markup = "return [window.pwned, document.querySelectorAll('#jobs img, #jobs a').length]"
         assert driver.execute_script(markup) == [None, 0]  # the error is text, not markup
-        assert driver.find_element("id", "jobs-summary").text == "3 jobs · 1 running"
+        assert driver.find_element("id", "jobs-summary").text == "4 jobs · 1 running"
         driver.execute_script("document.getElementById('jobs-panel').scrollIntoView()")
         driver.save_screenshot(str(artifacts("console") / "jobs-1280x800.png"))
 

@@ -41,7 +41,8 @@ def _tasks(n: int, states: list[str]) -> list[TaskRecord]:
 
 async def put_jobs(orch: Orchestrator) -> None:
     """A running job (3 segments of 300 frames: one done, one half way, one pending), a
-    finished one with its final cost and a failed one whose error holds HTML."""
+    finished one with its final cost, a failed one whose error holds HTML and, newest, a
+    queued one whose inputs are not open yet (no totals)."""
     now = orch.fleet.clock.now()
     spec = JobSpec(inputs=[f"/rec/seg-{k}.mp4" for k in range(3)], model="yolox-nano")
     jobs = [
@@ -54,6 +55,8 @@ async def put_jobs(orch: Orchestrator) -> None:
         JobRecord(id="bad-1", spec=spec.model_copy(update={"inputs": spec.inputs[:1]}),
                   state="failed", tasks=_tasks(1, ["failed"]), submitted_at=now - 5000,
                   started_at=now - 4990, finished_at=now - 4980, error=HOSTILE, cost_usd=0.001),
+        JobRecord(id="later-1", spec=spec, tasks=_tasks(3, ["pending"] * 3),
+                  submitted_at=now - 1),
     ]  # fmt: skip
     progress = {
         ("night-2", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
@@ -102,8 +105,8 @@ def test_rows_show_progress_eta_cost_duration_and_tasks_of_the_orchestrators_job
     assert body["configured"] and body["error"] is None and not body["stale"]
     assert body["age_s"] < 2 and body["fetched_at"] is not None
     rows = {r["id"]: r for r in body["jobs"]}
-    assert [r["id"] for r in body["jobs"]] == [j["id"] for j in truth] == ["night-2", "night-1",
-                                                                          "bad-1"]  # fmt: skip
+    assert [r["id"] for r in body["jobs"]] == [j["id"] for j in truth] == [
+        "later-1", "night-2", "night-1", "bad-1"]  # fmt: skip
     for job in truth:
         row = rows[job["id"]]
         print(f"\n  {row}")
@@ -112,7 +115,9 @@ def test_rows_show_progress_eta_cost_duration_and_tasks_of_the_orchestrators_job
         assert row["cost_usd"] == job["cost_usd"]
         assert row["duration_s"] == pytest.approx(job["duration_s"], abs=1)  # read apart
         assert row["model"] == "yolox-nano" and row["tasks_total"] == len(job["tasks"])
-    running, done, failed = rows["night-2"], rows["night-1"], rows["bad-1"]
+    running, done, failed, queued = (rows[i] for i in ("night-2", "night-1", "bad-1", "later-1"))
+    assert (queued["state"], queued["frames_total"], queued["percent"]) == ("queued", None, None)
+    assert (queued["duration_s"], queued["eta_s"], queued["tasks_done"]) == (None, None, 0)
     assert (running["frames_done"], running["frames_total"], running["percent"]) == (450, 900, 50.0)
     assert running["eta_s"] == pytest.approx(450 / 10, abs=0.2)  # 200 frames in 20 s
     assert running["cost_usd"] == 0.012346 and not running["ended"]
@@ -145,7 +150,7 @@ def test_one_upstream_call_per_refresh_whatever_the_number_of_consoles(tmp_path:
 
     calls, bodies = asyncio.run(main())
     assert calls == {"/v1/jobs": 2}, calls
-    assert len({b["fetched_at"] for b in bodies}) == 1 and len(bodies[0]["jobs"]) == 3
+    assert len({b["fetched_at"] for b in bodies}) == 1 and len(bodies[0]["jobs"]) == 4
 
 
 def test_not_configured_answers_so_and_the_route_needs_streams_read(tmp_path: Path) -> None:
@@ -181,7 +186,7 @@ def test_an_unreachable_orchestrator_keeps_the_last_rows_marked_stale(tmp_path: 
     never, good, stale = asyncio.run(main())
     assert never["jobs"] == [] and never["fetched_at"] is None and not never["stale"]
     assert never["error"] == "the orchestrator is unreachable: ConnectError"
-    assert good["error"] is None and len(good["jobs"]) == 3
+    assert good["error"] is None and len(good["jobs"]) == 4
     assert stale["stale"] and stale["error"] == "the orchestrator is unreachable: ConnectError"
     assert stale["jobs"] == good["jobs"] and stale["fetched_at"] == good["fetched_at"]
     assert stale["age_s"] >= REFRESH_S
