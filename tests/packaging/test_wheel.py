@@ -32,6 +32,7 @@ DATA = {
     "ingest/console_assets/console.html",  # the operator console (ingest/console.py)
     "ingest/console_assets/console.js",
     "ingest/console_assets/console.css",
+    "ingest/console_assets/console_jobs.js",  # its batch jobs panel
 }
 
 
