@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.deploy.orch_support import REDIS_URL
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 
 def _bench() -> Any:

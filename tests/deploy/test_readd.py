@@ -19,7 +19,7 @@ from deploy.settings import TierConfig
 from tests.conftest import CAMPUS, CLIP
 from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 OTHER = CAMPUS / "TUD-Campus.mp4"
 
 

@@ -33,7 +33,7 @@ from tests.faults.fleet_harness import REDIS_URL, clear_prefix, running_fleet, s
 from tests.results.clip_rig import record_file
 from tests.support.media import ffmpeg
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 SPOT_USD_HR = 0.5
 JOB_LIMIT_S = 120.0
 

@@ -192,7 +192,6 @@ def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
     print(f"\n{len(want)} frames; progress seen {[(p.state, p.frames_done) for p in seen]}")
 
 
-@pytest.mark.slow
 def test_every_frame_once_when_moved_and_when_the_worker_dies(
     secret: str, media: Media, tmp_path: Path, prefix: str
 ) -> None:
@@ -257,7 +256,6 @@ class IngestProcess:
         return [ResultRecord.model_validate_json(x).pts for x in lines]
 
 
-@pytest.mark.slow
 def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     local_worker: LocalWorker, secret: str, media: Media, tmp_path: Path, prefix: str
 ) -> None:

@@ -50,7 +50,7 @@ from tests.results.support import (
 )
 from tests.support.auth import mint
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 STREAM = "cam-ids"
 KEY = RedisKeys().stream(STREAM)
 SECRET = "a-single-host-secret-long-enough"
