@@ -11,10 +11,14 @@ at once), so the tunnel writes them together:
   bounded: the protocol's credits bound what can be waiting) and a writer
   task (:meth:`Outbox.run`) sends everything waiting, in order, in one write.
   Each message stays its own WebSocket message; only the ``write`` is shared.
-  A large message (:data:`JOIN_BELOW`: a FRAME's JPEG) put while nothing waits
-  and the peer reads is written at once instead: it would be written alone
-  anyway, and waking the writer task costs a turn of the event loop per frame,
-  which in a round trip with few frames in flight is most of the tunnel's cost.
+  A message put while nothing is being written and the peer reads is written
+  at once instead: waking the writer task costs a turn of the event loop per
+  message, which in a round trip with few frames in flight was most of the
+  tunnel's own cost (``bench/tunnel.py``). Inside :func:`corked` (the worker
+  delivering a batch's results) puts only queue, and each outbox that got
+  messages writes them all at once, in one write, when the block ends. The
+  writer task remains for what cannot go at once: a peer that does not read
+  (flow control), a plain connection, messages put during a write.
 * :class:`CoalescingServerConnection` and :class:`CoalescingClientConnection`
   (give them to ``serve``/``connect`` as ``create_connection``) add
   :meth:`Coalescing.send_batch`: several messages framed by the connection's
@@ -28,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
@@ -58,12 +64,14 @@ class Coalescing:
     transport: Any
     paused: bool
 
-    def write_now(self, data: bytes) -> bool:
-        """Send ``data`` as one binary message now, without waiting, if the connection is
-        open and its peer reads (flow control not engaged); False (nothing sent) if not."""
+    def write_now(self, messages: Sequence[bytes]) -> bool:
+        """Send each of ``messages`` as one binary message now, in one write, without
+        waiting, if the connection is open and its peer reads (flow control not
+        engaged); False (nothing sent) if not."""
         if self.protocol.state is not State.OPEN or self.paused or self.transport.is_closing():
             return False
-        self.protocol.send_binary(data)
+        for data in messages:
+            self.protocol.send_binary(data)
         self.send_data()
         return True
 
@@ -122,6 +130,29 @@ class CoalescingClientConnection(Coalescing, ClientConnection):
     """A client connection with :meth:`Coalescing.send_batch`."""
 
 
+_CORK: contextvars.ContextVar[set[Outbox] | None] = contextvars.ContextVar(
+    "framerelay_outbox_cork", default=None
+)
+
+
+@contextlib.contextmanager
+def corked() -> Iterator[None]:
+    """Within the block, :meth:`Outbox.put` only queues; at its end every outbox that got
+    messages writes them at once (one write each where the peer reads). For a burst of
+    messages made in one go (a batch's results), so they share a write."""
+    if _CORK.get() is not None:  # nested: the outer block writes
+        yield
+        return
+    token = _CORK.set(set())
+    try:
+        yield
+    finally:
+        pending = _CORK.get() or set()
+        _CORK.reset(token)
+        for outbox in pending:
+            outbox.kick()
+
+
 class OutboxFull(ConnectionError):
     """More messages are waiting than the outbox holds: the peer does not read."""
 
@@ -152,6 +183,8 @@ class Outbox:
         """Set while nothing waits and nothing is being written."""
         self._idle.set()
         self._closed = False
+        self._writing = False
+        """The writer task is in a write: a put waits behind it (order)."""
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -163,11 +196,21 @@ class Outbox:
             raise ConnectionError("the connection's writer has stopped")
         if len(self._waiting) >= self.capacity:
             raise OutboxFull(f"{len(self._waiting)} messages wait for a peer that does not read")
-        if len(data) >= JOIN_BELOW and self._idle.is_set() and self._write_now(data):
-            return
         self._waiting.append(data)
-        self._ready.set()
         self._idle.clear()
+        cork = _CORK.get()
+        if cork is not None:
+            cork.add(self)
+            return
+        self.kick()
+
+    def kick(self) -> None:
+        """Write what waits at once if nothing is being written and the peer reads, or
+        wake the writer task to write it."""
+        if not self._waiting:
+            return
+        if self._writing or self._closed or not self._write_now():
+            self._ready.set()
 
     def try_put(self, data: bytes) -> bool:
         """:meth:`put`, False instead of raising."""
@@ -185,11 +228,18 @@ class Outbox:
         try:
             while True:
                 await self._ready.wait()
+                if not self._waiting:  # written at once since it was woken
+                    self._ready.clear()
+                    continue
                 batch = self._take()
                 if not self._waiting:
                     self._ready.clear()
-                async with asyncio.timeout(send_timeout_s):
-                    await self._write(batch)
+                self._writing = True
+                try:
+                    async with asyncio.timeout(send_timeout_s):
+                        await self._write(batch)
+                finally:
+                    self._writing = False
                 if not self._waiting:
                     self._idle.set()
         finally:
@@ -207,13 +257,19 @@ class Outbox:
             return False
         return True
 
-    def _write_now(self, data: bytes) -> bool:
-        """Nothing waits or is being written: a large message goes out at once (on a
-        coalescing connection whose peer reads)."""
-        if not isinstance(self.ws, Coalescing) or not self.ws.write_now(data):
+    def _write_now(self) -> bool:
+        """Everything waiting, written now (on a coalescing connection whose peer reads),
+        in batches as :meth:`run` would; False when some is left for the writer task."""
+        if not isinstance(self.ws, Coalescing):
             return False
-        self.writes += 1
-        self.messages += 1
+        while self._waiting:
+            batch = self._take()
+            if not self.ws.write_now(batch):
+                self._waiting.extendleft(reversed(batch))
+                return False
+            self.writes += 1
+            self.messages += len(batch)
+        self._idle.set()
         return True
 
     def _take(self) -> list[bytes]:

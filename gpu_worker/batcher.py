@@ -34,6 +34,7 @@ from framerelay import wire
 from framerelay.detections import Detections
 from framerelay.errors import ProtocolError
 from framerelay.geometry import Letterbox
+from framerelay.outbox import corked
 from gpu_worker.detectors import Detector, ModelInput
 from gpu_worker.faults import FaultInjector
 from gpu_worker.jpeg_batch import BatchJpegDecoder
@@ -227,11 +228,14 @@ class Batcher:
         self._deliver(batch, [f if f is not None else next(results) for f in failed])
 
     def _deliver(self, batch: list[WorkItem], outcomes: list[Outcome]) -> None:
-        for item, outcome in zip(batch, outcomes, strict=True):
-            try:
-                item.reply(item, outcome)
-            except Exception as exc:  # one connection's bug must not end the loop
-                self.errors.report("delivering a result", exc)
+        """Each frame's answer to its connection; a connection's answers to one batch share
+        a write (:func:`framerelay.outbox.corked`)."""
+        with corked():
+            for item, outcome in zip(batch, outcomes, strict=True):
+                try:
+                    item.reply(item, outcome)
+                except Exception as exc:  # one connection's bug must not end the loop
+                    self.errors.report("delivering a result", exc)
 
     async def _collect(self) -> list[WorkItem]:
         await self._lanes.wait()

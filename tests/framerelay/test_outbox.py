@@ -27,6 +27,7 @@ from framerelay.outbox import (
     CoalescingServerConnection,
     Outbox,
     OutboxFull,
+    corked,
 )
 
 Handler = Callable[[ServerConnection], Awaitable[None]]
@@ -118,12 +119,15 @@ def test_what_waits_together_goes_out_together_and_later_puts_follow_in_order() 
                                create_connection=CoalescingClientConnection) as ws:  # fmt: skip
                 out = Outbox(ws, capacity=100)
                 batch = messages(30)
-                for data in batch[:10]:  # waiting before the writer runs: one write
-                    out.put(data)
+                with corked():  # put in one go: one write, at the end of the block
+                    for data in batch[:10]:
+                        out.put(data)
+                    assert len(out) == 10
                 writer = asyncio.create_task(out.run(send_timeout_s=10))
                 await asyncio.sleep(0.05)
-                for data in batch[10:]:
-                    out.put(data)
+                with corked():
+                    for data in batch[10:]:
+                        out.put(data)
                 assert await out.flush(10)
                 await asyncio.wait_for(done.wait(), 10)
                 writer.cancel()
@@ -135,37 +139,67 @@ def test_what_waits_together_goes_out_together_and_later_puts_follow_in_order() 
     assert out.writes == 2  # the first ten together, then the twenty put in one go
 
 
-def test_a_large_message_put_while_nothing_waits_is_written_at_once_and_order_holds() -> None:
-    """A FRAME's JPEG (>= JOIN_BELOW) is written alone anyway: put while the outbox is idle
-    it goes out at once, with no writer task (a turn of the loop saved per frame); put
-    behind waiting messages it waits its turn."""
+def test_a_message_put_while_nothing_is_written_goes_at_once_and_order_holds() -> None:
+    """Put while no write is in progress and the peer reads, a message is written at once,
+    with no writer task (a turn of the event loop saved per message); put while the
+    writer is busy (the peer's flow control), it waits its turn behind what waits."""
 
     async def main() -> tuple[list[bytes], list[bytes], Outbox]:
         got: list[bytes] = []
         done = asyncio.Event()
         big = messages(3, size=JOIN_BELOW)
-        small = messages(2)
-        async with server(lambda ws: collect(ws, got, 5, done)) as url:
+        small = messages(3)
+        sent = [big[0], small[0], big[1], small[1], big[2], small[2]]
+        async with server(lambda ws: collect(ws, got, len(sent), done)) as url:
             async with connect(url, compression=None, max_size=None,
                                create_connection=CoalescingClientConnection) as ws:  # fmt: skip
                 out = Outbox(ws, capacity=10)
-                out.put(big[0])  # idle: written now, nothing waits
-                assert len(out) == 0 and out.writes == 1
-                out.put(small[0])  # small: waits for the writer
-                out.put(big[1])  # behind it: waits too
-                assert len(out) == 2
-                writer = asyncio.create_task(out.run(send_timeout_s=10))
-                assert await out.flush(10)
-                out.put(big[2])  # idle again
+                out.put(big[0])  # no writer task at all: written now
+                out.put(small[0])
+                assert len(out) == 0 and out.writes == 2
+                ws.pause_writing()  # as the transport does when the peer stops reading
+                out.put(big[1])
                 out.put(small[1])
+                assert len(out) == 2  # left for the writer
+                writer = asyncio.create_task(out.run(send_timeout_s=10))
+                await asyncio.sleep(0.05)
+                out.put(big[2])  # the writer waits on flow control: behind it
+                ws.resume_writing()
                 assert await out.flush(10)
+                out.put(small[2])  # idle again: at once
+                assert len(out) == 0
                 await asyncio.wait_for(done.wait(), 10)
                 writer.cancel()
-        return got, [big[0], small[0], big[1], big[2], small[1]], out
+        return got, sent, out
 
     got, sent, out = asyncio.run(main())
     assert got == sent
-    assert out.messages == 5
+    assert out.messages == 6
+
+
+def test_puts_inside_corked_share_one_write_per_outbox_at_its_end() -> None:
+    async def main() -> tuple[list[bytes], list[bytes], list[int], Outbox]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+        async with server(lambda ws: collect(ws, got, 8, done)) as url:
+            async with connect(url, compression=None,
+                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                out = Outbox(ws, capacity=10)
+                sizes = count_writes(ws)
+                with corked():
+                    for data in messages(4):
+                        out.put(data)
+                    with corked():  # nested: the outer block writes
+                        for data in messages(8)[4:]:
+                            out.put(data)
+                    assert len(out) == 8 and not sizes
+                writes = list(sizes)
+                await asyncio.wait_for(done.wait(), 10)
+        return got, messages(8), writes, out
+
+    got, sent, writes, out = asyncio.run(main())
+    assert got == sent
+    assert len(writes) == 1 and out.writes == 1 and out.messages == 8
 
 
 def test_a_batch_stops_growing_at_its_byte_bound() -> None:
@@ -176,8 +210,9 @@ def test_a_batch_stops_growing_at_its_byte_bound() -> None:
             async with connect(url, compression=None,
                                create_connection=CoalescingClientConnection) as ws:  # fmt: skip
                 out = Outbox(ws, capacity=100, max_batch_bytes=3000)
-                for data in messages(10):  # 1004 B each: three per write
-                    out.put(data)
+                with corked():
+                    for data in messages(10):  # 1004 B each: three per write
+                        out.put(data)
                 writer = asyncio.create_task(out.run(send_timeout_s=10))
                 assert await out.flush(10)
                 await asyncio.wait_for(done.wait(), 10)
@@ -211,13 +246,15 @@ def test_a_full_outbox_refuses_and_a_stopped_one_says_so() -> None:
         async with server(lambda ws: ws.wait_closed()) as url:
             async with connect(url, create_connection=CoalescingClientConnection) as ws:
                 out = Outbox(ws, capacity=2)
-                out.put(b"a")
-                out.put(b"b")
-                with pytest.raises(OutboxFull, match="2 messages wait"):
-                    out.put(b"c")
-                assert not out.try_put(b"c")
+                with corked():  # they wait until the block ends
+                    out.put(b"a")
+                    out.put(b"b")
+                    with pytest.raises(OutboxFull, match="2 messages wait"):
+                        out.put(b"c")
+                    assert not out.try_put(b"c")
                 writer = asyncio.create_task(out.run(send_timeout_s=10))
-                assert await out.flush(10)
+                assert await out.flush(10)  # (written when the block ended)
+                await asyncio.sleep(0.01)  # the writer runs, then stops
                 writer.cancel()
                 await asyncio.gather(writer, return_exceptions=True)
                 with pytest.raises(ConnectionError, match="writer has stopped"):
