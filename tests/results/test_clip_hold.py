@@ -106,7 +106,6 @@ def file_recording(
 
 
 @pytest.mark.integration
-@pytest.mark.slow
 def test_a_file_source_is_recorded_once_and_the_recorder_stops(
     file_recording: FileRecording,
 ) -> None:
@@ -131,7 +130,6 @@ def _decoded(path: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
 def test_a_clip_of_the_file_recording_holds_boxes_between_results(
     file_recording: FileRecording, tmp_path: Path
 ) -> None:

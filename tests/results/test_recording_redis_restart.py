@@ -25,7 +25,7 @@ from tests.conftest import CLIP, ROOT
 from tests.results.conftest import load_records
 from tests.results.support import RedisServer, child_env, kill_all, wait_async, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 STREAM = "cam-9"
 KEY = RedisKeys().stream(STREAM)
 
