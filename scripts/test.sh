@@ -24,15 +24,15 @@ if [ "${CI:-}" = "true" ]; then
 fi
 # Two phases: the tests marked `slow` (fault matrix, overload, fairness, recording
 # soaks: their figures are timing figures) run alone on the machine; everything else
-# runs on FRAMERELAY_TEST_WORKERS pytest-xdist workers (3 on CI's 2 cores: most tests
+# runs on FRAMERELAY_TEST_WORKERS pytest-xdist workers (4 on CI's 2 cores: most tests
 # wait on real-time streams and processes, and the phase used about 40 % of the CPU
-# with 2; 3 took it from 6:22 to 5:10 here). Extra args go to both phases; a phase
-# that selects no test (pytest's exit 5) is not a failure.
+# with 2; here it took 6:41 on 3 workers, 5:51 on 4). Extra args go to both phases; a
+# phase that selects no test (pytest's exit 5) is not a failure.
 status=0
 run() {
   python -m pytest "$@" || { rc=$?; [ "$rc" -eq 5 ] || status=$rc; }
 }
-run -n "${FRAMERELAY_TEST_WORKERS:-3}" -m "not slow" "${DURATIONS[@]}" "$@"
+run -n "${FRAMERELAY_TEST_WORKERS:-4}" -m "not slow" "${DURATIONS[@]}" "$@"
 echo "== pytest: the slow tests, one at a time" >&2
 run -m slow "${DURATIONS[@]}" "$@"
 exit "$status"
