@@ -18,27 +18,22 @@ something unreadable) the panel keeps the last good data, says how old it is
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import time
 from collections.abc import Callable
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
-from ingest.orchestrator_client import OrchestratorClient, OrchestratorError, Request
+from ingest.console_feed import REFRESH_S, OrchestratorFeed, panel_response
+from ingest.orchestrator_client import OrchestratorClient, Request
 from ingest.settings import IngestSettings
 
 log = logging.getLogger(__name__)
-REFRESH_S = 2.0
-"""The orchestrator is asked at most this often, however many consoles read the panel."""
 HISTORY_EVERY_S = 10.0
 """``/v1/history`` gains a point every 10 s: asked this often."""
-DEADLINE_S = 4.0
-"""One refresh (all its requests) ends by then."""
 EVENTS = 50
 EVENT_OVERLAP_S = 1.0
 """``since`` reaches this far behind the newest event held (duplicates are dropped)."""
@@ -237,15 +232,11 @@ def _chart(history: _History) -> FleetChart:
     )  # fmt: skip
 
 
-def _problem(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "the answer"
-    return f"the orchestrator's answer is not what this ingest reads ({where}: {first['msg']})"
-
-
-class FleetFeed:
+class FleetFeed(OrchestratorFeed):
     """The orchestrator's view of the fleet, refreshed at most every ``every_s`` while read,
     shared by every console (see the module)."""
+
+    panel_name = "fleet panel"
 
     def __init__(
         self,
@@ -255,26 +246,15 @@ class FleetFeed:
         history_every_s: float = HISTORY_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
-        self.every_s, self.history_every_s = every_s, history_every_s
-        self._clock = clock
-        self._lock = asyncio.Lock()
-        self._tried_at: float | None = None
+        super().__init__(client, every_s=every_s, clock=clock)
+        self.history_every_s = history_every_s
         self._history_at: float | None = None
-        self._fetched_at: float | None = None
-        self._error: str | None = None
         self._fleet: _Fleet | None = None
         self._chart: FleetChart | None = None
         self._events: collections.deque[_Event] = collections.deque(maxlen=EVENTS)
 
     async def panel(self) -> FleetPanel:
-        """The panel now: refreshed first when the last try is ``every_s`` old (one caller
-        refreshes, the others wait for it and share its answer)."""
-        async with self._lock:
-            now = self._clock()
-            if self._tried_at is None or now - self._tried_at >= self.every_s:
-                self._tried_at = now
-                await self._refresh(now)
+        await self.refresh_if_due()
         return self._view()
 
     def _requests(self, history: bool) -> list[Request]:
@@ -283,32 +263,15 @@ class FleetFeed:
         wanted: list[Request] = [("/v1/fleet", {}), ("/v1/events", since)]
         return [*wanted, ("/v1/history", {})] if history else wanted
 
-    async def _refresh(self, now: float) -> None:
+    async def _fetch(self, now: float) -> None:
         history = self._history_at is None or now - self._history_at >= self.history_every_s
-        try:
-            async with asyncio.timeout(DEADLINE_S):
-                answers = await self.client.get_all(self._requests(history))
-            fleet, events = _Fleet.model_validate(answers[0]), _Events.model_validate(answers[1])
-            chart = _chart(_History.model_validate(answers[2])) if history else self._chart
-        except TimeoutError:
-            return self._failed(f"the orchestrator did not answer within {DEADLINE_S:g} s")
-        except OrchestratorError as exc:
-            return self._failed(str(exc))
-        except ValidationError as exc:
-            return self._failed(_problem(exc))
+        answers = await self.client.get_all(self._requests(history))
+        fleet, events = _Fleet.model_validate(answers[0]), _Events.model_validate(answers[1])
+        chart = _chart(_History.model_validate(answers[2])) if history else self._chart
         if history:
             self._history_at = now
         self._fleet, self._chart = fleet, chart
         self._merge(events.events)
-        self._fetched_at = time.time()
-        if self._error is not None:
-            log.info("the orchestrator answers again (fleet panel)")
-        self._error = None
-
-    def _failed(self, why: str) -> None:
-        if why != self._error:  # once per new reason, not every refresh
-            log.warning("fleet panel: %s", why)
-        self._error = why
 
     def _merge(self, events: list[_Event]) -> None:
         """Add the events not held yet (``since`` overlaps), keeping the newest."""
@@ -316,13 +279,10 @@ class FleetFeed:
         self._events.extend(e for e in events if (e.seq, e.t, e.kind, e.pod) not in held)
 
     def _view(self) -> FleetPanel:
-        fleet, at = self._fleet, self._fetched_at
+        fleet = self._fleet
         provider = _text(fleet.provider) if fleet is not None else None
         return FleetPanel(
-            configured=True, orchestrator=self.client.url, fetched_at=at,
-            age_s=round(max(0.0, time.time() - at), 1) if at is not None else None,
-            stale=self._error is not None and at is not None, error=self._error,
-            provider=provider,
+            **self._age(), provider=provider,
             pods=[_pod(p, provider or "") for p in fleet.pods] if fleet is not None else [],
             cost=_cost(fleet) if fleet is not None else None,
             events=[_event(e) for e in self._events], history=self._chart,
@@ -333,10 +293,6 @@ def _event(event: _Event) -> FleetEvent:
     return FleetEvent(t=event.t, kind=_text(event.kind), pod=_text(event.pod),
                       stream=_text(event.stream) if event.stream is not None else None,
                       reason=_text(event.reason))  # fmt: skip
-
-
-NOT_CONFIGURED = b'{"configured":false}'
-NO_STORE = {"Cache-Control": "no-store"}
 
 
 def fleet_router(
@@ -358,12 +314,9 @@ def fleet_router(
         orchestrator at most every 2 s for all consoles together; when it cannot be reached
         the last data stays, with its age, `stale: true` and the reason in `error`. Without
         an orchestrator (`FRAMERELAY_INGEST_ORCHESTRATOR_URL`): `{"configured": false}`."""
-        if feed is None:
-            return Response(NOT_CONFIGURED, media_type="application/json", headers=NO_STORE)
-        panel = await feed.panel()
-        return JSONResponse(panel.model_dump(mode="json"), headers=NO_STORE)
+        return await panel_response(feed)
 
     return router
 
 
-__all__ = ["FleetFeed", "FleetPanel", "fleet_router"]
+__all__ = ["REFRESH_S", "FleetFeed", "FleetPanel", "fleet_router"]

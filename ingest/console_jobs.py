@@ -18,24 +18,19 @@ the panel keeps the last good rows, says how old they are (``age_s``,
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
-from ingest.orchestrator_client import OrchestratorClient, OrchestratorError
+from ingest.console_feed import REFRESH_S, OrchestratorFeed, panel_response
+from ingest.orchestrator_client import OrchestratorClient
 from ingest.settings import IngestSettings
 
 log = logging.getLogger(__name__)
-REFRESH_S = 2.0
-"""The orchestrator is asked at most this often, however many consoles read the panel."""
-DEADLINE_S = 4.0
-"""One refresh ends by then."""
 LIMIT = 50
 """The newest jobs shown."""
 MAX_TASKS = 1000
@@ -150,15 +145,11 @@ def _row(job: _Job, fetched_at: float) -> JobRow:
     )  # fmt: skip
 
 
-def _problem(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "the answer"
-    return f"the orchestrator's jobs are not what this ingest reads ({where}: {first['msg']})"
-
-
-class JobsFeed:
+class JobsFeed(OrchestratorFeed):
     """The orchestrator's newest jobs, refreshed at most every ``every_s`` while read, shared
     by every console (see the module)."""
+
+    panel_name = "jobs panel"
 
     def __init__(
         self,
@@ -167,59 +158,26 @@ class JobsFeed:
         every_s: float = REFRESH_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
-        self.every_s = every_s
-        self._clock = clock
-        self._lock = asyncio.Lock()
-        self._tried_at: float | None = None
-        self._fetched_at: float | None = None
-        self._error: str | None = None
+        super().__init__(client, every_s=every_s, clock=clock)
         self._rows: list[JobRow] = []
 
     async def panel(self) -> JobsPanel:
-        """The panel now: refreshed first when the last try is ``every_s`` old (one caller
-        refreshes, the others wait for it and share its answer)."""
-        async with self._lock:
-            now = self._clock()
-            if self._tried_at is None or now - self._tried_at >= self.every_s:
-                self._tried_at = now
-                await self._refresh()
+        await self.refresh_if_due()
         return self._view()
 
-    async def _refresh(self) -> None:
-        try:
-            async with asyncio.timeout(DEADLINE_S):
-                answers = await self.client.get_all([("/v1/jobs", {"limit": str(LIMIT)})])
-            jobs = _JOBS.validate_python(answers[0])
-        except TimeoutError:
-            return self._failed(f"the orchestrator did not answer within {DEADLINE_S:g} s")
-        except OrchestratorError as exc:
-            return self._failed(str(exc))
-        except ValidationError as exc:
-            return self._failed(_problem(exc))
+    def _problem(self, exc: ValidationError) -> str:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the answer"
+        return f"the orchestrator's jobs are not what this ingest reads ({where}: {first['msg']})"
+
+    async def _fetch(self, now: float) -> None:
+        answers = await self.client.get_all([("/v1/jobs", {"limit": str(LIMIT)})])
+        jobs = _JOBS.validate_python(answers[0])
         fetched_at = time.time()
         self._rows = [_row(job, fetched_at) for job in jobs[:LIMIT]]
-        self._fetched_at = fetched_at
-        if self._error is not None:
-            log.info("the orchestrator answers again (jobs panel)")
-        self._error = None
-
-    def _failed(self, why: str) -> None:
-        if why != self._error:  # once per new reason, not every refresh
-            log.warning("jobs panel: %s", why)
-        self._error = why
 
     def _view(self) -> JobsPanel:
-        at = self._fetched_at
-        return JobsPanel(
-            configured=True, orchestrator=self.client.url, fetched_at=at,
-            age_s=round(max(0.0, time.time() - at), 1) if at is not None else None,
-            stale=self._error is not None and at is not None, error=self._error, jobs=self._rows,
-        )  # fmt: skip
-
-
-NOT_CONFIGURED = b'{"configured":false}'
-NO_STORE = {"Cache-Control": "no-store"}
+        return JobsPanel(**self._age(), jobs=self._rows)
 
 
 def jobs_router(
@@ -241,12 +199,9 @@ def jobs_router(
         every 2 s for all consoles together; when it cannot be reached the last rows stay,
         with their age, `stale: true` and the reason in `error`. Without an orchestrator
         (`FRAMERELAY_INGEST_ORCHESTRATOR_URL`): `{"configured": false}`."""
-        if feed is None:
-            return Response(NOT_CONFIGURED, media_type="application/json", headers=NO_STORE)
-        panel = await feed.panel()
-        return JSONResponse(panel.model_dump(mode="json"), headers=NO_STORE)
+        return await panel_response(feed)
 
     return router
 
 
-__all__ = ["JobsFeed", "JobsPanel", "jobs_router"]
+__all__ = ["REFRESH_S", "JobsFeed", "JobsPanel", "jobs_router"]
