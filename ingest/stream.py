@@ -89,10 +89,9 @@ CORRUPT_TIMESTAMPS = "corrupt_timestamps"
 class IngestStream:
     """State of one stream on the ingest side. Create, ``launch()``/``start()``, ``stop()``.
 
-    ``link_up`` tells the decode thread whether a worker is connected (live
-    frames are not encoded when none is). ``first_epoch`` lets a replaced
-    definition of the same stream continue its epochs.
-    """
+    ``link_up`` tells the decode thread whether a worker is connected (live frames are
+    not encoded when none is). ``first_epoch`` lets a replaced definition continue its
+    epochs."""
 
     def __init__(
         self,
@@ -131,6 +130,19 @@ class IngestStream:
         self.timeline: Timeline | None = None
         self._first_epoch = first_epoch
         self._link_up = link_up or (lambda: True)
+        self._init_decoding(config, resume)
+        self.stalled: str | None = None
+        """Why the worker serving this stream stopped answering (None: it answers)."""
+        self.sent_frames: SentFrames | None = None
+        """The frames sent lately, kept while the console's live view watches this stream."""
+        self._failure: str | None = None
+        """Why :meth:`fail` failed this stream (the decode thread must not undo it)."""
+        self.job: JobReader | None = None
+        """A batch job's task (:mod:`ingest.job_task`): sampling, checkpoint, rereads."""
+        self._record(StreamState.STARTING, "created")
+
+    def _init_decoding(self, config: StreamConfig, resume: ResumeAt | None) -> None:
+        """The decode thread's state: its source, sampler, encoder and epoch budget."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._input_size: tuple[int, int] | None = None
@@ -143,18 +155,8 @@ class IngestStream:
         read as fast as possible (live sources use the wall clock)."""
         self._resume = resume
         """Where a file starts (a stream taken over from another replica)."""
-        self._seq = 0
-        self._taken = 0
+        self._seq = self._taken = 0
         self._source: AVSource | None = None
-        self.stalled: str | None = None
-        """Why the worker serving this stream stopped answering (None: it answers)."""
-        self.sent_frames: SentFrames | None = None
-        """The frames sent lately, kept while the console's live view watches this stream."""
-        self._failure: str | None = None
-        """Why :meth:`fail` failed this stream (the decode thread must not undo it)."""
-        self.job: JobReader | None = None
-        """A batch job's task (:mod:`ingest.job_task`): sampling, checkpoint, rereads."""
-        self._record(StreamState.STARTING, "created")
 
     @property
     def lossless(self) -> bool:
@@ -212,10 +214,8 @@ class IngestStream:
 
     def fail(self, reason: str) -> None:
         """Fail this stream only (e.g. its sender hit a bug): FAILED with ``reason``, stopped.
-
-        Safe from the event loop; the decode thread ends at its next frame, and the
-        stream stays FAILED whatever that thread was doing meanwhile.
-        """
+        Safe from the event loop; the decode thread ends at its next frame, and the stream
+        stays FAILED whatever that thread was doing meanwhile."""
         self._failure = reason
         self._failed(reason)
         self.stop()

@@ -27,9 +27,8 @@ time ``t`` (tracks unseen for longer than ``max_lost_s`` are dropped first):
 
 Each stage solves one optimal assignment (:func:`tracker.association.assign`).
 Matched detections below ``report_threshold`` keep their track alive but are
-returned with ``tracker_id`` -1.
-
-Everything is vectorised over tracks (see :mod:`tracker.tracks`).
+returned with ``tracker_id`` -1. Everything is vectorised over tracks
+(see :mod:`tracker.tracks`).
 """
 
 from __future__ import annotations
