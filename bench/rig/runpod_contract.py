@@ -363,22 +363,26 @@ def create_app(state: ContractState) -> FastAPI:  # noqa: C901 - one route table
 
 
 @contextmanager
-def running_contract_server(state: ContractState) -> Iterator[str]:
-    """Serve on 127.0.0.1 (free port) in a thread; yields the base URL (.../v1)."""
-    config = uvicorn.Config(
-        create_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
-    )
+def serve_in_thread(app: FastAPI, what: str) -> Iterator[int]:
+    """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields the port."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("contract server did not start")
+            raise RuntimeError(f"{what} did not start")
         time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield int(server.servers[0].sockets[0].getsockname()[1])
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def running_contract_server(state: ContractState) -> Iterator[str]:
+    """Serve on 127.0.0.1 (free port) in a thread; yields the base URL (.../v1)."""
+    with serve_in_thread(create_app(state), "contract server") as port:
+        yield f"http://127.0.0.1:{port}/v1"

@@ -39,9 +39,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from bench.rig.runpod_contract import serve_in_thread
 
 Handler = Callable[[Mapping[str, Any]], Any]
 RUN_MAX_BYTES = 10 * 1024 * 1024
@@ -356,21 +357,8 @@ async def _wait(job: Job, timeout_s: float) -> None:
 def running_endpoint(state: EndpointState) -> Iterator[str]:
     """Serve on 127.0.0.1 (free port) in a thread; yields the API base URL (``.../v2``).
     The endpoint's URL is ``<base>/<state.endpoint_id>``."""
-    config = uvicorn.Config(
-        create_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("serverless contract server did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}/v2"
+        with serve_in_thread(create_app(state), "serverless contract server") as port:
+            yield f"http://127.0.0.1:{port}/v2"
     finally:
-        server.should_exit = True
-        thread.join(10)
         state.close()
