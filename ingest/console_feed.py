@@ -27,8 +27,6 @@ from ingest.orchestrator_client import OrchestratorClient, OrchestratorError
 log = logging.getLogger(__name__)
 REFRESH_S = 2.0
 """The orchestrator is asked at most this often, however many consoles read a panel."""
-DEADLINE_S = 4.0
-"""A refresh that takes longer fails (the last data stays, marked stale)."""
 NOT_CONFIGURED = b'{"configured":false}'
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -86,10 +84,11 @@ class OrchestratorFeed:
 
     async def _refresh(self, now: float) -> None:
         try:
-            async with asyncio.timeout(DEADLINE_S):
+            async with asyncio.timeout(self.client.deadline_s):
                 await self._fetch(now)
         except TimeoutError:
-            return self._failed(f"the orchestrator did not answer within {DEADLINE_S:g} s")
+            deadline = self.client.deadline_s
+            return self._failed(f"the orchestrator did not answer within {deadline:g} s")
         except OrchestratorError as exc:
             return self._failed(str(exc))
         except ValidationError as exc:

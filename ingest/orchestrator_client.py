@@ -32,8 +32,9 @@ from framerelay.net import describe_http_error, verify_context
 from ingest.auth import ingest_keys
 from ingest.settings import ORCHESTRATOR_TOKEN_ENV, IngestSettings
 
-TIMEOUT = httpx.Timeout(2.0, connect=1.0)
-"""Per request: 1 s to connect, 2 s for each read, write and pool wait."""
+TIMEOUT = httpx.Timeout(2.0)
+"""Per request: 2 s to connect, and for each read, write and pool wait
+(FRAMERELAY_INGEST_ORCHESTRATOR_TIMEOUT_S)."""
 MAX_BODY_BYTES = 4 << 20
 """An answer larger than this is refused (the fleet of a big deployment is ~100 KB)."""
 TOKEN_TTL_S = 300.0
@@ -102,6 +103,8 @@ class OrchestratorClient:
         self._token = token
         self._verify = verify
         self._timeout = timeout
+        self.deadline_s = 2 * (timeout.read or TIMEOUT.read or 2.0)
+        """What a whole refresh of a panel may take (all its requests)."""
 
     @classmethod
     def from_settings(cls, settings: IngestSettings) -> OrchestratorClient | None:
@@ -112,7 +115,8 @@ class OrchestratorClient:
             return None
         ca = settings.orchestrator_ca
         verify = verify_context(ca, "the orchestrator (FRAMERELAY_INGEST_ORCHESTRATOR_CA)")
-        return cls(url, orchestrator_tokens(settings), verify=verify)
+        timeout = httpx.Timeout(settings.orchestrator_timeout_s)
+        return cls(url, orchestrator_tokens(settings), verify=verify, timeout=timeout)
 
     async def get_all(self, requests: Sequence[Request]) -> list[Any]:
         """The JSON answers to ``requests``, in order, over one connection (a fresh client

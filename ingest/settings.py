@@ -439,6 +439,11 @@ class IngestSettings(ServiceSettings):
     orchestrator_ca: Path | None = Field(
         None, description="CA bundle to verify an https:// orchestrator (default: the system's)."
     )
+    orchestrator_timeout_s: float = Field(
+        2.0, gt=0, le=60, allow_inf_nan=False,
+        description="Seconds the orchestrator has to connect and to answer each read; a "
+        "panel's refresh fails after twice this (the last data stays, marked stale).",
+    )  # fmt: skip
 
     @field_validator("orchestrator_url")
     @classmethod

@@ -69,6 +69,7 @@ def settings_for(keys: KeySet | str, tmp_path: Path, **overrides: Any) -> Ingest
         "store_path": tmp_path / "streams.json",
         "results": ResultsSettings(ping_interval_s=0),
         "auth_max_failures": 10_000,
+        "orchestrator_timeout_s": 10.0,  # an in-process orchestrator beside 3 busy workers
         **creds,
         **overrides,
     }

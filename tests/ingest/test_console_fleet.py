@@ -257,7 +257,12 @@ def test_a_silent_orchestrator_times_out(tmp_path: Path) -> None:
 
         server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        async with server, running_ingest(ed_keys(), tmp_path, orchestrator_url=url) as ingest:
+        async with (
+            server,
+            running_ingest(
+                ed_keys(), tmp_path, orchestrator_url=url, orchestrator_timeout_s=0.5
+            ) as ingest,
+        ):
             async with client(ingest) as http:
                 body = await panel(http, ingest.auth("streams:read"))
             server.close()
