@@ -5,8 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/services.sh
+# System packages (apt) and the virtual environment (pip) are installed side by side:
+# on a fresh machine each takes about a minute, mostly waiting on the network.
+scripts/services.sh &
+services=$!
 scripts/bootstrap.sh dev
+wait "$services"
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff" >&2
