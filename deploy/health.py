@@ -52,12 +52,11 @@ from framerelay.errors import FramerelayError
 from framerelay.letterbox import letterbox_jpeg, read_jpeg_rgb
 from framerelay.model_registry import MODEL_NAME, ModelEntry, ModelRegistry, builtin_registry
 from framerelay.protocol import (
-    FrameFailed,
     HelloReceived,
     IngestProtocol,
-    PeerError,
     ProtocolViolation,
     ResultReceived,
+    probe_failure,
 )
 from framerelay.protocol import negotiation as versions
 
@@ -254,14 +253,11 @@ async def _next_event(ws: ClientConnection, proto: IngestProtocol, kind: type[_E
         for event in proto.receive_data(await ws.recv(decode=False), time.monotonic()):
             if isinstance(event, kind):
                 return event
-            if isinstance(event, FrameFailed):
-                raise FramerelayError(f"worker answered the canary with {event.code}")
-            if isinstance(event, PeerError) and event.refuses_open:
-                error = event.error
-                raise FramerelayError(f"worker refused the canary: {error.code}: {error.message}")
+            if (why := probe_failure(event)) is None:
+                continue
             if isinstance(event, ProtocolViolation):
                 await ws.close(event.code, event.reason)
-                raise FramerelayError(f"canary: protocol error: {event.reason}")
+            raise FramerelayError(f"canary: {why}")
 
 
 class WorkerProber:

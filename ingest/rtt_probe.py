@@ -48,12 +48,10 @@ from framerelay.errors import ConfigError, FramerelayError
 from framerelay.letterbox import LetterboxedJpeg, letterbox_jpeg
 from framerelay.openapi_docs import errors
 from framerelay.protocol import (
-    FrameFailed,
     HelloReceived,
     IngestProtocol,
-    PeerError,
-    ProtocolViolation,
     ResultReceived,
+    probe_failure,
 )
 from framerelay.protocol import negotiation as versions
 from ingest import tunnel_hints
@@ -229,12 +227,8 @@ async def _next(ws: ClientConnection, proto: IngestProtocol, kind: type[_E]) -> 
         for event in proto.receive_data(await ws.recv(decode=False), time.monotonic()):
             if isinstance(event, kind):
                 return event
-            if isinstance(event, FrameFailed):
-                raise ProbeFailed(f"the worker answered the probe frame with {event.code}")
-            if isinstance(event, PeerError) and event.refuses_open:
-                raise ProbeFailed(f"the worker refused the probe stream: {event.error.code}")
-            if isinstance(event, ProtocolViolation):
-                raise ProbeFailed(f"protocol error: {event.reason}")
+            if (why := probe_failure(event)) is not None:
+                raise ProbeFailed(f"the probe: {why}")
 
 
 def rtt_router(prober: RttProber, api: ApiAuth) -> APIRouter:

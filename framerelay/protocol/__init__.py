@@ -30,6 +30,7 @@ from framerelay.protocol.events import (
     StreamClosed,
     StreamOpened,
     WorkerEvent,
+    probe_failure,
 )
 from framerelay.protocol.ingest_side import IngestProtocol, IngestState, SessionSnapshot
 from framerelay.protocol.negotiation import NoCommonVersion
@@ -56,4 +57,5 @@ __all__ = [
     "WorkerEvent",
     "WorkerProtocol",
     "WorkerState",
+    "probe_failure",
 ]

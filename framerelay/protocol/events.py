@@ -149,3 +149,16 @@ IngestEvent = (
     HelloReceived | ResultReceived | FrameFailed | PeerError | SnapshotReceived | ProtocolViolation
 )
 WorkerEvent = StreamOpened | StreamClosed | FrameReceived | Refused | ProtocolViolation
+
+
+def probe_failure(event: IngestEvent) -> str | None:
+    """Why a one-stream probe (a canary, a round-trip probe) cannot go on after ``event``:
+    the worker answered its frame with an ERROR, refused its OPEN, or broke the protocol;
+    None for any other event."""
+    if isinstance(event, FrameFailed):
+        return f"the worker answered the frame with {event.code}"
+    if isinstance(event, PeerError) and event.refuses_open:
+        return f"the worker refused the stream: {event.error.code}: {event.error.message}"
+    if isinstance(event, ProtocolViolation):
+        return f"protocol error: {event.reason}"
+    return None
