@@ -129,6 +129,8 @@ COST_COUNTERS = (
     ("ondemand_equivalent_cost_usd", "ondemand_equiv_usd", 1.0,
      "What the same capacity would have cost on on-demand ($)"),
     ("stream_seconds", "stream_hours", 3600.0, "Stream-seconds served"),
+    ("serverless_cost_usd", "serverless_usd", 1.0,
+     "Of the fleet cost: execution time charged to jobs on serverless endpoints ($)"),
 )  # fmt: skip
 """``(metric, cost key, factor, help)``: cumulative costs, as counters."""
 COST_GAUGES = (

@@ -2,7 +2,9 @@
 
 Per tick the orchestrator adds, for every pod it pays for, ``cost_per_hr x dt``
 to the fleet cost and ``ondemand_per_hr x dt`` to what the same capacity would
-cost on on-demand (the saving), and ``served streams x dt`` to stream-seconds.
+cost on on-demand (the saving), and ``served streams x dt`` to stream-seconds. A job on
+a serverless endpoint adds the execution seconds charged to it as they come
+(:func:`serverless_spend`): the fleet cost includes them, with no saving.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ class CostTotals:
     stream_seconds: float = 0.0
     pod_seconds: float = 0.0
     spot_pod_seconds: float = 0.0
+    serverless_usd: float = 0.0
+    """Of ``fleet_usd``: execution time charged to jobs on serverless endpoints."""
     by_tier_usd: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -44,6 +48,7 @@ class CostTotals:
             "cost_per_stream_hour_usd": round(self.per_stream_hour_usd, 6),
             "pod_hours": round(self.pod_seconds / 3600, 4),
             "spot_pod_hours": round(self.spot_pod_seconds / 3600, 4),
+            "serverless_usd": round(self.serverless_usd, 6),
             "by_tier_usd": {k: round(v, 6) for k, v in sorted(self.by_tier_usd.items())},
         }
 
@@ -55,6 +60,7 @@ class CostTotals:
             stream_seconds=flat.get("stream_seconds", 0.0),
             pod_seconds=flat.get("pod_seconds", 0.0),
             spot_pod_seconds=flat.get("spot_pod_seconds", 0.0),
+            serverless_usd=flat.get("serverless_usd", 0.0),
         )
         totals.by_tier_usd = {
             k.removeprefix("tier:"): v for k, v in flat.items() if k.startswith("tier:")
@@ -84,3 +90,12 @@ def accrue(pods: Iterable[PaidPod], served_streams: int, dt_s: float) -> dict[st
             inc["spot_pod_seconds"] = inc.get("spot_pod_seconds", 0.0) + dt_s
         inc[f"tier:{p.tier}"] = inc.get(f"tier:{p.tier}", 0.0) + usd
     return inc
+
+
+def serverless_spend(tier: str, usd: float) -> dict[str, float]:
+    """Increments for ``usd`` of execution charged to a job on ``tier``'s serverless
+    endpoint (nothing for nothing: a pass that charged no new second)."""
+    if not usd > 0:
+        return {}
+    return {"fleet_usd": usd, "ondemand_equiv_usd": usd, "serverless_usd": usd,
+            f"tier:{tier}": usd}  # fmt: skip

@@ -50,6 +50,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from deploy.clock import Clock
+from deploy.cost import serverless_spend
 from deploy.models import PodRecord, StreamSpec, redact_url
 from deploy.placement import allowed
 from deploy.providers.base import GpuPrice
@@ -449,6 +450,9 @@ class JobDriver:
             return advance(r, progress, streams, now, rates, window) if r.active else None
 
         after = await self.jobs.change(rec.id, edit)
+        if after is not None and after.serverless is not None:
+            spent = after.cost_usd - rec.cost_usd  # pods charge nothing to such a job
+            await self.jobs.store.add_cost(serverless_spend(after.serverless.tier, spent))
         if after is not None and after.state != was:
             log.info("job %s: %s -> %s (cost $%.4f)", rec.id, was, after.state, after.cost_usd)
         return after is not None and not after.active

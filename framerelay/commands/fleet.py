@@ -36,7 +36,9 @@ def render(status: dict[str, Any]) -> str:
     )  # fmt: skip
     c = status["cost"]
     cost = (
-        f"burn ${c['burn_usd_per_hr']:.3f}/h | spent ${c['fleet_usd']:.4f} | "
+        f"burn ${c['burn_usd_per_hr']:.3f}/h | spent ${c['fleet_usd']:.4f}"
+        + (f" (serverless ${c['serverless_usd']:.4f})" if c.get("serverless_usd") else "")
+        + " | "
         f"{c['stream_hours']:.3f} stream-h at ${c['cost_per_stream_hour_usd']:.4f}/stream-h | "
         f"saving vs all on-demand {100 * c['saving_vs_ondemand']:.1f} %"
     )

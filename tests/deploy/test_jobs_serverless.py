@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request, Response
 from redis.asyncio import Redis
 
 from bench.rig.runpod_serverless_contract import EndpointState, running_endpoint
+from deploy.cost import CostTotals
 from deploy.ingest_link import HttpIngestLink
 from deploy.jobs import (
     JobRecord,
@@ -164,8 +165,10 @@ def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
             await asyncio.sleep(1.0)  # a few more passes: still no pod
             stop.set()
             await watcher
+            cost.update(await fleet.orch.store.cost())
             return ended, took, set(fleet.pool.streams), dict(fleet.orch.fleet.counters)
 
+    cost: dict[str, float] = {}
     try:
         with running_endpoint(state) as url:
             job, took, left, counters = asyncio.run(main(url))
@@ -195,6 +198,10 @@ def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
     assert job.execution_s > 0 and job.pod_seconds == 0
     # the API shows cost rounded to a millionth of a dollar (5e-7 of rounding either way)
     assert job.cost_usd == pytest.approx(job.execution_s * PRICE_PER_S, rel=1e-3, abs=6e-7)
+    totals = CostTotals.from_flat(cost)  # the fleet's cost counts the endpoint's seconds
+    assert totals.serverless_usd == pytest.approx(job.cost_usd, rel=1e-3, abs=6e-7)
+    assert totals.fleet_usd == pytest.approx(totals.serverless_usd)  # and no pod
+    assert totals.by_tier_usd == pytest.approx({"night": totals.serverless_usd})
 
 
 async def _ended(fleet: Any) -> JobView | None:

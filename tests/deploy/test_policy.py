@@ -8,13 +8,14 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import ValidationError
 
-from deploy.cost import CostTotals, PaidPod, accrue
+from deploy.cost import CostTotals, PaidPod, accrue, serverless_spend
 from deploy.models import StreamSpec, parse_pod_name, pod_name
 from deploy.placement import Slot, place
 from deploy.providers.base import GpuPrice
 from deploy.scaling import tier_targets
 from deploy.schedule import may_run, warm_target
 from deploy.settings import OrchestratorSettings, TierConfig, Window
+from framerelay.commands.fleet import render
 
 TZ = ZoneInfo("Europe/Paris")
 OPEN = Window(start=dt.time(7), end=dt.time(19), min_warm=3)
@@ -156,6 +157,19 @@ def test_cost_accrual_and_saving() -> None:
     assert totals.by_tier_usd == pytest.approx({"od": 0.32, "spot": 0.10})
 
 
+def test_serverless_spend_is_in_the_fleet_cost_without_a_saving() -> None:
+    flat = accrue([PaidPod("od", False, 0.32, 0.32)], served_streams=4, dt_s=3600)
+    for k, v in serverless_spend("night", 0.08).items():
+        flat[k] = flat.get(k, 0.0) + v
+    totals = CostTotals.from_flat(flat)
+    assert totals.fleet_usd == pytest.approx(0.40)
+    assert totals.serverless_usd == pytest.approx(0.08)
+    assert totals.ondemand_equiv_usd == pytest.approx(0.40)  # no saving on an endpoint
+    assert totals.by_tier_usd == pytest.approx({"od": 0.32, "night": 0.08})
+    assert totals.as_dict()["serverless_usd"] == pytest.approx(0.08)
+    assert serverless_spend("night", 0.0) == {} and serverless_spend("night", -1.0) == {}
+
+
 def test_pod_names_come_from_intent() -> None:
     name = pod_name("fr", "spot-a", 3, 12)
     assert name == "fr-spot-a-3-g12"
@@ -171,3 +185,12 @@ def test_pod_names_come_from_intent() -> None:
 def test_settings_refuse_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         OrchestratorSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_fleet_status_names_the_serverless_part_of_the_spend() -> None:
+    cost = {"burn_usd_per_hr": 0.1, "fleet_usd": 0.5, "stream_hours": 1.0,
+            "cost_per_stream_hour_usd": 0.5, "saving_vs_ondemand": 0.1}  # fmt: skip
+    status = {"tiers": [], "pods": [], "unplaced": [], "provider": "local", "leader": "x"}
+    assert "serverless" not in render({**status, "cost": cost})  # an older orchestrator
+    shown = render({**status, "cost": {**cost, "serverless_usd": 0.25}})
+    assert "spent $0.5000 (serverless $0.2500) | 1.000 stream-h" in shown
