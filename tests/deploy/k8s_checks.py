@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
-import yaml
+import kubernetes_validate  # type: ignore[import-untyped]
+import yaml  # type: ignore[import-untyped]
 
 from tests.conftest import ROOT
 

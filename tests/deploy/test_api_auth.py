@@ -20,6 +20,7 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from deploy.api import create_app
 from deploy.ca import PodCA
@@ -115,6 +116,7 @@ def forged_tokens(keys: KeySet, tmp_path: Path) -> dict[str, str]:
     x = base64.urlsafe_b64decode(public.jwk["x"] + "==")
     _cert, key_pem = PodCA.load_or_create(tmp_path / "pod-ca").issue("fr-x-0-g0", ["x.pods"])
     tls_key = serialization.load_pem_private_key(key_pem.encode(), None)
+    assert isinstance(tls_key, ec.EllipticCurvePrivateKey)  # PodCA's keys are P-256
     header = _b64(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
     return {
         "hs256 with the public key": _hs256(claims, x, kid),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_a_streams_model_is_loaded_on_a_warm_worker_with_room_not_on_a_new_pod(
         return {"FRAMERELAY_WORKER_MODEL_REGISTRY": str(registry),
                 "FRAMERELAY_WORKER_VRAM_BUDGET_MB": str(BUDGET_MB)}  # fmt: skip
 
-    async def main() -> dict[str, object]:
+    async def main() -> dict[str, Any]:  # figures of several types, by name
         settings = settings_for(secret, tmp_path / "ca", tiers=[TIER], model_registry=registry)
         async with running_fleet(settings, env_hook=models_env) as fleet:
             workers = await _ready_workers(fleet, 2)

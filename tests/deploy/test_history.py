@@ -9,9 +9,9 @@ import pytest
 
 from deploy.clock import FakeClock
 from deploy.events import EventLog
-from deploy.fleet import move_reason
 from deploy.history import FleetHistory
 from deploy.models import PodRecord
+from deploy.workers import move_reason
 
 
 def pod(

@@ -39,7 +39,7 @@ CACHE_ENV = "FRAMERELAY_WORKER_DETECTOR__CACHE_DIR"
 
 def _settings(provider: str, volume: TierVolume, **extra: Any) -> OrchestratorSettings:
     tier = TierConfig(name="vol", volume=volume, **extra)
-    return OrchestratorSettings(provider=provider, tiers=[tier])  # type: ignore[arg-type]
+    return OrchestratorSettings(provider=provider, tiers=[tier])
 
 
 def _spec(name: str = "fr-vol-0-g0") -> PodSpec:

@@ -51,7 +51,7 @@ def test_batch_only_tier_scales_to_zero_outside_overnight_window(t: float, runs:
 
 
 def streams(n: int, priority: str, fps: float = 5) -> list[StreamSpec]:
-    return [StreamSpec(id=f"{priority}-{i}", url="x", priority=priority, fps=fps)  # type: ignore[arg-type]
+    return [StreamSpec(id=f"{priority}-{i}", url="x", priority=priority, fps=fps)
             for i in range(n)]  # fmt: skip
 
 

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 
 from bench.rig import matrix_faults as faults
-from bench.rig.matrix_harness import Figures, Rig, run_scenario
+from bench.rig.matrix_harness import Rig, run_scenario
+from bench.rig.matrix_results import Figures
 from tests.conftest import TIMEOUT_FACTOR
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

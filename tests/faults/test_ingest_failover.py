@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -150,7 +150,7 @@ def wait_for(cond: Any, timeout_s: float, what: str) -> None:
 def owners(r: redis.Redis) -> dict[str, str]:
     out = {}
     for sid in STREAMS:
-        raw = r.get(f"{PREFIX}:lease:{sid}")
+        raw = cast("bytes | None", r.get(f"{PREFIX}:lease:{sid}"))  # responses not decoded
         if raw is not None:
             out[sid] = raw.decode().rpartition("|")[0]
     return out
@@ -199,8 +199,9 @@ def _worst_gap(arrivals: list[Arrival], killed_at: float) -> float:
 
 def _transitions(r: redis.Redis) -> list[dict[str, Any]]:
     out = []
-    for entry_id, fields in r.xrange(f"{PREFIX}:log"):
-        doc = {k.decode(): v.decode() for k, v in fields.items()}
+    log = cast("list[tuple[bytes, dict[bytes, bytes]]]", r.xrange(f"{PREFIX}:log"))  # not decoded
+    for entry_id, fields in log:
+        doc: dict[str, Any] = {k.decode(): v.decode() for k, v in fields.items()}
         doc["at"] = int(entry_id.decode().split("-")[0]) / 1000
         out.append(doc)
     return out

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -55,13 +55,26 @@ def _loop_errors(loop: asyncio.AbstractEventLoop) -> list[dict[str, Any]]:
     return errors
 
 
+class _Figures(TypedDict):
+    """What the kill/restart scenario measured."""
+
+    detect_s: float
+    ready_after_kill_s: float
+    flow_after_ready_s: float
+    results_after_ready_s: float
+    backoff_s: float
+    epoch: int
+    states: list[str]
+    error: str | None
+
+
 def test_killed_camera_back_after_3_s_flows_again_end_to_end(
     camera: RtspServer, secret: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     results: list[ResultRecord] = []
 
-    async def main() -> dict[str, float]:
+    async def main() -> _Figures:
         errors = _loop_errors(asyncio.get_running_loop())
         camera.start()
         async with running_worker(secret) as (_worker, url):
@@ -97,8 +110,8 @@ def test_killed_camera_back_after_3_s_flows_again_end_to_end(
             "results_after_ready_s": answered - camera.ready_at,
             "backoff_s": delay,
             "epoch": stream.epoch,
-            "states": _states(stream),  # type: ignore[dict-item]
-            "error": stream.error,  # type: ignore[dict-item]
+            "states": _states(stream),
+            "error": stream.error,
         }
 
     fig = asyncio.run(main())

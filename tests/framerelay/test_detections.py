@@ -9,7 +9,8 @@ from framerelay.detections import Detections
 
 
 def test_defaults_and_dtypes() -> None:
-    d = Detections(xyxy=[[0, 0, 1, 1]], confidence=[0.5], class_id=[3])
+    # array-likes of other dtypes on purpose: the coercion is what is tested
+    d = Detections(xyxy=[[0, 0, 1, 1]], confidence=[0.5], class_id=[3])  # type: ignore[arg-type]
     assert d.xyxy.dtype == np.float32 and d.confidence.dtype == np.float32
     assert d.class_id.dtype == np.int32 and d.tracker_id.dtype == np.int64
     assert d.tracker_id.tolist() == [-1]
@@ -44,7 +45,11 @@ def test_bad_shapes_name_expected_and_actual(kwargs: dict[str, object], needle: 
 
 
 def test_select_concat_and_replace_ids() -> None:
-    d = Detections(xyxy=np.arange(12).reshape(3, 4), confidence=[0.1, 0.5, 0.9], class_id=[0, 1, 2])
+    d = Detections(
+        xyxy=np.arange(12).reshape(3, 4),  # type: ignore[arg-type]
+        confidence=[0.1, 0.5, 0.9],  # type: ignore[arg-type]
+        class_id=[0, 1, 2],  # type: ignore[arg-type]
+    )  # array-likes of other dtypes, converted at construction
     sub = d[d.confidence > 0.3]
     assert sub.class_id.tolist() == [1, 2]
     both = Detections.concatenate([sub, d[[0]]])

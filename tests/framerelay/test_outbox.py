@@ -12,7 +12,7 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trustme
@@ -97,7 +97,8 @@ def test_large_messages_are_written_alone_between_joined_small_ones_in_order() -
         done = asyncio.Event()
         async with server(lambda ws: collect(ws, got, len(batch), done)) as url:
             async with connect(url, compression=None, max_size=None,
-                               create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+                               create_connection=CoalescingClientConnection) as conn:  # fmt: skip
+                ws = cast(CoalescingClientConnection, conn)
                 sizes = count_writes(ws)
                 await ws.send_batch(batch)
                 writes = list(sizes)
@@ -296,7 +297,8 @@ def test_the_closing_handshake_works_on_coalescing_connections() -> None:
             closed.append((ws.close_code, ws.close_reason))
 
         async with server(handler) as url:
-            async with connect(url, create_connection=CoalescingClientConnection) as ws:
+            async with connect(url, create_connection=CoalescingClientConnection) as conn:
+                ws = cast(CoalescingClientConnection, conn)
                 await ws.send_batch([b"x", b"y"])
                 await ws.close(4000, "done here")
             for _ in range(100):

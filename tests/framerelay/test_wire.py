@@ -122,7 +122,8 @@ def test_detections_payload_size_must_match(n: int, payload_len: int) -> None:
 
 def test_an_empty_result_unpacks_to_read_only_empty_detections() -> None:
     a, b = wire.unpack_detections(0, b""), wire.unpack_detections(0, b"")
-    validated = Detections(xyxy=np.zeros((0, 4)), confidence=[], class_id=[], tracker_id=[])
+    # array-likes of other dtypes on purpose: what construction makes of them is compared
+    validated = Detections(xyxy=np.zeros((0, 4)), confidence=[], class_id=[], tracker_id=[])  # type: ignore[arg-type]
     assert a.equals(validated) and len(a) == 0 and a is b  # one immutable object
     for name in ("xyxy", "confidence", "class_id", "tracker_id"):
         got, want = getattr(a, name), getattr(validated, name)

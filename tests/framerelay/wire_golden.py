@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -93,7 +93,8 @@ V1_EXTRA: dict[str, dict[str, Any]] = {"hello": {"encodings": ["jpeg"]}}
 def message(name: str) -> tuple[wire.Header, bytes]:
     """The canonical message ``name`` (current codec) and its payload."""
     mtype, fields, payload = FIELDS[name]
-    header: wire.Header = wire.build(wire._BY_TYPE[mtype], **fields, **V2_EXTRA.get(name, {}))
+    built = wire.build(wire._BY_TYPE[mtype], **fields, **V2_EXTRA.get(name, {}))
+    header = cast(wire.Header, built)  # _BY_TYPE's classes are Header's members
     return header, payload
 
 

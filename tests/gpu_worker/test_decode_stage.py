@@ -11,8 +11,8 @@ socket), real ONNX model on CPU.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import numpy as np
 import pytest
@@ -34,8 +34,12 @@ T = TIMEOUT_FACTOR
 SMALL_JPEG: bytes = simplejpeg.encode_jpeg(np.zeros((32, 32, 3), np.uint8), colorspace="BGR")
 
 
+class _GpuProbe(TypedDict):
+    gpu_missing: Callable[[], str | None]
+
+
 def test_which_stage_each_choice_gives() -> None:
-    no_gpu = {"gpu_missing": lambda: "no NVIDIA driver"}
+    no_gpu: _GpuProbe = {"gpu_missing": lambda: "no NVIDIA driver"}
     assert stage_decoder("cpu") is None  # each frame as it arrives, as before
     assert stage_decoder("auto", **no_gpu) is None
     with_gpu = stage_decoder("auto", gpu_missing=lambda: None)  # faster than nvImageCodec now
@@ -97,8 +101,8 @@ class _Echo:
     """A detector that finds nothing (the stage is what is tested)."""
 
     input_size = (SIDE, SIDE)
-    class_names = ("person",)
-    providers = ("test",)
+    class_names: tuple[str, ...] = ("person",)
+    providers: tuple[str, ...] = ("test",)
 
     def infer(self, batch: Sequence[ModelInput]) -> list[Detections]:
         return [Detections.empty() for _ in batch]

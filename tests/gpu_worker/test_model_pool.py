@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -18,7 +19,7 @@ class _Fake:
     def __init__(self, size: tuple[int, int] = (416, 416), classes: int = 3) -> None:
         self.input_size = size
         self.class_names = tuple(f"c{i}" for i in range(classes))
-        self.providers = ("CPUExecutionProvider",)
+        self.providers: tuple[str, ...] = ("CPUExecutionProvider",)
 
     def infer(self, batch: Sequence[ModelInput]) -> list[Detections]:
         return [Detections.empty() for _ in batch]
@@ -114,7 +115,8 @@ def test_info_and_hello() -> None:
     pool.acquire("a")
     info = pool.info()
     assert info["vram_used_mb"] == 356 and info["vram_free_mb"] == 644
-    assert [m["name"] for m in info["models"]] == [BUILTIN.name, "a"]  # type: ignore[index, union-attr]
+    models = cast(list[dict[str, object]], info["models"])  # ServedModel.info() each
+    assert [m["name"] for m in models] == [BUILTIN.name, "a"]
     assert [m.name for m in pool.hello_models()] == [BUILTIN.name, "a"]  # not 640x640
 
 

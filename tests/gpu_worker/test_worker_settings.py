@@ -34,7 +34,7 @@ def test_env_warnings_name_what_replaced_a_setting(name: str, words: list[str]) 
 def test_the_retired_tracker_setting_is_gone() -> None:
     assert "tracker" not in WorkerSettings.model_fields
     with pytest.raises(ValidationError):
-        WorkerSettings(tracker="bytetrack")  # type: ignore[call-arg]
+        WorkerSettings(tracker="bytetrack")
 
 
 @pytest.mark.parametrize(("argv", "warned"), [([], False), (["--tracker", "bytetrack"], True)])

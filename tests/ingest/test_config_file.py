@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -214,11 +215,12 @@ def _yaml(cams: list[dict[str, object]]) -> str:
 def test_500_cameras_load_in_under_a_second(tmp_path: Path, fmt: str) -> None:
     cams = _cameras(500)
     defaults = {"username": "viewer", "password_env": "CAM_PASS", "max_retries": 100}
-    text = {
+    renderers: dict[str, Callable[[list[dict[str, object]]], str]] = {
         "yaml": _yaml,
         "toml": _toml,
         "json": lambda c: json.dumps({"defaults": defaults, "streams": c}, indent=2),
-    }[fmt](cams)
+    }
+    text = renderers[fmt](cams)
     path = tmp_path / f"cameras.{fmt}"
     path.write_text(text)
     started = time.perf_counter()

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from framerelay import wire
 from framerelay.protocol import SessionSnapshot
 from ingest.leases import LeaseBoard, Route
+from ingest.resume import ResumeAt
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.shard_settings import ShardSettings
 from ingest.shards import ShardCoordinator, ShardHooks, _rebased
@@ -99,7 +100,7 @@ class FakeService:
 
     def __init__(self, streams: list[str]) -> None:
         self.configs = {s: StreamConfig(id=s, url=f"{s}.mp4", realtime=True) for s in streams}
-        self.running: dict[str, tuple[SessionSnapshot | None, float | None]] = {}
+        self.running: dict[str, tuple[SessionSnapshot | None, ResumeAt | None]] = {}
         self.snaps: dict[str, SessionSnapshot] = {}
 
     def hooks(self) -> ShardHooks:

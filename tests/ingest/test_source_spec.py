@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from framerelay.errors import SourceError
 from ingest.settings import StreamConfig
-from ingest.source import AVSource, SourceSpec, SourceUnavailable
+from ingest.source import AVSource, Opened, SourceSpec, SourceUnavailable
 from ingest.store import FileStore, MemoryStore, StoreError
 from tests.support.media import Media
 
@@ -97,7 +97,7 @@ def test_missing_file_fails_with_a_clear_error(tmp_path: Path) -> None:
 
 def test_opened_describes_the_stream(media: Media) -> None:
     spec = SourceSpec.from_config(StreamConfig(id="s", url=str(media.short("ts"))))
-    seen = []
+    seen: list[Opened] = []
     AVSource(spec).session(threading.Event(), seen.append, lambda _: False)
     (opened,) = seen
     assert (opened.codec, opened.format, opened.wrap_bits, opened.fps) == ("h264", "mpegts", 33, 25)

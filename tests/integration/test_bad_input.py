@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from typing import cast
 
 import httpx
 import msgspec
@@ -37,7 +38,11 @@ async def _raw(url: str, secret: str) -> ClientConnection:
     return ws
 
 
-async def _closed_with(ws: ClientConnection) -> tuple[int, str, list[wire.Header]]:
+Closed = tuple[int, str, list[wire.Header]]
+"""A connection's close code, reason and the messages it got (:func:`_closed_with`)."""
+
+
+async def _closed_with(ws: ClientConnection) -> Closed:
     """Read until the worker closes; returns the close code, reason and messages seen."""
     seen: list[wire.Header] = []
     try:
@@ -128,7 +133,7 @@ async def _per_frame_errors(url: str, secret: str) -> list[tuple[str, int | None
 def test_bad_message_closes_only_its_connection(
     outcome: dict[str, object], name: str, code: int, reason: str
 ) -> None:
-    got_code, got_reason, seen = outcome[name]  # type: ignore[misc]
+    got_code, got_reason, seen = cast(Closed, outcome[name])
     assert got_code == code
     if reason:
         assert any(r in got_reason for r in reason.split("|")) or any(
@@ -138,7 +143,7 @@ def test_bad_message_closes_only_its_connection(
 
 
 def test_text_frames_are_refused(outcome: dict[str, object]) -> None:
-    code, reason, _ = outcome["text"]  # type: ignore[misc]
+    code, reason, _ = cast(Closed, outcome["text"])
     assert code == 1003 and "text" in reason
 
 
@@ -149,10 +154,10 @@ def test_per_frame_problems_answer_that_frame_and_keep_the_connection(
 
 
 def test_good_stream_never_noticed(outcome: dict[str, object]) -> None:
-    good = outcome["good"]
+    good = cast("dict[str, int]", outcome["good"])  # the stream's counters
     assert outcome["connects"] == 1
-    assert good["disconnected"] == 0 and good["worker_error"] == 0  # type: ignore[index]
-    assert good["results"] >= 5 + 3 * len(BAD_MESSAGES)  # type: ignore[index,operator]
+    assert good["disconnected"] == 0 and good["worker_error"] == 0
+    assert good["results"] >= 5 + 3 * len(BAD_MESSAGES)
 
 
 def test_worker_metrics_count_stages_and_drops(outcome: dict[str, object]) -> None:

@@ -25,7 +25,9 @@ def frames() -> list[tuple[wire.Frame, bytes]]:
     out = []
     with av.open(str(CLIP)) as c:
         tb = c.streams.video[0].time_base
+        assert tb is not None
         for seq, f in enumerate(c.decode(video=0)):
+            assert f.pts is not None
             p = prep.prepare(f)
             header = wire.Frame(
                 stream_id="cam", epoch=0, seq=seq, pts=f.pts,

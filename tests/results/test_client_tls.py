@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from framerelay.client import SubscribeState, subscribe, tls_context
 from framerelay.errors import ConfigError
+from framerelay.schemas import ResultMessage
 from ingest.bus import ResultBus
 from ingest.hub import ResultHub
 from ingest.settings import IngestSettings, ResultsSettings
@@ -67,8 +68,10 @@ async def _take(
     url: str, n: int, state: SubscribeState | None = None, timeout_s: float = 15, **tls: Any
 ) -> list[int]:
     got: list[int] = []
-    results = subscribe(url, streams=["cam-1"], token=_token, state=state, reconnect_max_s=0.5,
-                        **tls)  # fmt: skip
+    # subscribe() is an async generator (declared as an AsyncIterator): it can be aclosed
+    results = cast("AsyncGenerator[ResultMessage, None]",
+                   subscribe(url, streams=["cam-1"], token=_token, state=state,
+                             reconnect_max_s=0.5, **tls))  # fmt: skip
     async with asyncio.timeout(timeout_s * TIMEOUT_FACTOR), contextlib.aclosing(results):
         async for result in results:
             got.append(result.seq)

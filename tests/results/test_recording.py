@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import cast
 
 import av
 import numpy as np
@@ -104,7 +105,8 @@ def recording(
         wait_until(settled, 30, "the recorder has taken every result")
         again.send_signal(signal.SIGTERM)
         assert again.wait(30) == 0, (tmp / "record-2.log").read_text()[-3000:]
-        ids = [i for i, _ in r.xrange(KEY)]
+        entries = cast("list[tuple[str, dict[str, str]]]", r.xrange(KEY))  # decode_responses: str
+        ids = [i for i, _ in entries]
         yield Recording(directory, ids, _summary(tmp / "record-2.log"))
     finally:
         kill_all(*procs, camera)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -85,7 +86,8 @@ def test_recorder_through_a_redis_kill9(
             return bool(groups) and groups[0]["pending"] == 0 and not groups[0].get("lag")
 
         wait_until(settled, 30, "the recorder took every result")
-        durable = [i for i, _ in r.xrange(KEY)]
+        entries = cast("list[tuple[str, dict[str, str]]]", r.xrange(KEY))  # decode_responses: str
+        durable = [i for i, _ in entries]
         recorder.send_signal(signal.SIGTERM)
         assert recorder.wait(30) == 0, log.read_text()[-3000:]
     finally:

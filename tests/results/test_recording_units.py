@@ -6,10 +6,12 @@ import json
 import time
 from fractions import Fraction
 from pathlib import Path
+from typing import cast
 
 import av
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from framerelay.results import DetectionOut, ResultId, ResultRecord
 from framerelay.schemas import SidecarLine
@@ -227,7 +229,7 @@ def test_drawing_stays_inside_the_box_and_its_label(track: int) -> None:
     det = DetectionOut(box=(40.2, 50.0, 100.0, 110.0), confidence=0.876, class_id=0,
                        class_name="person", tracker_id=track)  # fmt: skip
     draw_detections(img, [det])
-    drawn = img.any(axis=2)
+    drawn = cast("NDArray[np.bool_]", img.any(axis=2))  # an axis given: an array
     assert drawn[50, 40:101].all() and drawn[50:111, 40].all() and drawn[110, 40:101].all()
     assert not drawn[60:100, 45:95].any()  # the inside is left alone
     x1, y1, x2, y2 = label_area(label_of(det), 40, 50, img.shape)

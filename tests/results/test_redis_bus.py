@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -66,12 +66,14 @@ def test_results_are_published_live_and_stored_with_their_ids(
         await pubsub.get_message(timeout=1)  # the subscribe confirmation
         items = [bus.push(r) for r in records[:150]]
         await wait_async(lambda: pub.counts["stored"] == 150, 10, "150 stored")
-        live = []
+        live: list[ResultRecord] = []
         while len(live) < 150:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2)
             assert msg is not None, f"only {len(live)} live messages"
             live.append(ResultRecord.model_validate_json(msg["data"]))
-        stored = await reader.xrange(KEYS.stream(STREAM))
+        stored = cast(  # connect() decodes responses: str ids and fields
+            "list[tuple[str, dict[str, str]]]", await reader.xrange(KEYS.stream(STREAM))
+        )
         assert [ResultId.parse(i) for i, _ in stored] == [p.id for p in items]
         assert [p.id for p in items] == [r.id for r in live]
         assert ResultRecord.model_validate_json(stored[0][1]["r"]) == items[0].record

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from framerelay.detections import Detections
 from tracker import create_tracker, restore_tracker
+from tracker.engine import SortFamilyTracker
 from tracker.tracks import TENTATIVE
 
 coord = st.floats(min_value=-50, max_value=700, allow_nan=False, width=32)
@@ -53,7 +56,7 @@ def test_random_streams(
     frames: list[tuple[float, list[tuple[float, float, float, float, float, int]]]],
     cut: int,
 ) -> None:
-    trk = create_tracker(name, **options)
+    trk = cast(SortFamilyTracker, create_tracker(name, **options))  # default/bytetrack/ocsort
     issued: set[int] = set()
     highest = 0
     t = 0.0

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from framerelay.errors import ConfigError
 from tracker import SnapshotError, create_tracker, restore_tracker
 from tracker import eval as ev
 from tracker.bytetrack import ByteTrackTracker, HybridTracker
+from tracker.engine import SortFamilyTracker
 from tracker.passthrough import PassthroughTracker
 from tracker.snapshot import FORMAT_VERSION, MAGIC, encode
 
@@ -62,7 +64,7 @@ def test_restore_continues_exactly(name: str, cut: int) -> None:
 
 
 def test_snapshot_is_compact() -> None:
-    trk = create_tracker("default")
+    trk = cast(SortFamilyTracker, create_tracker("default"))
     for t, d in _stream(seed=3):
         trk.update(d, t)
     per_track = 8 * (8 + 12 + 4 + 2 + 2 + 2) + 8 * 5 + 4 + 1
@@ -118,8 +120,8 @@ def test_restore_in_fresh_process_on_real_sequences(tmp_path: Path) -> None:
                 want[key] = np.concatenate(ids[mid:])
                 assert (want[key] > 0).any(), "the second half must contain tracked objects"
     _restore_subprocess(tmp_path)
-    for key, ids in want.items():
-        assert np.array_equal(np.load(tmp_path / f"{key}.out.npy"), ids), key
+    for key, want_ids in want.items():
+        assert np.array_equal(np.load(tmp_path / f"{key}.out.npy"), want_ids), key
 
 
 def _valid() -> bytes:
