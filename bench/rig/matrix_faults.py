@@ -28,7 +28,8 @@ from websockets.exceptions import InvalidStatus
 
 from bench.rig import matrix_wire
 from bench.rig.common import CLIP, ffmpeg
-from bench.rig.matrix_harness import Rig, Scenario, healthy_config, wait_until
+from bench.rig.matrix_harness import Rig, Scenario, healthy_config
+from bench.rig.matrix_results import wait_until
 from ingest.settings import StreamConfig
 
 ENDED = ("STOPPED", "FAILED", "AUTH_FAILED")
