@@ -59,9 +59,12 @@ class LocalWorker:
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
         gpus: int = 1,
+        remove_log: bool = False,
     ) -> None:
         """``gpus`` > 1: ``framerelay worker --gpus N``, a supervisor of one worker per GPU
-        (ids ``<worker_id>-gpu<i>``); ``start()`` then waits for every one of them."""
+        (ids ``<worker_id>-gpu<i>``); ``start()`` then waits for every one of them.
+        ``remove_log``: :meth:`stop` deletes the temporary log it made (no ``log_path``
+        given) when the worker exited cleanly; a log of a worker that failed stays."""
         self.worker_id = worker_id
         self.gpus = gpus
         self._secret = secret
@@ -70,6 +73,7 @@ class LocalWorker:
         self.log_path = log_path or Path(
             tempfile.mkstemp(prefix="framerelay-worker-", suffix=".log")[1]
         )
+        self._remove_log = remove_log and log_path is None
         self.proc: subprocess.Popen[str] | None = None
         self.info: dict[str, Any] = {}
         self.infos: list[dict[str, Any]] = []
@@ -154,6 +158,8 @@ class LocalWorker:
             proc.stdout.close()
         if self._log is not None:
             self._log.close()
+        if self._remove_log and proc.returncode in (0, -signal.SIGTERM):
+            self.log_path.unlink(missing_ok=True)
         return proc.returncode
 
     def kill(self) -> None:

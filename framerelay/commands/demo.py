@@ -84,9 +84,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_batch:
         worker_args += ["--max-batch", str(args.max_batch)]
     _say(f"starting a local worker ({args.model.name}) ...")
-    with LocalWorker(secret, worker_id="demo-worker", args=worker_args) as worker:
-        _say(f"worker ready at {worker.url} on {', '.join(worker.info['providers'])}")
-        return asyncio.run(_run_ingest(args, worker.url, secret))
+    worker = LocalWorker(secret, worker_id="demo-worker", args=worker_args, remove_log=True)
+    try:
+        with worker:
+            _say(f"worker ready at {worker.url} on {', '.join(worker.info['providers'])}")
+            return asyncio.run(_run_ingest(args, worker.url, secret))
+    finally:
+        if worker.log_path.exists():  # kept: the worker did not exit cleanly
+            _say(f"the worker's log: {worker.log_path}")
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import av
 import pytest
@@ -24,14 +26,26 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, object]], str]:
     out = tmp_path_factory.mktemp("demo") / "results.jsonl"
+    TEMP.append(tmp_path_factory.mktemp("tmpdir"))  # the demo's TMPDIR
     proc = subprocess.run(
         [sys.executable, "-m", "framerelay", "demo", "--source", str(CLIP), "--fps", "0",
          "--out", str(out), "--quiet"],
         capture_output=True, text=True, timeout=300 * TIMEOUT_FACTOR, cwd=ROOT, check=False,
+        env={**os.environ, "TMPDIR": str(TEMP[0])},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return rows, proc.stdout
+
+
+TEMP: list[Path] = []
+"""The demo run's TMPDIR (set by the fixture)."""
+
+
+def test_a_clean_demo_leaves_no_worker_log_behind(
+    demo_run: tuple[list[dict[str, object]], str],
+) -> None:
+    assert TEMP and not list(TEMP[0].glob("framerelay-worker-*.log"))
 
 
 def gt_person_frames() -> set[int]:
