@@ -83,11 +83,11 @@ class OrchestratorFeed:
         return f"the orchestrator's answer is not what this ingest reads ({where}: {first['msg']})"
 
     async def _refresh(self, now: float) -> None:
+        deadline = self.client.deadline_s
         try:
-            async with asyncio.timeout(self.client.deadline_s):
+            async with asyncio.timeout(deadline):
                 await self._fetch(now)
         except TimeoutError:
-            deadline = self.client.deadline_s
             return self._failed(f"the orchestrator did not answer within {deadline:g} s")
         except OrchestratorError as exc:
             return self._failed(str(exc))

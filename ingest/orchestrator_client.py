@@ -103,8 +103,8 @@ class OrchestratorClient:
         self._token = token
         self._verify = verify
         self._timeout = timeout
-        self.deadline_s = 2 * (timeout.read or TIMEOUT.read or 2.0)
-        """What a whole refresh of a panel may take (all its requests)."""
+        self.deadline_s = 2 * (timeout.read or 2.0)
+        """What a whole refresh of a panel may take (all its requests): twice a read."""
 
     @classmethod
     def from_settings(cls, settings: IngestSettings) -> OrchestratorClient | None:

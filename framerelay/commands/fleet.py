@@ -35,13 +35,15 @@ def render(status: dict[str, Any]) -> str:
         ("POD", "STATE", "READY", "$/H", "STREAMS"),
     )  # fmt: skip
     c = status["cost"]
-    cost = (
-        f"burn ${c['burn_usd_per_hr']:.3f}/h | spent ${c['fleet_usd']:.4f}"
-        + (f" (serverless ${c['serverless_usd']:.4f})" if c.get("serverless_usd") else "")
-        + " | "
-        f"{c['stream_hours']:.3f} stream-h at ${c['cost_per_stream_hour_usd']:.4f}/stream-h | "
-        f"saving vs all on-demand {100 * c['saving_vs_ondemand']:.1f} %"
-    )
+    spent = f"spent ${c['fleet_usd']:.4f}"
+    if c.get("serverless_usd"):  # older orchestrators do not say
+        spent += f" (serverless ${c['serverless_usd']:.4f})"
+    cost = " | ".join((
+        f"burn ${c['burn_usd_per_hr']:.3f}/h",
+        spent,
+        f"{c['stream_hours']:.3f} stream-h at ${c['cost_per_stream_hour_usd']:.4f}/stream-h",
+        f"saving vs all on-demand {100 * c['saving_vs_ondemand']:.1f} %",
+    ))  # fmt: skip
     unplaced = ", ".join(status["unplaced"]) or "none"
     head = f"provider {status['provider']}  leader {status['leader']}  unplaced streams: {unplaced}"
     return "\n\n".join((head, tiers, pods, cost))
