@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from framerelay.auth import AUD_INGEST, AuthGuard, FailureLimiter, KeySet, TokenIssuer
 from framerelay.auth.config import load_keys, verifier
+from framerelay.auth.tokens import worker_scope
 from framerelay.errors import ConfigError
 from framerelay.net import is_loopback
 from ingest.settings import IngestSettings
@@ -48,9 +49,12 @@ def tunnel_tokens(settings: IngestSettings) -> Callable[[str], str]:
             "worker granting worker:<id>) or, on a single host, FRAMERELAY_TOKEN_SECRETS"
         )
     issuer = TokenIssuer(keys)  # ConfigError when the set holds public keys only
+    default = settings.worker_id  # the operator's own setting ("*": any worker, one host)
 
     def token_for(worker_id: str) -> str:
-        return issuer.mint("ingest", [f"worker:{worker_id}"], TUNNEL_TOKEN_TTL_S, aud="worker")
+        # an id from a request (a placement, a probe) is one worker's name: never "*"
+        scope = f"worker:{default}" if worker_id == default else worker_scope(worker_id)
+        return issuer.mint("ingest", [scope], TUNNEL_TOKEN_TTL_S, aud="worker")
 
     return token_for
 

@@ -3,8 +3,9 @@
 ``WS /v1/results?stream=ID[&class=NAME][&min_confidence=F][&resume=ID@DURABLE_ID]``
 (the query form of :class:`framerelay.schemas.Subscription`). The client sends
 ``Authorization: Bearer <token>``: a token for audience ``framerelay-ingest``
-granting ``results:<id>`` for every stream it asks for (``results:*`` for
-all). Refusals happen before the handshake completes, so no result is ever
+granting ``results:<id>`` for every stream the request names anywhere
+(``stream`` and ``resume``; ``results:*`` for all: :func:`required_scopes`, the
+one rule), and a resumed stream must also be received. Refusals happen before the handshake completes, so no result is ever
 sent on them: HTTP 400 (bad subscription), 401 (missing, malformed, badly
 signed, expired, not yet valid or for another service), 403 (stream not
 granted), 429 (too many failed authentications from this address; with
@@ -157,6 +158,15 @@ def parse_query(ws: WebSocket) -> Subscription:
         raise Refused("bad_request", f"invalid subscription: {_short(exc)}") from None
 
 
+def required_scopes(sub: Subscription) -> list[str]:
+    """What a results request needs, the one rule every check uses: ``results:<id>`` for
+    every stream it names anywhere (``stream=``, ``resume=``), and ``results:*`` when it
+    names none to receive (then it receives every stream)."""
+    if not sub.streams:
+        return ["results:*"]
+    return [f"results:{s}" for s in dict.fromkeys([*sub.streams, *sub.resume])]
+
+
 def _short(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
@@ -183,15 +193,20 @@ class ResultHub:
         self.active = 0
 
     def authorize(self, sub: Subscription, authorization: str | None, peer: str) -> Claims:
-        """Check the token against every stream asked for, then capacity; :class:`Refused`."""
+        """Check the token against every stream named (:func:`required_scopes`), that
+        every resumed stream is received, then capacity; :class:`Refused`."""
         claims = self._claims(sub, authorization, peer)
+        stray = [s for s in sub.resume if sub.streams and s not in sub.streams]
+        if stray:
+            why = f"resume names stream {stray[0]!r}, which this subscription does not receive"
+            raise Refused("bad_request", f"{why}; add stream={stray[0]}")
         if self.active >= self.config.max_subscribers:
             raise Refused("capacity", f"the hub serves at most {self.config.max_subscribers} "
                           "subscribers; try again later")  # fmt: skip
         return claims
 
     def _claims(self, sub: Subscription, authorization: str | None, peer: str) -> Claims:
-        scopes = [f"results:{s}" for s in sub.streams] or ["results:*"]
+        scopes = required_scopes(sub)
         try:
             claims = self.guard.check(authorization, scopes[0], peer)
         except Throttled as exc:

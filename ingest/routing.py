@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from framerelay.auth.tokens import WORKER_ID
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.errors import ConfigError, SourceError
 from framerelay.openapi_docs import errors
@@ -39,7 +40,11 @@ from ingest.settings import StreamConfig
 class Assignment(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    worker_id: str = Field(min_length=1, max_length=128)
+    worker_id: str = Field(
+        pattern=WORKER_ID,
+        description="The worker's name (letters, digits, ._-; never * or a pattern): the "
+        "ingest mints this worker's tunnel token from it.",
+    )
     url: str = Field(pattern=r"^wss?://", max_length=2048)
     stream: StreamConfig | None = None
     tls_server_name: str | None = Field(

@@ -42,6 +42,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 from framerelay import wire
+from framerelay.auth.tokens import WORKER_ID
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.credits import CreditWindow
 from framerelay.errors import ConfigError, FramerelayError
@@ -80,7 +81,11 @@ class RttRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    worker_id: str = Field(min_length=1, max_length=128)
+    worker_id: str = Field(
+        pattern=WORKER_ID,
+        description="The worker's name (letters, digits, ._-; never * or a pattern): the "
+        "ingest mints this worker's tunnel token from it.",
+    )
     url: str = Field(pattern=r"^wss?://", max_length=2048)
     tls_server_name: str | None = Field(
         None, pattern=HOSTNAME, max_length=253,

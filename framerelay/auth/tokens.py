@@ -22,6 +22,7 @@ or the token.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import time
 from collections.abc import Iterable
@@ -40,6 +41,10 @@ AUD_ORCHESTRATOR = "framerelay-orchestrator"
 AUD_WORKER = "framerelay-worker"
 AUDIENCES = {"ingest": AUD_INGEST, "orchestrator": AUD_ORCHESTRATOR, "worker": AUD_WORKER}
 MAX_TOKEN_LEN = 8192
+WORKER_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""One worker's name (a host or pod name): letters, digits and ``._-``, 1-128 characters,
+starting with a letter or digit. Never ``*`` or a pattern: tunnel tokens are minted from it."""
+_WORKER_ID_RE = re.compile(WORKER_ID)
 MAX_TTL_S = 366 * 86_400.0
 DEFAULT_LEEWAY_S = 30.0
 _REQUIRED = ("exp", "iat", "nbf", "aud", "sub", "scope")
@@ -75,6 +80,19 @@ def grants(scopes: Iterable[str], wanted: str) -> bool:
     """True if one of ``scopes`` grants ``wanted`` (``kind:what``; ``kind:*`` = any)."""
     kind, _, what = wanted.partition(":")
     return bool(what) and any(s == wanted or s == f"{kind}:*" for s in scopes)
+
+
+def worker_scope(worker_id: str) -> str:
+    """The scope of a tunnel token for one worker, ``worker:<id>``; ConfigError when
+    ``worker_id`` is not one worker's name (``*``, a pattern, a space, ...), so that no
+    request can turn a narrow right into a token every worker accepts."""
+    if _WORKER_ID_RE.fullmatch(worker_id) is None:
+        shown = worker_id if len(worker_id) <= 40 else worker_id[:40] + "..."
+        raise ConfigError(
+            f"worker id {shown!r} is not one worker's name: expected 1-128 letters, digits "
+            "or ._- starting with a letter or digit"
+        )
+    return f"worker:{worker_id}"
 
 
 @dataclass(frozen=True, slots=True)
