@@ -44,12 +44,13 @@ from deploy.cost import CostTotals
 from deploy.history_api import history_router
 from deploy.jobs_api import jobs_router
 from deploy.latency import region_of
-from deploy.models import PodRecord, StreamSpec, redact_url
+from deploy.models import PodRecord, StreamSpec
 from deploy.service import Orchestrator
 from deploy.workers import by_name
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
 from framerelay.auth.web import ApiAuth, AuthFirstRoute, install_validation_handler
 from framerelay.openapi_docs import errors, install_docs
+from framerelay.redact import redact_text, redact_url
 from framerelay.web_limits import BodyLimit
 
 READ, WRITE, METRICS = "fleet:read", "fleet:write", "metrics:read"
@@ -116,7 +117,7 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
         "cost": {**cost.as_dict(), "burn_usd_per_hr": round(fleet.burn_rate(pods), 4)},
         "counters": dict(fleet.counters),
         "events": list(fleet.events)[-50:],
-        "last_error": orch.last_error,
+        "last_error": redact_text(orch.last_error) if orch.last_error else None,
     }
 
 

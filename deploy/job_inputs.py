@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from framerelay.jobs import MAX_INPUTS
+from framerelay.redact import redact_url
 
 MAX_INPUT_CHARS = 4096
 """The ingest's longest stream URL."""
@@ -179,9 +180,10 @@ def _segment(entry: Any) -> tuple[float, int, int, str] | None:
 
 
 def _url_sidecar(url: str, job_id: str, k: int, output_dir: Path | None, i: int) -> str:
-    """``<output_dir>/<job>/<k>-<name>.<job>.jsonl``, the name from the URL's last part."""
+    """``<output_dir>/<job>/<k>-<name>.<job>.jsonl``, the name from the URL's last part
+    (redacted: a ``/token=...`` path parameter does not name a file shown in views)."""
     if output_dir is None:  # _one refused the URL already
         raise InputError(i, "a URL input needs FRAMERELAY_ORCH_JOBS__OUTPUT_DIR")
-    last = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+    last = urlsplit(redact_url(url)).path.rstrip("/").rsplit("/", 1)[-1]
     stem = _SAFE.sub("_", last.rsplit(".", 1)[0])[:64].strip("._") or "input"
     return str(output_dir / job_id / f"{k:04d}-{stem}.{job_id}.jsonl")

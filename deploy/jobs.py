@@ -51,7 +51,7 @@ from redis.exceptions import WatchError
 
 from deploy.clock import Clock
 from deploy.cost import serverless_spend
-from deploy.models import PodRecord, StreamSpec, redact_url
+from deploy.models import PodRecord, StreamSpec
 from deploy.placement import allowed
 from deploy.providers.base import GpuPrice
 from deploy.scaling import per_worker
@@ -69,6 +69,7 @@ from framerelay.jobs import (
     progress_key,
     task_stream_id,
 )
+from framerelay.redact import redact_text, redact_url
 
 log = logging.getLogger(__name__)
 ALL_FRAMES_FPS = 240.0
@@ -165,16 +166,19 @@ def eta_s(rec: JobRecord, tasks: Sequence[TaskProgress], done: int) -> float | N
 
 
 def job_view(rec: JobRecord, progress: Sequence[TaskProgress | None], now: float) -> JobView:
+    """The job as every reader sees it: its inputs, in ``spec`` too, without credentials
+    (:func:`framerelay.redact.redact_url`), and no URL in an error unredacted."""
     tasks = [_task_progress(t, p) for t, p in zip(rec.tasks, progress, strict=True)]
     done = sum(p.frames_done for p in tasks)
     totals = [p.frames_total for p in tasks]
     end = rec.finished_at or now
+    spec = rec.spec.model_copy(update={"inputs": [redact_url(i) for i in rec.spec.inputs]})
     return JobView(
-        id=rec.id, spec=rec.spec, state=rec.state, tasks=tasks, frames_done=done,
+        id=rec.id, spec=spec, state=rec.state, tasks=tasks, frames_done=done,
         frames_total=None if None in totals else sum(t or 0 for t in totals),
         submitted_at=rec.submitted_at, started_at=rec.started_at,
         finished_at=rec.finished_at, eta_s=eta_s(rec, tasks, done),
-        cost_usd=round(rec.cost_usd, 6), error=rec.error,
+        cost_usd=round(rec.cost_usd, 6), error=redact_text(rec.error) if rec.error else None,
         inputs=[redact_url(t.input) for t in rec.tasks], sidecars=[t.sidecar for t in rec.tasks],
         pod_seconds=round(rec.pod_seconds, 1),
         duration_s=None if rec.started_at is None else round(max(0.0, end - rec.started_at), 1),
@@ -184,9 +188,10 @@ def job_view(rec: JobRecord, progress: Sequence[TaskProgress | None], now: float
 
 
 def _task_progress(task: TaskRecord, said: TaskProgress | None) -> TaskProgress:
-    """The ingest's progress, else what the orchestrator knows of the task."""
+    """The ingest's progress (its error without a URL's credentials), else what the
+    orchestrator knows of the task."""
     if said is not None:
-        return said
+        return said.model_copy(update={"error": redact_text(said.error)}) if said.error else said
     return TaskProgress() if task.state == "pending" else TaskProgress(state=task.state)
 
 

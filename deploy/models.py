@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -36,7 +35,6 @@ from framerelay.wire import STREAM_ID
 Priority = Literal["critical", "standard", "batch"]
 PRIORITY_ORDER: dict[str, int] = {"critical": 0, "standard": 1, "batch": 2}
 NAME_PART = r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?"
-_SECRET_QUERY = re.compile(r"pass|secret|token|key|auth|sig|cred", re.IGNORECASE)
 POD_DOMAIN = "pods.framerelay"
 """Pod certificates name ``<pod>.<POD_DOMAIN>``; the ingest verifies that name."""
 MAX_GPUS = 8
@@ -342,24 +340,6 @@ class PodRecord(WorkerState):
 def tls_server_name(pod: str) -> str:
     """The DNS name in a pod's certificate (verified by the ingest and the canary)."""
     return f"{pod}.{POD_DOMAIN}"
-
-
-def redact_url(url: str) -> str:
-    """A URL without its password or secret-looking query values (for views and logs):
-    ``rtsp://user:pass@host/x?token=t`` -> ``rtsp://user:***@host/x?token=***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    netloc = parts.netloc
-    user, at, host = netloc.rpartition("@")
-    if at:
-        netloc = f"{user.partition(':')[0]}:***@{host}"
-    query = "&".join(
-        f"{k}=***" if sep and _SECRET_QUERY.search(k) else f"{k}{sep}{v}"
-        for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def pod_name(fleet: str, tier: str, slot: int, gen: int) -> str:

@@ -11,12 +11,17 @@ timeline exactly like a live recording's.
 
 Writes go to the file's buffer on the event loop; :meth:`TaskSidecar.sync` (a thread)
 hands them to the disk with ``fsync`` before the checkpoint may pass them.
+
+Where: only under the ingest's ``job_sidecar_dirs`` (:func:`sidecar_problem`, checked
+before a task stream starts), so whoever may define streams cannot make the ingest
+create, append to or cut (the repair) a ``.jsonl`` file anywhere else.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO
 from urllib.parse import urlsplit
@@ -34,6 +39,25 @@ log = logging.getLogger(__name__)
 
 class SidecarError(FramerelayError):
     """The task's sidecar cannot be read or written."""
+
+
+SIDECAR_DIRS_ENV = "FRAMERELAY_INGEST_JOB_SIDECAR_DIRS"
+
+
+def sidecar_problem(sidecar: str, dirs: Sequence[Path]) -> str | None:
+    """Why this ingest must not write a job sidecar at ``sidecar`` (None: it may): it
+    writes them only under ``dirs`` (its ``job_sidecar_dirs``; symbolic links resolved,
+    so a link inside that leads out is refused), and none without any. Blocking (stats
+    the path's parts); the message does not repeat the path."""
+    if not dirs:
+        return (
+            f"this ingest writes no job sidecars: set {SIDECAR_DIRS_ENV} to the directories "
+            "they may be written in"
+        )
+    where = Path(sidecar).resolve()
+    if not any(where.is_relative_to(d.resolve()) for d in dirs):
+        return f"job.sidecar lies outside {SIDECAR_DIRS_ENV} (symbolic links resolved)"
+    return None
 
 
 def segment_name(url: str) -> str | None:

@@ -34,7 +34,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from framerelay.jobs import JobTask, TaskProgress, TaskState, checkpoint_key, pr
 from framerelay.results import ResultRecord
 from framerelay.timeline import Timeline
 from ingest.job_ledger import Figures, Rewind, TaskLedger, sampled
-from ingest.job_sidecar import SidecarError, TaskSidecar, segment_name
+from ingest.job_sidecar import SidecarError, TaskSidecar, segment_name, sidecar_problem
 from ingest.redis_bus import connect
 from ingest.resume import ResumeAt
 from ingest.settings import IngestSettings, StreamConfig
@@ -305,10 +305,18 @@ class JobRun:
 class JobRuns:
     """The ingest's job tasks, by stream id; every result of the ingest passes here."""
 
-    def __init__(self, redis_url: str | None, prefix: str, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        redis_url: str | None,
+        prefix: str,
+        timeout_s: float = 2.0,
+        sidecar_dirs: Sequence[Path] = (),
+    ) -> None:
         self.prefix = prefix
         self._url = redis_url
         self._timeout_s = timeout_s
+        self._sidecar_dirs = tuple(sidecar_dirs)
+        """Where task sidecars may be written (``job_sidecar_dirs``; empty: no task)."""
         self._redis: Redis | None = None
         """Connected at the first task (most ingests run none)."""
         self._runs: dict[str, JobRun] = {}
@@ -318,18 +326,24 @@ class JobRuns:
     def of(cls, settings: IngestSettings) -> JobRuns:
         url = settings.redis_url.get_secret_value() if settings.redis_url else None
         r = settings.results
-        return cls(url, r.redis_prefix, r.redis_timeout_s)
+        return cls(url, r.redis_prefix, r.redis_timeout_s, settings.job_sidecar_dirs)
 
     def get(self, stream_id: str) -> JobRun | None:
         return self._runs.get(stream_id)
 
     def check(self, config: StreamConfig) -> None:
-        """ConfigError if this ingest cannot run ``config``'s job task."""
-        if config.job is not None and self._url is None:
+        """ConfigError if this ingest cannot run ``config``'s job task: without Redis, or
+        with a sidecar outside its ``job_sidecar_dirs`` (:func:`sidecar_problem`)."""
+        if config.job is None:
+            return
+        if self._url is None:
             raise ConfigError(
                 f"stream {config.id!r} is a job task: its checkpoint lives in Redis "
                 "(set FRAMERELAY_REDIS_URL on the ingest)"
             )
+        problem = sidecar_problem(config.job.sidecar, self._sidecar_dirs)
+        if problem is not None:
+            raise ConfigError(f"stream {config.id!r} is a job task: {problem}")
 
     def attach(self, stream: IngestStream) -> None:
         """Make ``stream`` (not launched yet) run its config's job task."""

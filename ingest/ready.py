@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 from collections.abc import Awaitable, Callable
 
+from framerelay.redact import redact_url
 from framerelay.startup import announce_ready
-from ingest.settings import IngestSettings, redact_url
+from ingest.settings import IngestSettings
 from ingest.store import FileStore, RedisStore, StreamStore
 
 

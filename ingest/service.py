@@ -103,6 +103,7 @@ class IngestService:
         """Persist and start a new stream (StreamExists if the id runs, placed or not)."""
         if self.sharded is not None:
             SourceSpec.from_config(config)
+            self.jobs.check(config)
             await self.sharded.create(config)
             return self.registry.get(config.id)
         async with self._changing:
@@ -124,6 +125,7 @@ class IngestService:
         async with self._changing:
             self.registry.get(config.id)
             SourceSpec.from_config(config)
+            self.jobs.check(config)
             if self.store is not None:
                 await self.store.put(config)
             return await self.registry.update(config)
@@ -147,6 +149,8 @@ class IngestService:
         config: StreamConfig | None = None,
     ) -> bool:
         """The orchestrator places (or moves) a stream; see :meth:`StreamRegistry.place`."""
+        if config is not None:
+            self.jobs.check(config)
         if self.sharded is not None:
             stored = config.stored() if config is not None else None
             route = Route(worker_id, url, tls_server_name, stored)

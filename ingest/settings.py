@@ -19,6 +19,7 @@ from pydantic_settings import SettingsConfigDict
 
 from framerelay.jobs import JobTask
 from framerelay.model_registry import MODEL_NAME
+from framerelay.redact import redact_options, redact_url, url_has_userinfo
 from framerelay.settings import ServiceSettings, redis_url_problem
 from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
@@ -27,8 +28,6 @@ from ingest.shard_settings import ShardSettings
 from ingest.urls import ORCHESTRATOR_TOKEN_ENV as ORCHESTRATOR_TOKEN_ENV
 from ingest.urls import URL_SCHEMES as URL_SCHEMES
 from ingest.urls import orchestrator_url_problem as orchestrator_url_problem
-from ingest.urls import redact_url as redact_url
-from ingest.urls import url_has_userinfo as url_has_userinfo
 from ingest.urls import url_problem as url_problem
 
 OPTION_KEY = re.compile(r"[a-z0-9_]{1,64}")
@@ -36,8 +35,6 @@ MAX_SOURCE_SIDE = 16_384
 """The largest source side the wire carries (``framerelay.wire.Frame.src_w``)."""
 LIVE_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "rtp", "udp", "tcp", "srt"})
 """URL schemes whose end-of-file means a disconnect (the camera is still there)."""
-SENSITIVE_OPTIONS = ("header", "auth", "key", "token", "pass", "cookie", "secret")
-"""FFmpeg options whose values the API masks (e.g. ``headers``, ``cookies``)."""
 
 
 class StreamConfig(BaseModel):
@@ -208,14 +205,12 @@ class StreamConfig(BaseModel):
         return self
 
     def public(self) -> dict[str, Any]:
-        """This definition for API answers: URL credentials and password masked."""
+        """This definition for API answers: URL credentials, password and secret-named
+        FFmpeg options masked (:mod:`framerelay.redact`)."""
         data = self.model_dump(mode="json")
         data["url"] = redact_url(self.url)
         data["password"] = "***" if self.password is not None else None
-        data["options"] = {
-            k: "***" if any(word in k for word in SENSITIVE_OPTIONS) else v
-            for k, v in self.options.items()
-        }
+        data["options"] = redact_options(self.options)
         return data
 
     def stored(self) -> dict[str, Any]:
@@ -416,6 +411,12 @@ class IngestSettings(ServiceSettings):
     shards: ShardSettings = Field(
         default_factory=ShardSettings,
         description="Several ingest replicas on one Redis share the streams (ingest.shards).",
+    )
+    job_sidecar_dirs: tuple[Path, ...] = Field(
+        (),
+        description="Directories where job tasks may write their sidecars (a JSON list; "
+        "symbolic links resolved): a task whose job.sidecar lies outside them is refused "
+        "(docs/jobs.md); empty: this ingest runs no job task.",
     )
     serverless: ServerlessSettings = Field(
         default_factory=ServerlessSettings,

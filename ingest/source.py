@@ -30,14 +30,13 @@ URL they failed on).
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import av
 from av.video.stream import VideoStream
@@ -47,13 +46,14 @@ if TYPE_CHECKING:
 
 from framerelay import memory
 from framerelay.errors import SourceError
+from framerelay.redact import redact_text, redact_url, secret_values
 from framerelay.timeline import MPEGTS_WRAP_BITS
 from ingest import interrupt
 from ingest.catchup import Catchup
 from ingest.pacing import FramePacer as FramePacer
 from ingest.resume import ResumeAt, seek
 from ingest.settings import LIVE_SCHEMES as LIVE_SCHEMES
-from ingest.settings import StreamConfig, redact_url, url_has_userinfo
+from ingest.settings import StreamConfig
 
 CREDENTIAL_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "http", "https"})
 WRAP_BITS = {"mpegts": MPEGTS_WRAP_BITS, "hls": MPEGTS_WRAP_BITS, "flv": 32, "live_flv": 32}
@@ -67,7 +67,6 @@ NO_FRAME_PACKETS = 250
 """On a network source, this many packets in a row without a frame (and at least
 ``read_timeout_s`` of them) means the decoder cannot follow (codec change,
 garbage): reopen, which probes the stream again."""
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
 LARGE_FRAME_AREA = 1920 * 1080
 """A session with frames larger than this trims the C heap when it ends."""
 MAX_TIME_BASE = 2**31
@@ -107,26 +106,12 @@ def scheme_of(url: str) -> str:
     return scheme.lower() if sep else ""
 
 
-def redact(url: str) -> str:
-    """The URL with any ``user:password@`` removed, for logs and errors."""
-    return redact_url(url)
-
-
 def _with_credentials(url: str, username: str, password: str | None) -> str:
     scheme, _, rest = url.partition("://")
     userinfo = quote(username, safe="")
     if password is not None:
         userinfo += ":" + quote(password, safe="")
     return f"{scheme}://{userinfo}@{rest}"
-
-
-def _userinfo_password(url: str) -> list[str]:
-    """The password written in ``scheme://user:password@host``, raw and unquoted."""
-    if not url_has_userinfo(url):
-        return []
-    userinfo = url.partition("://")[2].split("/", 1)[0].rsplit("@", 1)[0]
-    _, sep, password = userinfo.partition(":")
-    return [password, unquote(password)] if sep and password else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +151,7 @@ class SourceSpec:
             url = _with_credentials(url, config.username, password)
             if password:
                 secrets += [password, quote(password, safe="")]
-        secrets += _userinfo_password(config.url)
+        secrets += secret_values(config.url)
         live = config.live if config.live is not None else scheme in LIVE_SCHEMES
         options = dict(PROTOCOL_DEFAULTS.get(scheme, {}))
         if scheme in ("rtsp", "rtsps"):
@@ -174,7 +159,7 @@ class SourceSpec:
         options.update(config.options)
         return cls(
             url=url,
-            display=redact(config.url),
+            display=redact_url(config.url),
             live=live,
             network=scheme not in ("", "file"),
             pace=config.realtime and not live,
@@ -215,10 +200,10 @@ class SourceSpec:
 
     def scrub(self, text: str) -> str:
         """``text`` (an FFmpeg message, a traceback) without credentials."""
-        text = text.replace(self.url, redact(self.url))
+        text = text.replace(self.url, redact_url(self.url))
         for secret in sorted(self.secrets, key=len, reverse=True):
             text = text.replace(secret, "***")
-        return _USERINFO.sub(r"\1***@", text)
+        return redact_text(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""Stream and orchestrator URLs: what a stream's source may be, where the ingest may
-read the orchestrator, and URLs with their credentials redacted for logs."""
+"""Stream and orchestrator URLs: what a stream's source may be and where the ingest may
+read the orchestrator (redaction for views and logs: :mod:`framerelay.redact`)."""
 
 from __future__ import annotations
 
@@ -54,16 +54,3 @@ def orchestrator_url_problem(url: str) -> str | None:
                 "the network unencrypted; use https:// (verified with "
                 "FRAMERELAY_INGEST_ORCHESTRATOR_CA, else the system's CAs)")  # fmt: skip
     return None
-
-
-def url_has_userinfo(url: str) -> bool:
-    _, sep, rest = url.partition("://")
-    return bool(sep) and "@" in rest.split("/", 1)[0]
-
-
-def redact_url(url: str) -> str:
-    """The URL with any ``user:password@`` replaced by ``***@``, for logs and answers."""
-    if not url_has_userinfo(url):
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -30,11 +30,12 @@ import av
 from av.packet import Packet
 from av.video.stream import VideoStream
 
+from framerelay.redact import redact_text, redact_url
 from framerelay.timeline import MPEGTS_WRAP_BITS
 from ingest import interrupt
 from ingest.recording.index import SegmentInfo
 from ingest.recording.settings import RecorderSettings
-from ingest.source import FramePacer, redact
+from ingest.source import FramePacer
 
 log = logging.getLogger(__name__)
 MAX_JUMP_S = 10.0
@@ -179,10 +180,11 @@ class Segmenter:
                     self._record(stop)
             except (av.error.FFmpegError, OSError) as exc:
                 failed = True
-                self.last_error = f"{type(exc).__name__}: {exc}".replace(
-                    self.settings.source, redact(self.settings.source)
+                source = self.settings.source
+                self.last_error = redact_text(
+                    f"{type(exc).__name__}: {exc}".replace(source, redact_url(source))
                 )
-                log.warning("camera %s: %s", redact(self.settings.source), self.last_error)
+                log.warning("camera %s: %s", redact_url(source), self.last_error)
             finally:
                 self._close_segment()
             if self.settings.is_file and not (self.settings.loop and not failed):
@@ -200,7 +202,7 @@ class Segmenter:
         if self.ended:
             how = f"failed ({self.last_error})" if self.last_error else "ended"
             log.info("file %s %s: recorded once, not reopened (loop is off)",
-                     redact(self.settings.source), how)  # fmt: skip
+                     redact_url(self.settings.source), how)  # fmt: skip
 
     def _record(self, stop: threading.Event) -> None:
         s = self.settings

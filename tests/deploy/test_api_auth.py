@@ -232,7 +232,7 @@ def test_good_tokens_read_and_write(tmp_path: Path) -> None:
             assert listed.status_code == 200 and listed.json()[0]["id"] == "cam-2"
             assert pods.status_code == 202
             for text in (added.text, listed.text, fleet.text):
-                assert PASSWORD not in text and "admin:***@cam/2" in text
+                assert PASSWORD not in text and "rtsp://***@cam/2?token=***" in text
             stored = (await orch.store.streams())["cam-2"]
             assert PASSWORD in stored.url  # the ingest still gets the real URL
 

@@ -103,7 +103,11 @@ def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
             await asyncio.sleep(0.2)
 
     async def main() -> tuple[JobView, list[str], float]:
-        over = {"redis_url": REDIS_URL, "results": ResultsSettings(redis_prefix=prefix)}
+        over = {
+            "redis_url": REDIS_URL,
+            "results": ResultsSettings(redis_prefix=prefix),
+            "job_sidecar_dirs": (tmp_path,),
+        }
         async with running_fleet(settings, ingest_over=over) as fleet:
             stop = asyncio.Event()
             watcher = asyncio.create_task(watch_pods(fleet, stop))

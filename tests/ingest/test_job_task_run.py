@@ -107,7 +107,7 @@ async def ingest(
     settings = IngestSettings(
         worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel", token_secrets=secret,
         store_path=tmp_path / "streams.json", redis_url=REDIS_URL,
-        results={"redis_prefix": prefix},
+        results={"redis_prefix": prefix}, job_sidecar_dirs=(tmp_path,),
     )  # fmt: skip
     service = IngestService(settings)
     got: list[ResultRecord] = []
@@ -266,7 +266,8 @@ def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
     env |= {"FRAMERELAY_TOKEN_SECRETS": secret, "FRAMERELAY_REDIS_URL": REDIS_URL,
             "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix,
-            "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "store.json")}  # fmt: skip
+            "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "store.json"),
+            "FRAMERELAY_INGEST_JOB_SIDECAR_DIRS": json.dumps([str(tmp_path)])}  # fmt: skip
     want = expected_pts(clip, FPS)
 
     async def first() -> int:

@@ -89,7 +89,7 @@ def _run_task(url: str, clip: Path, sidecar: Path, prefix: str, batching: Batchi
 
     async def main() -> None:
         stream = IngestStream(config, asyncio.get_running_loop(), max_inflight=4)
-        runs = JobRuns(REDIS_URL, prefix)
+        runs = JobRuns(REDIS_URL, prefix, sidecar_dirs=(sidecar.parent,))
         runs.attach(stream)
         sender = asyncio.create_task(
             serve_stream(stream, settings, ENDPOINT, runs.result_seen, batching)
@@ -145,7 +145,7 @@ def _serve_through_the_ingest(url: str, clip: Path, sidecar: Path, prefix: str) 
     settings = IngestSettings(
         worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel", token_secrets=secret,
         store_path=sidecar.parent / "streams.json", redis_url=REDIS_URL,
-        results={"redis_prefix": prefix},
+        results={"redis_prefix": prefix}, job_sidecar_dirs=(sidecar.parent,),
         serverless={"base_url": url, "api_key": KEY, "poll_initial_s": 0.05,
                     "poll_max_s": 0.2, "backoff_s": 0.05},
     )  # fmt: skip
