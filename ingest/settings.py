@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyNetwork,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from framerelay.jobs import JobTask
 from framerelay.model_registry import MODEL_NAME
@@ -25,6 +28,8 @@ from framerelay.tracker_times import TrackerTimesConfig
 from framerelay.wire import STREAM_ID
 from ingest.serverless_link import ServerlessSettings
 from ingest.shard_settings import ShardSettings
+from ingest.source_options import option_problem
+from ingest.source_policy import DENIED_NETWORKS
 from ingest.urls import ORCHESTRATOR_TOKEN_ENV as ORCHESTRATOR_TOKEN_ENV
 from ingest.urls import URL_SCHEMES as URL_SCHEMES
 from ingest.urls import orchestrator_url_problem as orchestrator_url_problem
@@ -49,8 +54,9 @@ class StreamConfig(BaseModel):
         min_length=1,
         max_length=4096,
         repr=False,  # may hold user:password@
-        description="Anything PyAV opens: file path, rtsp://, rtmp://, http(s)://, HLS .m3u8. "
-        "Credentials may be given as user:password@ (never logged).",
+        description="rtsp(s)://, rtmp(s)://, http(s):// (HLS, MJPEG), udp://, rtp:// or a "
+        "file path (over the API: under FRAMERELAY_INGEST_FILE_ROOTS only). Credentials may "
+        "be given as user:password@ (never logged).",
     )
     fps: float = Field(
         5.0, ge=0, le=240, description="Sampling target by PTS; 0 keeps every frame."
@@ -95,7 +101,9 @@ class StreamConfig(BaseModel):
         default_factory=dict,
         repr=False,  # may hold headers or keys
         max_length=32,
-        description="Extra FFmpeg options for av.open (they override the per-protocol defaults).",
+        description="Extra FFmpeg options for av.open, from an allowlist (rtsp_transport, "
+        "timeout, buffer_size, user_agent... docs/cameras.md); they override the "
+        "per-protocol defaults.",
     )
     reconnect_initial_s: float = Field(
         0.5, gt=0, le=60, description="First reconnect delay (doubles per failed attempt)."
@@ -169,11 +177,11 @@ class StreamConfig(BaseModel):
     @classmethod
     def _check_options(cls, value: dict[str, str]) -> dict[str, str]:
         for key, val in value.items():
-            if not OPTION_KEY.fullmatch(key) or len(val) > 1024:
-                raise ValueError(
-                    f"bad FFmpeg option {key!r}: names are [a-z0-9_]{{1,64}}, values at most "
-                    "1024 characters"
-                )
+            if not OPTION_KEY.fullmatch(key):
+                raise ValueError("bad FFmpeg option name: names are [a-z0-9_]{1,64}")
+            problem = option_problem(key, val)
+            if problem is not None:
+                raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -384,6 +392,18 @@ class IngestSettings(ServiceSettings):
         "fps and the round trip): the tunnel is STALLED and its streams fail over.",
     )  # fmt: skip
     streams: list[StreamConfig] = Field(default_factory=list)
+    file_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Folders whose files streams added over the API may read (JSON list or "
+        "':'-separated); default none: the API adds no local file (streams in the settings "
+        "or a config file may read any).",
+    )
+    source_denied_networks: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
+        default_factory=lambda: list(DENIED_NETWORKS),
+        description="A stream added over the API whose host resolves into one of these "
+        "networks is refused (JSON list or ','-separated; [] allows every address). "
+        "Default: link-local and cloud metadata addresses.",
+    )
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
     out: Path | None = Field(None, description="Also append results to this JSON Lines file.")
@@ -445,6 +465,16 @@ class IngestSettings(ServiceSettings):
         description="Seconds the orchestrator has to connect and to answer each read; a "
         "panel's refresh fails after twice this (the last data stays, marked stale).",
     )  # fmt: skip
+
+    @field_validator("file_roots", "source_denied_networks", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return json.loads(value)
+        sep = ":" if info.field_name == "file_roots" else ","
+        return [part.strip() for part in value.split(sep) if part.strip()]
 
     @field_validator("orchestrator_url")
     @classmethod

@@ -22,6 +22,12 @@ every change; outside ``min_width``...``max_height`` it is refused
 :class:`SourceAuthFailed` (retried slowly). Large frames' memory goes back to
 the system after their session (:meth:`AVSource.release`, :mod:`framerelay.memory`).
 
+Open nothing else: every ``av.open`` carries FFmpeg's ``protocol_whitelist`` for the
+source's scheme (:func:`ingest.urls.protocols_for`), nested opens included (HLS segments,
+RTP under RTSP, redirects), so a playlist cannot reach ``file:``, ``concat:`` or
+``gopher:``. A local file that cannot be opened gets one reason, whether it exists or
+not (FFmpeg's own goes to the log).
+
 Never leak secrets: the URL given to FFmpeg carries the credentials, but
 :attr:`SourceSpec.display` (what logs and errors show) does not, and every
 FFmpeg message is scrubbed before it goes anywhere (FFmpeg errors quote the
@@ -30,6 +36,7 @@ URL they failed on).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,8 +61,11 @@ from ingest.pacing import FramePacer as FramePacer
 from ingest.resume import ResumeAt, seek
 from ingest.settings import LIVE_SCHEMES as LIVE_SCHEMES
 from ingest.settings import StreamConfig
+from ingest.urls import local_path, protocols_for, source_scheme
 
+log = logging.getLogger(__name__)
 CREDENTIAL_SCHEMES = frozenset({"rtsp", "rtsps", "rtmp", "rtmps", "rtmpt", "http", "https"})
+HTTP = frozenset({"http", "https"})
 WRAP_BITS = {"mpegts": MPEGTS_WRAP_BITS, "hls": MPEGTS_WRAP_BITS, "flv": 32, "live_flv": 32}
 """Width of the PTS counter by container (RTSP: FFmpeg already unwraps RTP time)."""
 PROTOCOL_DEFAULTS: dict[str, dict[str, str]] = {
@@ -102,8 +112,8 @@ class SourceAuthFailed(SourceError):
 
 
 def scheme_of(url: str) -> str:
-    scheme, sep, _ = url.partition("://")
-    return scheme.lower() if sep else ""
+    """The source's network scheme, lower-cased; ``""`` for a local file (``file:`` too)."""
+    return "" if local_path(url) is not None else source_scheme(url)
 
 
 def _with_credentials(url: str, username: str, password: str | None) -> str:
@@ -338,7 +348,7 @@ class AVSource:
         try:
             container = av.open(
                 spec.url,
-                options=dict(spec.options),
+                options={**spec.options, "protocol_whitelist": protocols_for(spec.url)},
                 timeout=(spec.open_timeout_s, spec.read_timeout_s),
             )
         except av.error.ExitError:
@@ -351,11 +361,30 @@ class AVSource:
         except AUTH_ERRORS as exc:
             raise self._auth_failed(exc) from None
         except (av.error.FFmpegError, OSError) as exc:
-            raise SourceUnavailable(f"cannot open {spec.display}: {spec.reason(exc)}") from None
+            raise self._cannot_open(exc) from None
         if not container.streams.video:
             container.close()
+            if not spec.network:
+                raise self._cannot_open(None)
             raise SourceUnavailable(f"{spec.display} has no video stream")
         return container
+
+    def _cannot_open(self, exc: BaseException | None) -> SourceUnavailable:
+        """Why an open failed. A file's reason is the same whether it exists or not (no
+        "No such file" against "Invalid data": not an oracle); the log has FFmpeg's."""
+        spec = self.spec
+        said = spec.reason(exc) if exc is not None else "no video stream"
+        if not spec.network:
+            log.warning("cannot open file source %s: %s", spec.display, said)
+            return SourceUnavailable(
+                f"cannot open {spec.display}: not a readable video file (missing, unreadable "
+                "or holding no video: check the path, its permissions and the file)"
+            )
+        if isinstance(exc, av.error.ArgumentError):  # EINVAL: what protocol_whitelist says
+            said += " (a protocol outside the source's allowlist, or a bad option)"
+        elif isinstance(exc, av.error.InvalidDataError) and scheme_of(spec.url) in HTTP:
+            said += " (not video, or an HLS playlist with segments outside http(s)://)"
+        return SourceUnavailable(f"cannot open {spec.display}: {said}")
 
     def _decode(
         self,

@@ -19,8 +19,10 @@ it in ``/v1/workers`` (and by the worker ``/v1/routing`` names, when placed).
 Reading needs a token granting ``streams:read``, changing one granting
 ``streams:write`` (audience ``framerelay-ingest``); a refused request (401,
 403, 429) has no effect. Definitions are validated (unknown fields are
-errors: 422) and persisted before anything changes (store down: 503).
-Validation errors never echo the submitted values (they may hold a password).
+errors: 422) and persisted before anything changes (store down: 503). A source
+is held to :mod:`ingest.source_policy` too (422): a local file only under
+``file_roots``, no host in ``source_denied_networks``. Validation errors never
+echo the submitted values (they may hold a password).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from framerelay.openapi_docs import errors
 from ingest.registry import StreamExists, UnknownStream
 from ingest.service import IngestService
 from ingest.settings import StreamConfig
+from ingest.source_policy import api_source_problem
 from ingest.store import StoreError
 from ingest.stream import IngestStream
 
@@ -173,6 +176,17 @@ async def _guarded(change: Awaitable[T]) -> T:
         raise _http_error(exc) from None
 
 
+async def _check_source(service: IngestService, config: StreamConfig) -> None:
+    """422 when a definition from the API may not read its source (:mod:`ingest.source_policy`:
+    files only under ``file_roots``, no host in ``source_denied_networks``)."""
+    settings = service.settings
+    problem = await api_source_problem(
+        config.url, settings.file_roots, settings.source_denied_networks
+    )
+    if problem is not None:
+        raise _http_error(ConfigError(f"url: {problem}"))
+
+
 def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
     router = APIRouter(prefix="/v1/streams", tags=["streams"], route_class=AuthFirstRoute)
     read = [api.requires("streams:read")]
@@ -187,6 +201,7 @@ def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
                  summary="Add a stream", responses=errors(409, 503, **CHANGE))  # fmt: skip
     async def add_stream(config: StreamConfig) -> StreamDetail:
         """Validate, store, then start a stream."""
+        await _check_source(service, config)
         return _detail(await _guarded(service.create_stream(config)))
 
     @router.get("/{stream_id}", dependencies=read, summary="Show a stream",
@@ -204,6 +219,7 @@ def streams_router(service: IngestService, api: ApiAuth) -> APIRouter:
         """Store the new definition; the stream restarts with it in its next epoch."""
         if config.id != stream_id:
             raise _http_error(ConfigError(f"body id {config.id!r} differs from {stream_id!r}"))
+        await _check_source(service, config)
         return _detail(await _guarded(service.update_stream(config)))
 
     @router.delete("/{stream_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=write,

@@ -15,9 +15,26 @@ MODEL = ROOT / "samples" / "models" / "yolox_nano_416.onnx"
 STADTMITTE = ROOT / "samples" / "mot15" / "TUD-Stadtmitte"
 CAMPUS = ROOT / "samples" / "mot15" / "TUD-Campus"
 CLIP = STADTMITTE / "TUD-Stadtmitte.mp4"
+FILE_ROOTS_ENV = "FRAMERELAY_INGEST_FILE_ROOTS"
 
 TIMEOUT_FACTOR = float(os.environ.get("FRAMERELAY_TIMEOUT_FACTOR", "1.0"))
 """Scale every timing-sensitive wait in the tests (slow CI machines: 2-3)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _api_file_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Streams added over the API may read files under the test folders and samples/
+    (``FRAMERELAY_INGEST_FILE_ROOTS``; an ingest's default is none): in-process settings
+    and the ingests tests start with this environment. tests/security/test_source_urls.py
+    sets ``file_roots`` itself."""
+    roots = [str(tmp_path_factory.getbasetemp()), str(ROOT / "samples")]
+    before = os.environ.get(FILE_ROOTS_ENV)
+    os.environ[FILE_ROOTS_ENV] = os.pathsep.join(roots)
+    yield
+    if before is None:
+        os.environ.pop(FILE_ROOTS_ENV, None)
+    else:
+        os.environ[FILE_ROOTS_ENV] = before
 
 
 @pytest.fixture(scope="session")

@@ -155,7 +155,12 @@ def _settings(args: argparse.Namespace, url: str, secret: str) -> Any:
         for i in range(args.streams)
     ]
     return IngestSettings(
-        worker_url=url, token_secrets=secret, worker_id="demo-worker", streams=streams, out=args.out
+        worker_url=url,
+        token_secrets=secret,
+        worker_id="demo-worker",
+        streams=streams,
+        out=args.out,
+        file_roots=[DEFAULT_CLIP.resolve().parent],  # the console may add the sample clip
     )
 
 

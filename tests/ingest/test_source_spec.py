@@ -89,10 +89,23 @@ def test_username_needs_a_url_that_can_carry_it() -> None:
         SourceSpec.from_config(StreamConfig(id="s", url="/a.mp4", username="u"))
 
 
-def test_missing_file_fails_with_a_clear_error(tmp_path: Path) -> None:
-    spec = SourceSpec.from_config(StreamConfig(id="s", url=str(tmp_path / "nope.mp4")))
-    with pytest.raises(SourceUnavailable, match=r"cannot open .*nope\.mp4: No such file"):
-        AVSource(spec).session(threading.Event(), lambda _: None, lambda _: True)
+def test_a_file_that_cannot_be_opened_fails_with_one_reason_whatever_the_cause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Missing, not video, a folder: the same words (no file-existence oracle); the log,
+    which only the operator reads, has FFmpeg's own reason."""
+    (tmp_path / "text.mp4").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    reasons = set()
+    for name in ("nope.mp4", "text.mp4", "."):
+        spec = SourceSpec.from_config(StreamConfig(id="s", url=str(tmp_path / name)))
+        with pytest.raises(SourceUnavailable) as info:
+            AVSource(spec).session(threading.Event(), lambda _: None, lambda _: True)
+        reasons.add(str(info.value).replace(spec.display, "<path>"))
+    assert reasons == {
+        "cannot open <path>: not a readable video file (missing, unreadable or holding no "
+        "video: check the path, its permissions and the file)"
+    }
+    assert "No such file" in caplog.text and "Invalid data" in caplog.text
 
 
 def test_opened_describes_the_stream(media: Media) -> None:
