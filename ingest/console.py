@@ -16,8 +16,9 @@
   result of the stream with the JPEG the ingest sent for that very frame
   (matched by epoch and seq: :mod:`ingest.console_frames`).
 
-Both event streams end with an ``expired`` event when the token expires (the
-page asks for a new one), and are capped at :data:`MAX_VIEWERS` open at once
+Both event streams end with an ``expired`` event when the token expires or no
+longer verifies (revoked: checked again every 2 s; the page asks for a new
+one), and are capped at :data:`MAX_VIEWERS` open at once
 (503 beyond). Browsers' ``EventSource`` cannot send headers, so the page reads
 them with ``fetch``.
 """
@@ -32,11 +33,12 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from framerelay.auth import Claims
+from framerelay.auth import Claims, bearer_token
+from framerelay.auth.tokens import SessionToken
 from framerelay.auth.web import ApiAuth, AuthFirstRoute
 from framerelay.openapi_docs import errors
 from ingest.bus import Published
@@ -47,6 +49,9 @@ from ingest.stream import IngestStream
 
 EVERY_S = 1.0
 """The streams table's refresh period."""
+RECHECK_S = 2.0
+"""An open event stream's token is verified again this often (revoked: it ends; a quiet
+live view checks at its next frame or keepalive)."""
 KEEPALIVE_S = 15.0
 """A comment line this often on a quiet live view keeps proxies from closing it."""
 MAX_VIEWERS = 32
@@ -127,23 +132,25 @@ def console_router(service: IngestService, api: ApiAuth) -> APIRouter:
 
     @router.get("/v1/console/streams", summary="Streams table (server-sent events)",
                 responses=errors(503), response_class=StreamingResponse)  # fmt: skip
-    async def streams(claims: Claims = read) -> StreamingResponse:
+    async def streams(request: Request, claims: Claims = read) -> StreamingResponse:
         """A ``streams`` event every second: one row per stream (state, epoch, fps in and
         out, drops by reason, latency p50/p99 and SLO, worker) and the worker tunnels."""
         viewers.check()
-        return StreamingResponse(_table(table, claims, viewers), media_type="text/event-stream",
-                                 headers=EVENT_HEADERS)  # fmt: skip
+        watch = Watch(claims, _session_token(api, request))
+        return StreamingResponse(
+            _table(table, watch, viewers), media_type="text/event-stream", headers=EVENT_HEADERS
+        )
 
     @router.get("/v1/console/streams/{stream_id}/live", responses=errors(404, 503),
                 summary="Live view of one stream (server-sent events)",
                 response_class=StreamingResponse)  # fmt: skip
-    async def live(stream_id: str, claims: Claims = results) -> StreamingResponse:
+    async def live(request: Request, stream_id: str, claims: Claims = results) -> StreamingResponse:
         """``frame`` events: each result of the stream with the JPEG the ingest sent for
         that frame (base64) and its letterbox. Needs ``results:<stream_id>``."""
         if stream_id not in service.streams:
             raise HTTPException(404, f"no stream {stream_id!r}")
         viewers.check()
-        frames = _live(service, stream_id, claims, viewers)
+        frames = _live(service, stream_id, Watch(claims, _session_token(api, request)), viewers)
         return StreamingResponse(frames, media_type="text/event-stream", headers=EVENT_HEADERS)
 
     return router
@@ -185,27 +192,49 @@ class TableFeed:
         return self.text
 
 
-async def _table(feed: TableFeed, claims: Claims, viewers: Viewers) -> AsyncIterator[str]:
+def _session_token(api: ApiAuth, request: Request) -> SessionToken:
+    token = bearer_token(request.headers.get("authorization"))
+    return SessionToken(api.guard.verifier, token, every_s=RECHECK_S)
+
+
+class Watch:
+    """Why an event stream must end for its token (None while it may go on)."""
+
+    def __init__(self, claims: Claims, token: SessionToken) -> None:
+        self.claims = claims
+        self.token = token
+
+    def ended(self) -> str | None:
+        if time.time() >= self.claims.exp:
+            return "the token expired: sign in again"
+        refused = self.token.refused()
+        return f"{refused}: sign in again" if refused is not None else None
+
+    def event(self, why: str) -> str:
+        return event("expired", json.dumps({"reason": why}))
+
+
+async def _table(feed: TableFeed, watch: Watch, viewers: Viewers) -> AsyncIterator[str]:
     viewers.open += 1
     try:
-        while time.time() < claims.exp:
+        while (why := watch.ended()) is None:
             yield feed.read()
             # wake on the next whole tick: every viewer at once, one build, 1 event/s exactly
             await asyncio.sleep(EVERY_S - time.monotonic() % EVERY_S)
-        yield event("expired", '{"reason":"the token expired: sign in again"}')
+        yield watch.event(why)
     finally:
         viewers.open -= 1
 
 
 async def _live(
-    service: IngestService, stream_id: str, claims: Claims, viewers: Viewers
+    service: IngestService, stream_id: str, watch: Watch, viewers: Viewers
 ) -> AsyncIterator[str]:
     viewers.open += 1
     sub = service.bus.subscribe(maxsize=8, streams=frozenset({stream_id}))
     watched: IngestStream | None = None
     try:
         yield ": live view of " + stream_id + "\n\n"
-        while time.time() < claims.exp:
+        while (why := watch.ended()) is None:
             stream = service.streams.get(stream_id)
             if stream is None:
                 yield event("gone", json.dumps({"reason": f"stream {stream_id} was removed"}))
@@ -222,7 +251,7 @@ async def _live(
             frame = kept.take(item.record.epoch, item.record.seq) if kept is not None else None
             if frame is not None and frame.pts == item.record.pts:  # the same frame, twice over
                 yield event("frame", frame_event(item, frame))
-        yield event("expired", '{"reason":"the token expired: sign in again"}')
+        yield watch.event(why)
     finally:
         sub.close()
         _unwatch(watched)

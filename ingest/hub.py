@@ -5,24 +5,26 @@
 ``Authorization: Bearer <token>``: a token for audience ``framerelay-ingest``
 granting ``results:<id>`` for every stream the request names anywhere
 (``stream`` and ``resume``; ``results:*`` for all: :func:`required_scopes`, the
-one rule), and a resumed stream must also be received. Refusals happen before the handshake completes, so no result is ever
-sent on them: HTTP 400 (bad subscription), 401 (missing, malformed, badly
-signed, expired, not yet valid or for another service), 403 (stream not
-granted), 429 (too many failed authentications from this address; with
-``Retry-After``), 503 (too many subscribers), each with an
-:class:`~framerelay.schemas.ErrorMessage` body.
+one rule), and a resumed stream must also be received. Refusals happen before
+the handshake completes, so no result is ever sent on them: HTTP 400 (bad
+subscription), 401 (missing, malformed, badly signed, expired, not yet valid or
+for another service), 403 (stream not granted), 429 (too many failed
+authentications from this address; with ``Retry-After``), 503 (too many
+subscribers), each with an :class:`~framerelay.schemas.ErrorMessage` body.
 
 After the handshake the hub sends ``subscribed``, any replayed results (resume),
-then live ``result`` messages: each the :class:`~framerelay.schemas.ResultMessage`
-of the bus's record, under the id the bus settled (the one Redis and sidecars
-use), encoded once per detection filter and shared by its subscribers. Query
-parameters are an API input, so unknown ones are refused (400). Each
-subscriber has a bounded queue: when full the oldest result is dropped, and
-every result message carries the subscriber's ``dropped`` total (plus a
-``notice`` at most once a second while drops grow). A send that blocks for
-``send_timeout_s`` closes the connection with 4408; a token expiring
-mid-session closes it with 4401. One sender task per subscriber: a slow or
-dead subscriber only ever waits on itself.
+then live ``result`` messages: each the
+:class:`~framerelay.schemas.ResultMessage` of the bus's record, under the id the
+bus settled (the one Redis and sidecars use), encoded once per detection filter
+and shared by its subscribers. Query parameters are an API input, so unknown
+ones are refused (400). Each subscriber has a bounded queue: when full the
+oldest result is dropped, and every result message carries the subscriber's
+``dropped`` total (plus a ``notice`` at most once a second while drops grow). A
+send that blocks for ``send_timeout_s`` closes the connection with 4408; a token
+expiring mid-session closes it with 4401 (``token_expired``), and so does one
+revoked mid-session (``unauthorized``: the token is verified again every
+``recheck_s``). One sender task per subscriber: a slow or dead subscriber only
+ever waits on itself.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from framerelay.auth import AuthGuard, Claims, Forbidden, Throttled, Unauthorized
+from framerelay.auth import AuthGuard, Claims, Forbidden, Throttled, Unauthorized, bearer_token
+from framerelay.auth.tokens import SessionToken
 from framerelay.errors import FramerelayError
 from framerelay.results import ResultId
 from framerelay.schemas import (
@@ -119,6 +122,17 @@ class HubConfig:
     max_subscribers: int = 1000
     resume_max: int = 2000
     token_leeway_s: float = 30.0  # as the verifier's: a token just accepted is not cut at once
+    recheck_s: float = 2.0
+    """An open session's token is verified again this often (a revoked one ends it)."""
+
+
+class _Ended(Exception):
+    """A session ends for its token: why, said to the subscriber before the close."""
+
+    def __init__(self, code: ErrorCode, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
 
 
 @dataclass(slots=True)
@@ -128,6 +142,7 @@ class _Session:
     subscription: Subscription
     filt: DetectionFilter
     expires_at: float | None
+    token: SessionToken | None = None
     last_sent: dict[str, ResultId] = field(default_factory=dict)
     reported_drops: int = 0
     last_notice: float = 0.0
@@ -237,6 +252,11 @@ class ResultHub:
                 frozenset(sub.classes) if sub.classes is not None else None, sub.min_confidence
             ),
             expires_at=float(claims.exp),
+            token=SessionToken(
+                self.guard.verifier,
+                bearer_token(ws.headers.get("authorization")),
+                every_s=self.config.recheck_s,
+            ),
         )
         await ws.accept()
         self.active += 1
@@ -289,11 +309,11 @@ class ResultHub:
                 for old in held:
                     await self._send_result(ws, session, old, queue.dropped)
             while True:
-                item = await self._next(queue, session)
-                if item is None:
-                    await self._close(ws, "token_expired", CloseCode.TOKEN_EXPIRED,
-                                      "token expired; reconnect with a fresh one")  # fmt: skip
-                    return "token_expired"
+                try:
+                    item = await self._next(queue, session)
+                except _Ended as end:
+                    await self._close(ws, end.code, CloseCode.TOKEN_EXPIRED, end.text)
+                    return end.code
                 await self._send_result(ws, session, item, queue.dropped)
                 await self._maybe_notice(ws, session, queue.dropped)
         except TimeoutError:
@@ -304,18 +324,28 @@ class ResultHub:
         except (WebSocketDisconnect, RuntimeError, OSError):
             return "client_closed"
 
-    async def _next(self, queue: _Queue, session: _Session) -> Published | None:
-        """The next queued result, or None once the token has expired."""
-        if session.expires_at is None:
-            return await queue.get()
-        left = session.expires_at + self.config.token_leeway_s - time.time()
-        if left <= 0:
-            return None
-        try:
-            async with asyncio.timeout(left):
-                return await queue.get()
-        except TimeoutError:
-            return None
+    async def _next(self, queue: _Queue, session: _Session) -> Published:
+        """The next queued result; :class:`_Ended` once the token expired or was revoked."""
+        while True:
+            self._recheck(session)
+            wait = self.config.recheck_s
+            if session.expires_at is not None:
+                left = session.expires_at + self.config.token_leeway_s - time.time()
+                if left <= 0:
+                    raise _Ended("token_expired", "token expired; reconnect with a fresh one")
+                wait = min(wait, left)
+            try:
+                async with asyncio.timeout(wait):
+                    return await queue.get()
+            except TimeoutError:
+                continue
+
+    def _recheck(self, session: _Session) -> None:
+        """:class:`_Ended` once the session's token no longer verifies (revoked)."""
+        refused = session.token.refused() if session.token is not None else None
+        if refused is not None:
+            self.guard.refused(refused.reason)
+            raise _Ended("unauthorized", f"{refused}; the session ends")
 
     async def _send(self, ws: WebSocket, text: str) -> None:
         async with asyncio.timeout(self.config.send_timeout_s):

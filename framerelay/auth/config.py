@@ -5,9 +5,12 @@ host only)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import SecretStr
 
 from framerelay.auth.keys import KeySet
+from framerelay.auth.revocation import RevocationList
 from framerelay.auth.tokens import TokenIssuer, TokenVerifier
 from framerelay.errors import ConfigError
 
@@ -56,5 +59,9 @@ def issuer(keys: KeySet | None, service: str) -> TokenIssuer:
     return TokenIssuer(require_keys(keys, service))
 
 
-def verifier(keys: KeySet | None, service: str, aud: str, leeway_s: float) -> TokenVerifier:
-    return TokenVerifier(require_keys(keys, service), aud, leeway_s=leeway_s)
+def verifier(
+    keys: KeySet | None, service: str, aud: str, leeway_s: float, revoked: Path | None = None
+) -> TokenVerifier:
+    """The service's token check; ``revoked``: its revocation file (ConfigError if bad)."""
+    revocations = RevocationList(revoked) if revoked is not None else None
+    return TokenVerifier(require_keys(keys, service), aud, leeway_s=leeway_s, revoked=revocations)

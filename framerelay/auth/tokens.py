@@ -25,7 +25,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ import jwt
 from jwt.exceptions import InvalidAudienceError, InvalidTokenError, MissingRequiredClaimError
 
 from framerelay.auth.keys import KeySet
+from framerelay.auth.revocation import RevocationList
 from framerelay.errors import AuthError, ConfigError
 
 ISSUER = "framerelay"
@@ -106,6 +107,8 @@ class Claims:
     nbf: int
     exp: int
     kid: str
+    jti: str = ""
+    """The token's own id (``jti``), by which it can be revoked ("" when it has none)."""
 
     def allows(self, wanted: str) -> bool:
         return grants(self.scope, wanted)
@@ -163,7 +166,14 @@ class TokenIssuer:
 class TokenVerifier:
     """Checks tokens for one audience against a key set (public halves suffice)."""
 
-    def __init__(self, keys: KeySet, aud: str, *, leeway_s: float = DEFAULT_LEEWAY_S) -> None:
+    def __init__(
+        self,
+        keys: KeySet,
+        aud: str,
+        *,
+        leeway_s: float = DEFAULT_LEEWAY_S,
+        revoked: RevocationList | None = None,
+    ) -> None:
         if not len(keys):
             raise ConfigError("no verification keys configured")
         if not (math.isfinite(leeway_s) and 0 <= leeway_s <= 3600):
@@ -171,10 +181,15 @@ class TokenVerifier:
         self.keys = keys
         self.audience = audience(aud)
         self.leeway_s = leeway_s
+        self.revoked = revoked
 
     def verify(self, token: str, required_scope: str | None, *, now: float | None = None) -> Claims:
-        """Signature, audience, time window, scope; :class:`Unauthorized` or :class:`Forbidden`."""
+        """Signature, audience, revocation, time window, scope; :class:`Unauthorized` or
+        :class:`Forbidden`."""
         claims = self._decode(token)
+        why = self.revoked.reason(claims.jti, claims.sub) if self.revoked is not None else None
+        if why is not None:
+            raise Unauthorized(f"token for {claims.sub!r} was revoked: {why}", "revoked")
         t = time.time() if now is None else now
         if claims.exp + self.leeway_s <= t:
             raise Unauthorized(
@@ -227,6 +242,42 @@ class TokenVerifier:
         return _claims(raw, key.kid)
 
 
+class SessionToken:
+    """The token of a long-lived session (a results WebSocket, an event stream): verified
+    again at most every ``every_s`` while the session runs, so that a token revoked (or
+    whose key was removed) ends its session within seconds rather than at its expiry."""
+
+    def __init__(
+        self,
+        verifier: TokenVerifier,
+        token: str,
+        *,
+        every_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._verifier = verifier
+        self._token = token
+        self.every_s = every_s
+        self._clock = clock
+        self._checked_at = clock()
+
+    def __repr__(self) -> str:  # never the token
+        return f"SessionToken(every_s={self.every_s})"
+
+    def refused(self) -> Unauthorized | None:
+        """Why the token no longer verifies, expiry aside (the session keeps its own
+        deadline); None while it does or until ``every_s`` has passed."""
+        now = self._clock()
+        if now - self._checked_at < self.every_s:
+            return None
+        self._checked_at = now
+        try:
+            self._verifier.verify(self._token, None)
+        except Unauthorized as exc:
+            return None if exc.reason == "expired" else exc
+        return None
+
+
 def _why(exc: InvalidTokenError, alg: str) -> str:
     name = type(exc).__name__
     if name == "InvalidSignatureError":
@@ -249,6 +300,7 @@ def _claims(raw: dict[str, Any], kid: str) -> Claims:
             sub=str(raw["sub"]), scope=tuple(scopes),
             aud=aud if isinstance(aud, str) else ",".join(map(str, aud or ())),
             iat=int(raw["iat"]), nbf=int(raw["nbf"]), exp=int(raw["exp"]), kid=kid,
+            jti=str(raw.get("jti", "")),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, OverflowError):
         raise Unauthorized(
