@@ -73,6 +73,8 @@ VOLUME_CACHE = "framerelay/cache"
 """The workers' artefact cache (built models, TensorRT engines), under the volume's mount."""
 _CACHE_ENV = "FRAMERELAY_WORKER_DETECTOR__CACHE_DIR"
 _ENGINE_ENV = "FRAMERELAY_WORKER_DETECTOR__ENGINE_CACHE_DIR"
+VOLUME_ENV = "FRAMERELAY_WORKER_VOLUME_DIR"
+"""Tells a worker where its shared volume is: what it reads there must be signed."""
 
 
 class TierVolume(BaseModel):
@@ -107,9 +109,10 @@ class TierVolume(BaseModel):
     def worker_env(self, root: str | Path) -> dict[str, str]:
         """The worker's artefact cache and TensorRT engine cache on the volume (``root``:
         where the pod sees it); the engine cache is named too, since the CUDA image sets
-        one of its own (a local directory)."""
+        one of its own (a local directory). ``VOLUME_DIR`` makes the worker take files
+        from the volume only as its signed manifest lists them (any pod can write it)."""
         cache = self.cache_dir(root)
-        return {_CACHE_ENV: cache, _ENGINE_ENV: f"{cache}/trt"}
+        return {_CACHE_ENV: cache, _ENGINE_ENV: f"{cache}/trt", VOLUME_ENV: str(root)}
 
 
 class TierConfig(BaseModel):

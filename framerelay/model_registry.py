@@ -23,14 +23,16 @@ The registry is a TOML or JSON file::
 :data:`BUILTIN` (the shipped COCO YOLOX-Nano, canary: at least 3 persons on
 frame 1 of TUD-Stadtmitte) is always there unless a file redefines its name.
 A bad file is a :class:`~framerelay.errors.ConfigError` with one line saying
-where, never a traceback.
+where, never a traceback. A worker reads a registry on a shared volume through its
+volume (``read``: the bytes only when the volume's signed manifest lists them,
+:mod:`gpu_worker.volume`); the entries' model files are checked when they load.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import unquote, urlparse
@@ -52,6 +54,8 @@ BUILTIN_NAME = "yolox_nano"
 """The shipped model's name (also ``StreamSpec.model``'s default)."""
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_FILE_BYTES = 1024 * 1024
+Reader = Callable[[Path, int], bytes]
+"""(path, n) -> at most n + 1 bytes of the file; OSError or ConfigError when it cannot."""
 ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME)]
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
@@ -130,12 +134,13 @@ def builtin_registry() -> ModelRegistry:
     return ModelRegistry({BUILTIN_NAME: BUILTIN})
 
 
-def load_registry(path: Path | None) -> ModelRegistry:
-    """The built-in entry plus those of ``path`` (TOML or JSON); ConfigError on any fault."""
+def load_registry(path: Path | None, read: Reader | None = None) -> ModelRegistry:
+    """The built-in entry plus those of ``path`` (TOML or JSON), its bytes from ``read``
+    (default: the file as it is); ConfigError on any fault."""
     registry = builtin_registry()
     if path is None:
         return registry
-    raw = _read(path)
+    raw = _read(path, read or _read_file)
     models = raw.get("models") if isinstance(raw, dict) else None
     if not isinstance(raw, dict) or not isinstance(models, dict) or set(raw) - {"models"}:
         raise ConfigError(f"{path}: expected one table 'models' of name -> model")
@@ -144,10 +149,14 @@ def load_registry(path: Path | None) -> ModelRegistry:
     return registry
 
 
-def _read(path: Path) -> object:
+def _read_file(path: Path, max_bytes: int) -> bytes:
+    with path.open("rb") as fh:
+        return fh.read(max_bytes + 1)
+
+
+def _read(path: Path, read: Reader) -> object:
     try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+        data = read(path, MAX_FILE_BYTES)
     except OSError as exc:
         raise ConfigError(f"model registry {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:

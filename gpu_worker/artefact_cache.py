@@ -16,6 +16,11 @@ The race is tolerated rather than locked for the files written here (both build,
 last rename wins, the contents are the same); :func:`build_lock` serialises builds that
 ONNX Runtime writes itself (TensorRT engines), best effort, with a timeout, because
 locks on network file systems are not always honoured.
+
+Nothing here checks who wrote an entry: a directory any other machine can write (a
+network volume shared by pods) is reached only through :mod:`gpu_worker.volume`, which
+copies an entry to a pod-local cache only when the volume's signed manifest lists its
+bytes, and has the worker build its own copy otherwise.
 """
 
 from __future__ import annotations
@@ -82,6 +87,22 @@ def write_atomic(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def copy_atomic(src: Path, dst: Path) -> None:
+    """``src``'s bytes at ``dst``, all or nothing (streamed: engines can be large)."""
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out, src.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dst)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -167,6 +188,7 @@ __all__ = [
     "ArtefactCache",
     "artefact_key",
     "build_lock",
+    "copy_atomic",
     "cpu_fingerprint",
     "file_sha256",
     "write_atomic",

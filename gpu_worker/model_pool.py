@@ -14,7 +14,8 @@ detector, so the event loop never waits for it; that first batch takes the
 load time (a TensorRT engine build on a first start can take longer than
 ``inference_stall_s``: raise that setting, or cache engines on a volume).
 A model that fails to load fails its frames (``inference_error``, with the
-reason) and is retried only after its streams are gone.
+reason) and is retried only after its streams are gone. A model file on the shared
+volume loads only as its signed bytes (:mod:`gpu_worker.volume`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from gpu_worker.detectors import (
     Detector,
     DetectorSettings,
     OnnxDetectorSettings,
-    load_detector,
     settings_for_model,
 )
+from gpu_worker.volume import SharedVolume
 
 log = logging.getLogger(__name__)
 Loader = Callable[[ModelEntry], Detector]
@@ -229,9 +230,11 @@ def _never(entry: ModelEntry) -> Detector:
     raise ModelError(f"model {entry.name} is the worker's own and is never reloaded")
 
 
-def detector_loader(settings: DetectorSettings) -> Loader:
+def detector_loader(settings: DetectorSettings, volume: SharedVolume | None = None) -> Loader:
     """Loads a registry entry with the worker's detector settings (threads, providers,
-    caches) and the entry's file, format and classes, then prepares it."""
+    caches) and the entry's file, format and classes, then prepares it; through
+    ``volume`` (files on it only as signed) when given."""
+    gate = volume or SharedVolume(None, None)
 
     def load(entry: ModelEntry) -> Detector:
         if isinstance(settings, OnnxDetectorSettings) and entry.file.suffix == ".onnx":
@@ -239,7 +242,7 @@ def detector_loader(settings: DetectorSettings) -> Loader:
             chosen: DetectorSettings = settings.model_copy(update=own)
         else:
             chosen = settings_for_model(entry.file)
-        detector = load_detector(chosen)
+        detector = gate.load_detector(chosen)
         prepare = getattr(detector, "prepare", None)
         if callable(prepare):
             prepare()

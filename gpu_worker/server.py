@@ -53,6 +53,7 @@ from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.model_pool import ModelPool, default_model, detector_loader
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import server_ssl_context, tunnel_guard
+from gpu_worker.volume import SharedVolume
 from gpu_worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -120,15 +121,16 @@ class Worker:
         faults, window = settings.max_tunnel_faults or 1, settings.auth_window_s
         self.faults_by_peer = FailureLimiter(faults, window)
         """Tunnels closed for misbehaving, per address: past the limit, new ones get 429."""
-        self.detector = detector or load_detector(settings.detector)
+        volume = SharedVolume.from_settings(settings)  # its files only as signed
+        self.detector = detector or volume.load_detector(settings.detector, load_detector)
         self._report_detector()
-        registry = load_registry(settings.model_registry)
+        registry = load_registry(settings.model_registry, volume.read_bytes)
         for missing in check_files(registry):  # on another pod's volume, perhaps: say so
             log.warning("%s (a stream naming it will fail)", missing)
         self.models = ModelPool(
             registry,
             default_model(settings.default_model, self.detector, registry),
-            detector_loader(settings.detector),
+            detector_loader(settings.detector, volume),
             budget_mb=settings.vram_budget_mb,
         )
         """The models streams may name; the detector above is the pinned default."""

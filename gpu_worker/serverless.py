@@ -62,6 +62,7 @@ from gpu_worker.detectors import Detector, ModelInput, load_detector
 from gpu_worker.images import decode_jpeg_bgr
 from gpu_worker.model_pool import ModelPool, ServedModel, default_model, detector_loader
 from gpu_worker.settings import WorkerSettings
+from gpu_worker.volume import SharedVolume
 
 log = logging.getLogger(__name__)
 MAX_RUN_BYTES = 10 * 1024 * 1024
@@ -211,12 +212,13 @@ def build_handler(settings: WorkerSettings, detector: Detector | None = None) ->
     asks to load models outside the handler, before the first job)."""
     from gpu_worker.server import batch_limit
 
-    detector = detector or load_detector(settings.detector)
-    registry = load_registry(settings.model_registry)
+    volume = SharedVolume.from_settings(settings)  # its files only as signed
+    detector = detector or volume.load_detector(settings.detector, load_detector)
+    registry = load_registry(settings.model_registry, volume.read_bytes)
     pool = ModelPool(
         registry,
         default_model(settings.default_model, detector, registry),
-        detector_loader(settings.detector),
+        detector_loader(settings.detector, volume),
         budget_mb=settings.vram_budget_mb,
     )
     return ServerlessHandler(

@@ -74,6 +74,23 @@ class WorkerSettings(ServiceSettings):
         pattern=MODEL_NAME,
         description="The name the detector above is served under (streams naming no model).",
     )
+    volume_dir: Path | None = Field(
+        None,
+        description="The shared (network) volume's mount (the orchestrator sets it for a "
+        "tier's volume): a model file, model registry, built artefact or TensorRT engine "
+        "under it is used only when the volume's signed manifest "
+        "(<volume_dir>/framerelay/manifest.jwt, 'framerelay volume sign') lists its size "
+        "and sha256, verified with the worker's public key set; a .pt (a pickle) or an "
+        "Ultralytics model is never loaded from it; this worker's own builds go to a "
+        "pod-local cache and are written back unsigned. None: no shared volume, every "
+        "path is the worker's own.",
+    )
+    volume_local_dir: Path | None = Field(
+        None,
+        description="Pod-local folder for verified copies of volume files and this "
+        "worker's own builds (never on the volume); None: a private temporary folder, "
+        "removed when the worker exits.",
+    )
     vram_budget_mb: float = Field(
         0.0,
         ge=0,
@@ -188,6 +205,20 @@ class WorkerSettings(ServiceSettings):
             raise ConfigError("set both FRAMERELAY_WORKER_TLS_CERT_PEM and ..._TLS_KEY_PEM")
         if self.tls_cert_pem is not None and self.tls_cert is not None:
             raise ConfigError("set FRAMERELAY_WORKER_TLS_CERT (a file) or ..._TLS_CERT_PEM")
+        return self
+
+    @model_validator(mode="after")
+    def _local_dir_off_the_volume(self) -> WorkerSettings:
+        local, volume = self.volume_local_dir, self.volume_dir
+        if (
+            local is not None
+            and volume is not None
+            and local.resolve().is_relative_to(volume.resolve())
+        ):
+            raise ConfigError(
+                "FRAMERELAY_WORKER_VOLUME_LOCAL_DIR is on the shared volume "
+                "(FRAMERELAY_WORKER_VOLUME_DIR): give a pod-local folder, or leave it unset"
+            )
         return self
 
 

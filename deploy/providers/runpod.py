@@ -22,7 +22,9 @@ and ``volumeMountPath``; a network volume lives in one data centre and a pod tha
 mounts it runs there, so the create asks for that data centre only (``dataCenterIds``).
 The pod's workers get their artefact cache on it
 (``FRAMERELAY_WORKER_DETECTOR__CACHE_DIR=<mount>/framerelay/cache``, unless the pod's
-env says otherwise): the first pod of a GPU type builds the engines, the next read them.
+env says otherwise) and ``FRAMERELAY_WORKER_VOLUME_DIR=<mount>`` (any volume): they take
+a file from it only as the volume's signed manifest lists it, so the first pod of a GPU
+type builds the engines, and the next read them once an operator has signed them.
 
 The pod's env carries what :mod:`deploy.pod_trust` gives it: the public key
 set, and with ``tls`` (the default) its own certificate and key
@@ -41,7 +43,7 @@ import httpx
 
 from deploy.models import Endpoint, PodInfo, PodSpec, PodStatus, tls_server_name
 from deploy.providers.base import GpuPrice, NoCapacityError, ProviderError
-from deploy.settings import RunPodSettings
+from deploy.settings import VOLUME_ENV, RunPodSettings
 from framerelay.backoff import Backoff
 from framerelay.errors import ConfigError
 
@@ -173,7 +175,8 @@ class RunPodProvider:
         if tier is not None and tier.runpod_id:
             return tier.runpod_id, tier.mount_path, tier.worker_env(tier.mount_path)
         volume = spec.network_volume_id or self.settings.network_volume_id
-        return volume, self.settings.volume_mount_path, {}
+        mount = self.settings.volume_mount_path
+        return volume, mount, {VOLUME_ENV: mount} if volume else {}
 
     def _body(self, spec: PodSpec, gpu: str, cloud: str, dc: str | None) -> dict[str, Any]:
         volume, mount, volume_env = self._volume(spec)

@@ -13,7 +13,8 @@ import importlib.util
 
 COMMAND_MODULES: tuple[str, ...] = (
     "demo", "worker", "ingest", "model", "record", "clip",
-    "orchestrator", "pods", "streams", "jobs", "fleet", "keys", "token", "ca", "eval_tracker",
+    "orchestrator", "pods", "streams", "jobs", "fleet", "keys", "token", "ca", "volume",
+    "eval_tracker",
 )  # fmt: skip
 
 

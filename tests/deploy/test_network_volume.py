@@ -3,8 +3,10 @@
 RunPod: ``networkVolumeId`` + ``volumeMountPath`` in the create body, only in the
 volume's data centre (the contract server refuses another, as RunPod would).
 Kubernetes: a PersistentVolumeClaim volume and its mount. Local: a shared directory.
-Each pod's workers get their artefact cache on the volume. The local provider's
-pod-create -> ready is measured for a first pod (it builds) and a second (cache hit)."""
+Each pod's workers get their artefact cache on the volume, and the volume's mount
+(``FRAMERELAY_WORKER_VOLUME_DIR``: they take from it only what its signed manifest lists,
+issue 28). The local provider's pod-create -> ready is measured for a first pod (it
+builds) and a second (cache hit, once the operator has signed the first one's build)."""
 
 from __future__ import annotations
 
@@ -30,16 +32,25 @@ from deploy.settings import (
     TierConfig,
     TierVolume,
 )
+from framerelay.auth.manifest import MANIFEST_PATH, digest_tree, sign_manifest
 from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
+from tests.support.auth import hs_keys
 
 KEY = "rpa_" + "V0lumeK3y" * 3
 CACHE_ENV = "FRAMERELAY_WORKER_DETECTOR__CACHE_DIR"
+VOLUME_ENV = "FRAMERELAY_WORKER_VOLUME_DIR"
 
 
 def _settings(provider: str, volume: TierVolume, **extra: Any) -> OrchestratorSettings:
     tier = TierConfig(name="vol", volume=volume, **extra)
     return OrchestratorSettings(provider=provider, tiers=[tier])
+
+
+def _sign(volume: Path, secret: str) -> None:
+    """The operator signs the volume (``framerelay volume sign``; HS256 on one host)."""
+    (volume / MANIFEST_PATH).parent.mkdir(parents=True, exist_ok=True)
+    (volume / MANIFEST_PATH).write_text(sign_manifest(digest_tree(volume), hs_keys(secret)))
 
 
 def _spec(name: str = "fr-vol-0-g0") -> PodSpec:
@@ -67,6 +78,7 @@ def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
     assert (pod["networkVolumeId"], pod["volumeMountPath"]) == (volume["id"], "/runpod-volume")
     assert pod["dataCenterId"] == "EU-SE-1"
     assert pod["env"][CACHE_ENV] == "/runpod-volume/framerelay/cache"
+    assert pod["env"][VOLUME_ENV] == "/runpod-volume"
 
 
 def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
@@ -140,6 +152,7 @@ def test_kubernetes_pod_mounts_the_tier_claim() -> None:
     container = pod["containers"][0]
     assert {"name": "models", "mountPath": "/models"} in container["volumeMounts"]
     assert {"name": CACHE_ENV, "value": "/models/framerelay/cache"} in container["env"]
+    assert {"name": VOLUME_ENV, "value": "/models"} in container["env"]
     plain = render_worker(PodSpec(name="fr-a-0-g0", tier="a", gpu_types=("x",), spot=False),
                           settings)[0]  # fmt: skip
     assert "persistentVolumeClaim" not in str(plain)
@@ -154,9 +167,11 @@ def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
     settings.set_volumes({"vol": TierVolume(local_dir=volume)})
     provider = LocalProvider(settings)
 
+    secret_text = "network-volume-test-secret-0123456789"
+
     async def create_until_ready(name: str) -> float:
         started = time.perf_counter()
-        secret = {"FRAMERELAY_TOKEN_SECRETS": SecretStr("network-volume-test-secret-0123")}
+        secret = {"FRAMERELAY_TOKEN_SECRETS": SecretStr(secret_text)}
         spec = PodSpec(name=name, tier="vol", gpu_types=("x",), spot=False, secret_env=secret)
         await provider.create(spec)
         deadline = started + 120 * TIMEOUT_FACTOR
@@ -172,6 +187,7 @@ def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
         try:
             first = await create_until_ready("fr-vol-0-g0")
             await provider.terminate("fr-vol-0-g0")
+            _sign(volume, secret_text)  # the operator vouches for the first pod's build
             second = await create_until_ready("fr-vol-1-g0")
         finally:
             await provider.aclose()
@@ -196,11 +212,13 @@ def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
     state = ContractState(KEY)
     volume = state.add_volume(CreateNetworkVolume(name="models", size=10, dataCenterId="EU-RO-1"))
     logs: list[Path] = []
+    secret = "contract-volume-test-secret-0123"
 
     def launch(pod: dict[str, Any]) -> tuple[str, int, Any]:
-        env = {k: v.replace(mount, str(disk), 1) if k == CACHE_ENV else v
+        env = {k: v.replace(mount, str(disk), 1) if k.endswith("_DIR") else v
                for k, v in pod["env"].items()}  # fmt: skip
-        env["FRAMERELAY_TOKEN_SECRETS"] = "contract-volume-test-secret-0123"
+        assert env[VOLUME_ENV] == str(disk)
+        env["FRAMERELAY_TOKEN_SECRETS"] = secret
         worker = LocalWorker(worker_id=pod["name"], env=env,
                              args=["--model", str(MODEL), "--threads", "1"])  # fmt: skip
         logs.append(worker.log_path)
@@ -229,6 +247,7 @@ def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
         provider = RunPodProvider(settings)
         try:
             first = await create_until_ready(provider, "fr-vol-0-g0")
+            _sign(disk, secret)  # the operator vouches for the first pod's build
             return first, await create_until_ready(provider, "fr-vol-1-g0")
         finally:
             await provider.aclose()

@@ -2,11 +2,14 @@
 not rebuild.
 
 Real ``framerelay worker`` processes share a temporary directory as their "network
-volume": the model file is read from it, and the artefact cache lives on it. On this
-machine (CPU provider) the built artefact is ONNX Runtime's optimised model (the
-prepared graph on GPU providers, with TensorRT's engines beside it). The first worker
-builds and stores it; the second finds it (its log says so, ``/info`` says ``hit``, the
-files are not rewritten) and its start-to-ready time is printed beside the first's.
+volume" (``FRAMERELAY_WORKER_VOLUME_DIR``): the model file is read from it, and the
+artefact cache lives on it. On this machine (CPU provider) the built artefact is ONNX
+Runtime's optimised model (the prepared graph on GPU providers, with TensorRT's engines
+beside it). The volume is signed (issue 28: a worker takes from it only what its signed
+manifest lists); the first worker builds and writes its build there, the operator signs
+again, and the second finds it (its log says so, ``/info`` says ``hit``, the files are
+not rewritten); its start-to-ready time is printed beside the first's. What happens to
+a volume a stolen pod wrote is tests/security/test_shared_volume.py's.
 """
 
 from __future__ import annotations
@@ -22,18 +25,26 @@ import httpx
 import numpy as np
 import pytest
 
+from framerelay.auth.manifest import MANIFEST_PATH, digest_tree, sign_manifest
 from framerelay.geometry import Letterbox
 from framerelay.launcher import LocalWorker
 from gpu_worker.artefact_cache import ArtefactCache, artefact_key, build_lock, write_atomic
 from gpu_worker.detectors import ModelInput, OnnxDetectorSettings, load_detector
 from tests.conftest import MODEL, TIMEOUT_FACTOR
-from tests.support.auth import mint
+from tests.support.auth import hs_keys, mint
 
 SECRET = "engine-cache-test-secret-0123456789"
 
 
+def _sign(volume: Path) -> None:
+    """The operator signs the volume (``framerelay volume sign``; HS256 on one host)."""
+    (volume / MANIFEST_PATH).parent.mkdir(parents=True, exist_ok=True)
+    (volume / MANIFEST_PATH).write_text(sign_manifest(digest_tree(volume), hs_keys(SECRET)))
+
+
 def _start(volume: Path, name: str) -> tuple[LocalWorker, float]:
     env = {"FRAMERELAY_WORKER_DETECTOR__CACHE_DIR": str(volume / "cache")}
+    env["FRAMERELAY_WORKER_VOLUME_DIR"] = str(volume)
     args = ["--model", str(volume / "models" / MODEL.name), "--threads", "1"]
     worker = LocalWorker(SECRET, worker_id=name, args=args, env=env)
     started = time.perf_counter()
@@ -67,12 +78,14 @@ def test_second_worker_on_the_volume_starts_from_the_cache(tmp_path: Path) -> No
     volume = tmp_path / "volume"
     (volume / "models").mkdir(parents=True)
     shutil.copy(MODEL, volume / "models" / MODEL.name)  # the model, from the volume
+    _sign(volume)
     first, first_s = _start(volume, "first")
     try:
         first_info = _info(first)
         built = _entries(volume)
     finally:
         first.stop()
+    _sign(volume)  # the operator vouches for the first worker's build
     second, second_s = _start(volume, "second")
     try:
         second_info = _info(second)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.conftest import FILE_ROOTS_ENV, ROOT, TIMEOUT_FACTOR
 from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
 from tests.support.media import Media
@@ -70,6 +70,7 @@ class IngestProcess:
 def env(request: pytest.FixtureRequest, tmp_path: Path, secret: str) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
     env["FRAMERELAY_TOKEN_SECRETS"] = secret
+    env[FILE_ROOTS_ENV] = os.environ[FILE_ROOTS_ENV]  # the test clips, added over the API
     if request.param == "file":
         env["FRAMERELAY_INGEST_STORE_PATH"] = str(tmp_path / "streams.json")
         yield env
