@@ -32,16 +32,19 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from framerelay.auth import KeySet
 from framerelay.auth.config import load_keys
 from framerelay.auth.manifest import (
     MANIFEST_PATH,
+    MAX_MANIFEST_BYTES,
     PICKLE_SUFFIXES,
     FileDigest,
     Manifest,
@@ -156,11 +159,13 @@ class SharedVolume:
         if self._keys is None:
             return f"no key set to verify {path} (give the worker {KEYS_ENV})"
         try:
-            with path.open("rb") as fh:
-                text = fh.read(16 * 1024 * 1024 + 1).decode("utf-8", errors="replace")
+            with _open_regular(path) as fh:
+                text = fh.read(MAX_MANIFEST_BYTES + 1).decode("utf-8", errors="replace")
             return verify_manifest(text, self._keys)
         except OSError as exc:
             return f"cannot read {path} ({exc.strerror})"
+        except _Refused as exc:
+            return f"{path}: {exc}"
         except ManifestError as exc:
             return f"{path}: {exc}"
 
@@ -191,7 +196,7 @@ class SharedVolume:
                 return fh.read(max_bytes + 1)
         try:
             expected = self._expected(rel)
-            with path.open("rb") as fh:
+            with _open_regular(path) as fh:
                 data = fh.read(min(expected.size, max_bytes) + 1)
             _match(path.name, FileDigest(hashlib.sha256(data).hexdigest(), len(data)), expected)
         except OSError as exc:
@@ -309,6 +314,9 @@ class SharedVolume:
         names = sorted(_files_in(source), key=lambda n: n == META)
         if not names:
             return
+        if self.rel(target.resolve()) is None:  # a link another pod made: not followed
+            log.warning("not writing this worker's build to %s: it leads off the volume", target)
+            return
         try:
             target.mkdir(parents=True, exist_ok=True)
             for name in names:
@@ -343,6 +351,21 @@ def _files_in(folder: Path) -> list[str]:
     return []
 
 
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file; :class:`_Refused` for a
+    FIFO, a device or a folder (which another pod can put there to hang or feed a
+    reader), checked on the opened file itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Refused(f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _match(name: str, got: FileDigest, expected: FileDigest) -> None:
     if got != expected:
         raise _Changed(
@@ -359,7 +382,7 @@ def _copy_verified(src: Path, dst: Path, expected: FileDigest) -> None:
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     digest, size = hashlib.sha256(), 0
     try:
-        with os.fdopen(fd, "wb") as out, src.open("rb") as fh:
+        with os.fdopen(fd, "wb") as out, _open_regular(src) as fh:
             while size <= expected.size:
                 chunk = fh.read(min(_CHUNK, expected.size + 1 - size))
                 if not chunk:

@@ -42,6 +42,7 @@ from framerelay.errors import ConfigError, ModelError
 from framerelay.launcher import LocalWorker
 from framerelay.model_registry import load_registry
 from gpu_worker.detectors import OnnxDetectorSettings
+from gpu_worker.detectors.base import acceleration_of
 from gpu_worker.model_pool import ServedModel, detector_loader
 from gpu_worker.volume import SharedVolume
 from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
@@ -288,3 +289,33 @@ def test_the_guide_commands_sign_and_verify_a_volume(tmp_path: Path) -> None:
     assert set(gate.manifest().files) == set(digest_tree(volume))
     (volume / MANIFEST_PATH).write_text((tmp_path / "manifest.jwt").read_text())
     assert set(gate.manifest().files) == set(digest_tree(volume))  # from the digest list
+
+
+def test_a_fifo_in_place_of_a_signed_file_is_refused_without_hanging(tmp_path: Path) -> None:
+    """A reader opening a FIFO the stolen pod put there would wait for ever."""
+    volume = _volume(tmp_path)
+    _sign(volume)
+    model = volume / "models" / MODEL.name
+    model.unlink()
+    os.mkfifo(model)
+    gate = SharedVolume(volume, KEYS.public(), local_dir=tmp_path / "pod")
+    with pytest.raises(ModelError, match="is not a regular file"):
+        gate.model_file(model)
+    (volume / MANIFEST_PATH).unlink()
+    os.mkfifo(volume / MANIFEST_PATH)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        gate.read_bytes(volume / "models" / "models.toml", 1024)
+
+
+def test_a_build_is_never_written_through_a_link_off_the_volume(tmp_path: Path) -> None:
+    volume, outside = _volume(tmp_path), tmp_path / "pod-b-home"
+    _sign(volume)
+    outside.mkdir()
+    (volume / "framerelay" / "cache").mkdir(parents=True)
+    (volume / "framerelay" / "cache" / "models").symlink_to(outside)  # the stolen pod
+    gate = SharedVolume(volume, KEYS.public(), local_dir=tmp_path / "pod")
+    cache = volume / "framerelay" / "cache"
+    model = volume / "models" / MODEL.name
+    detector = gate.load_detector(OnnxDetectorSettings(model=model, cache_dir=cache, threads=1))
+    assert acceleration_of(detector).artefact_cache == "built"
+    assert list(outside.iterdir()) == []
