@@ -28,6 +28,7 @@ from pydantic_settings import SettingsConfigDict
 from deploy.job_inputs import JobsSettings
 from deploy.models import MAX_GPUS, check_name_part
 from framerelay import __version__
+from framerelay.listeners import ListenerSettings
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings, redis_url_problem
 from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES
 
@@ -285,6 +286,11 @@ class OrchestratorSettings(ServiceSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8090, ge=0, le=65535)
+    listener: ListenerSettings = Field(
+        default_factory=ListenerSettings,
+        description="The API listener's limits before authentication: connections, header "
+        "and keep-alive timeouts, trusted proxies (framerelay.listeners).",
+    )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Redis holding the fleet state (checked at start)."
     )

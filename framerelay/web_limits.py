@@ -4,7 +4,11 @@
 
 * A request whose ``Content-Length`` is over the limit is answered 413 at once,
   before any route (so before its token is checked) and without reading a byte
-  of its body; the server discards the body as it arrives.
+  of its body; the server discards the body as it arrives. When the connection
+  must close after the answer (``Connection: close``, HTTP/1.0), closing it
+  with the body still arriving would reset it and the client would lose the
+  413: the listener (:mod:`framerelay.listeners`) then shuts its write side and
+  reads and discards the rest for a bounded time before it closes.
 * A body without a length (``Transfer-Encoding: chunked``) is counted as the
   application reads it: the read that passes the limit raises
   :class:`BodyTooLarge` inside the application, whose answer is replaced by the

@@ -3,9 +3,16 @@
 ``/v1/tunnel`` is the WebSocket tunnel; the token (``Authorization: Bearer``,
 audience ``framerelay-worker``) is checked before the upgrade completes: 401
 when missing, malformed, badly signed, expired or for another service, 403
-when it does not grant ``worker:<worker_id>``, 429 once the address failed too
-often. ``/healthz`` answers while the process is alive, ``/readyz`` only after
-a warm-up inference succeeded and while the inference loop runs (both open):
+when it does not grant ``worker:<worker_id>``, 429 to a bad token from an
+address that failed too often (a valid token is never refused for what others
+sent from its address), and 429 to a valid token whose subject had too many
+tunnels closed for misbehaving from that address (``max_tunnel_faults``).
+Connections are capped in all and per address (503), and one that has not
+finished its request head within ``header_timeout_s`` is closed
+(:mod:`framerelay.listeners`).
+
+``/healthz`` answers while the process is alive, ``/readyz`` only after a
+warm-up inference succeeded and while the inference loop runs (both open):
 the watchdog (:mod:`gpu_worker.watchdog`) turns it 503 with the reason when the
 loop ended or a batch runs longer than ``inference_stall_s``, and then closes
 every tunnel (1011) and refuses new ones (503) until inference moves again;
@@ -24,6 +31,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -36,10 +44,11 @@ from websockets.typing import Subprotocol
 
 from framerelay import wire
 from framerelay.auth.guard import FailureLimiter, Throttled, status_of
+from framerelay.auth.tokens import Claims
 from framerelay.errors import AuthError
 from framerelay.geometry import Letterbox
+from framerelay.listeners import ConnectionLimiter, ListenerSettings, websockets_connection
 from framerelay.model_registry import check_files, load_registry
-from framerelay.outbox import CoalescingServerConnection
 from framerelay.protocol import NoCommonVersion
 from framerelay.protocol import negotiation as versions
 from gpu_worker.batcher import Batcher
@@ -111,6 +120,22 @@ def _peer(conn: ServerConnection) -> str:
     return str(conn.remote_address[0]) if conn.remote_address else "unknown"
 
 
+def _fault_key(peer: str, claims: Claims) -> str:
+    """Misbehaving tunnels are counted per address and verified token subject: a client
+    sharing the ingest's address (NAT, same host) cannot get the ingest's tunnels refused."""
+    return f"{peer} {claims.sub}"
+
+
+def listener_limits(settings: WorkerSettings) -> ConnectionLimiter:
+    """The tunnel port's connection caps (framerelay.listeners)."""
+    limits = ListenerSettings(
+        max_connections=settings.max_connections,
+        max_connections_per_peer=settings.max_connections_per_peer,
+        header_timeout_s=settings.header_timeout_s,
+    )
+    return ConnectionLimiter(limits, "FRAMERELAY_WORKER")
+
+
 class Worker:
     """Owns the detector, the batcher and the server; ``run()`` until stopped."""
 
@@ -120,7 +145,13 @@ class Worker:
         self.guard = tunnel_guard(settings, self.metrics)
         faults, window = settings.max_tunnel_faults or 1, settings.auth_window_s
         self.faults_by_peer = FailureLimiter(faults, window)
-        """Tunnels closed for misbehaving, per address: past the limit, new ones get 429."""
+        """Tunnels closed for misbehaving, per address and token subject (:func:`_fault_key`):
+        past the limit, new ones get 429."""
+        self._fault_keys: weakref.WeakKeyDictionary[ServerConnection, str] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each authenticated tunnel's fault key, from its upgrade request to its handler."""
+        self.limiter = listener_limits(settings)
         volume = SharedVolume.from_settings(settings)  # its files only as signed
         self.detector = detector or volume.load_detector(settings.detector, load_detector)
         self._report_detector()
@@ -253,11 +284,7 @@ class Worker:
             return conn.respond(
                 HTTPStatus.NOT_FOUND, f"unknown path; the tunnel is {TUNNEL_PATH}\n"
             )
-        return (
-            self._misbehaving(conn)
-            or self._refusal(conn, request, self._scope)
-            or self._unready(conn)
-        )
+        return self._tunnel_gate(conn, request)
 
     def _info(self, conn: ServerConnection) -> Response:
         """JSON for the orchestrator: identity and capacity from the warm-up benchmark."""
@@ -279,11 +306,27 @@ class Worker:
         }
         return _ok(conn, json.dumps(info).encode(), "application/json")
 
+    def _tunnel_gate(self, conn: ServerConnection, request: Request) -> Response | None:
+        """The token first, then whether its subject misbehaved from here, then readiness."""
+        claims = self._authorize(conn, request, self._scope)
+        if isinstance(claims, Response):
+            return claims
+        key = _fault_key(_peer(conn), claims)
+        refused = self._misbehaving(conn, key) or self._unready(conn)
+        if refused is None:
+            self._fault_keys[conn] = key
+        return refused
+
     def _refusal(self, conn: ServerConnection, request: Request, scope: str) -> Response | None:
         """None when the bearer token grants ``scope``; else the 401/403/429 answer."""
+        claims = self._authorize(conn, request, scope)
+        return claims if isinstance(claims, Response) else None
+
+    def _authorize(self, conn: ServerConnection, request: Request, scope: str) -> Claims | Response:
+        """The claims of a bearer token granting ``scope``; else the 401/403/429 answer."""
         peer = _peer(conn)
         try:
-            self.guard.check(request.headers.get("Authorization"), scope, str(peer))
+            return self.guard.check(request.headers.get("Authorization"), scope, peer)
         except AuthError as exc:
             log.warning("refused %s from %s: %s", request.path.split("?", 1)[0], peer, exc)
             resp = conn.respond(HTTPStatus(status_of(exc)), f"{exc}\n")
@@ -291,20 +334,20 @@ class Worker:
             if isinstance(exc, Throttled):
                 resp.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
             return resp
-        return None
 
-    def _misbehaving(self, conn: ServerConnection) -> Response | None:
-        """429 for an address whose tunnels were closed too often for misbehaving."""
+    def _misbehaving(self, conn: ServerConnection, key: str) -> Response | None:
+        """429 when tunnels of this token subject from this address were closed too often
+        for misbehaving."""
         if not self.settings.max_tunnel_faults:
             return None
-        retry = self.faults_by_peer.retry_after(_peer(conn))
+        retry = self.faults_by_peer.retry_after(key)
         if retry is None:
             return None
         self.metrics.auth_failures.labels("misbehaving").inc()
         resp = conn.respond(
             HTTPStatus.TOO_MANY_REQUESTS,
-            f"too many tunnels from this address were closed for protocol errors or bad "
-            f"frames; retry in {retry:.0f} s\n",
+            f"too many tunnels of this token's subject from this address were closed for "
+            f"protocol errors or bad frames; retry in {retry:.0f} s\n",
         )
         resp.headers["Retry-After"] = str(max(1, round(retry)))
         return resp
@@ -333,6 +376,7 @@ class Worker:
         if isinstance(getattr(ws.transport, "max_size", None), int):  # asyncio's selector
             ws.transport.max_size = READ_CHUNK  # type: ignore[attr-defined]
         peer = _peer(ws)
+        key = self._fault_keys.pop(ws, peer)
         try:
             version = versions.select(_offered(ws))
         except NoCommonVersion as exc:  # accepted without a subprotocol: say why, close
@@ -342,7 +386,7 @@ class Worker:
             return
         conn = TunnelConnection(
             ws, self.settings, self.batcher, self.metrics, self.decode_pool, self.hello,
-            version=version, on_fault=lambda: self.faults_by_peer.failed(peer),
+            version=version, on_fault=lambda: self.faults_by_peer.failed(key),
             models=self.models,
         )  # fmt: skip
         self.connections.add(conn)
@@ -377,7 +421,8 @@ class Worker:
             compression=None,
             max_size=wire.Limits(max_payload=self.settings.max_message_bytes).max_message,
             max_queue=32,
-            create_connection=CoalescingServerConnection,
+            create_connection=websockets_connection(self.limiter),
+            open_timeout=self.settings.header_timeout_s,
             ping_interval=20,
             ping_timeout=20,
         )

@@ -43,6 +43,23 @@ class WorkerSettings(ServiceSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a pod).")
     port: int = Field(8443, ge=0, le=65535, description="0 picks a free port.")
+    max_connections: int = Field(
+        1000, ge=1, le=1_000_000, description="Open connections at most; one more gets 503."
+    )
+    max_connections_per_peer: int = Field(
+        50,
+        ge=0,
+        le=1_000_000,
+        description="Open connections from one address at most (one more gets 503); 0 = no "
+        "per-address cap.",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="The TLS handshake and the request head (HTTP or tunnel upgrade) must be "
+        "done this long after a connection opened; else it is closed.",
+    )
     worker_id: str = Field(default_factory=socket.gethostname, max_length=128)
     token_secrets: SecretStr | None = Field(
         None,

@@ -2,7 +2,9 @@
 
 Plain HTTP/WS by default (on 127.0.0.1); with ``api_tls_cert`` and
 ``api_tls_key`` it serves HTTPS/WSS only, and with ``api_tls_client_ca`` too
-every client must present a certificate signed by that CA (mTLS).
+every client must present a certificate signed by that CA (mTLS). Every
+connection passes :mod:`framerelay.listeners` first (connection caps, header
+and keep-alive timeouts, trusted proxies: ``FRAMERELAY_INGEST_LISTENER__*``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from typing import Any
 import uvicorn
 
 from framerelay.errors import ConfigError
+from framerelay.listeners import ConnectionLimiter, uvicorn_options
 from ingest.settings import IngestSettings, ResultsSettings
+
+LISTENER_ENV = "FRAMERELAY_INGEST_LISTENER"
 
 
 def _readable(label: str, path: Path | None) -> str | None:
@@ -42,6 +47,7 @@ def tls_options(settings: IngestSettings) -> dict[str, Any]:
 def api_server(app: Any, settings: IngestSettings) -> tuple[uvicorn.Server, socket.socket]:
     """A uvicorn server for the ingest API and its listening socket (see :func:`listen_socket`)."""
     results = settings.results
+    limiter = ConnectionLimiter(settings.listener, LISTENER_ENV)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -53,6 +59,7 @@ def api_server(app: Any, settings: IngestSettings) -> tuple[uvicorn.Server, sock
         ws_ping_timeout=results.ping_timeout_s,
         ws_max_size=65_536,
         ws_per_message_deflate=False,
+        **uvicorn_options(limiter),
         **tls_options(settings),
     )
     try:

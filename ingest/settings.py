@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from framerelay.jobs import JobTask
+from framerelay.listeners import ListenerSettings
 from framerelay.model_registry import MODEL_NAME
 from framerelay.redact import redact_options, redact_url, url_has_userinfo
 from framerelay.settings import ServiceSettings, redis_url_problem
@@ -406,6 +407,11 @@ class IngestSettings(ServiceSettings):
     )
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
+    listener: ListenerSettings = Field(
+        default_factory=ListenerSettings,
+        description="The API listener's limits before authentication: connections, header "
+        "and keep-alive timeouts, trusted proxies (framerelay.listeners).",
+    )
     out: Path | None = Field(None, description="Also append results to this JSON Lines file.")
     results: ResultsSettings = Field(
         default_factory=ResultsSettings, description="Results delivery (hub and Redis)."

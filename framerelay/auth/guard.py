@@ -1,8 +1,13 @@
 """One gate for every authenticated endpoint: verify, scope, count, throttle.
 
-Failed authentications (401) are counted per peer address; a peer with
-``max_failures`` of them within ``window_s`` is refused with 429 until its
-window ends, before its token is even parsed. Every refusal is reported to
+Failed authentications (401) are counted per client address; once an address
+has ``max_failures`` of them within ``window_s``, its further failures are
+answered 429 (``Retry-After``: the window's end) instead of 401. The token is
+always checked first: a valid one is accepted whatever others failed from the
+same address (a proxy, a NAT, a hostile process on the same host), so only
+the failures are throttled, never an authenticated client. The address is the
+one the server trusts: the peer, or what a trusted proxy forwarded
+(:mod:`framerelay.listeners`). Every refusal is reported to
 ``on_refusal(reason)`` so each service counts them in its metrics
 (``missing``, ``malformed``, ``bad_signature``, ``unknown_key``, ``expired``,
 ``not_yet_valid``, ``wrong_audience``, ``scope``, ``throttled``). The table of
@@ -23,7 +28,7 @@ MAX_PEERS = 10_000
 
 
 class Throttled(AuthError):
-    """429: too many failed authentications from this address."""
+    """429: another failed authentication from an address that failed too often."""
 
     status = 429
     reason = "throttled"
@@ -40,7 +45,8 @@ class _Window:
 
 
 class FailureLimiter:
-    """Fixed-window count of failed authentications per peer address."""
+    """Fixed-window count of failures per key (a client address, or an address and a
+    verified token subject)."""
 
     def __init__(
         self,
@@ -95,15 +101,16 @@ class AuthGuard:
         self._on_refusal = on_refusal or (lambda reason: None)
 
     def check(self, authorization: str | None, scope: str | None, peer: str) -> Claims:
-        wait = self.limiter.retry_after(peer)
-        if wait is not None:
-            self._on_refusal(Throttled.reason)
-            raise Throttled(
-                f"too many failed authentications from {peer}; retry in {wait:.0f} s", wait
-            )
+        """The token's claims; 401 (429 once ``peer`` failed too often), or 403."""
         try:
             return self.verifier.verify(bearer_token(authorization), scope)
         except Unauthorized as exc:
+            wait = self.limiter.retry_after(peer)
+            if wait is not None:
+                self._on_refusal(Throttled.reason)
+                raise Throttled(
+                    f"too many failed authentications from {peer}; retry in {wait:.0f} s", wait
+                ) from None
             self.limiter.failed(peer)
             self._on_refusal(exc.reason)
             raise

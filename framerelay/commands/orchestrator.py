@@ -2,7 +2,8 @@
 
 With ``FRAMERELAY_ORCH_TLS_CERT`` / ``_KEY`` the API is served over HTTPS
 (mTLS with ``FRAMERELAY_ORCH_TLS_CLIENT_CA``); the pod CA is in
-``FRAMERELAY_ORCH_CA_DIR`` (``framerelay ca init|issue`` manage it).
+``FRAMERELAY_ORCH_CA_DIR`` (``framerelay ca init|issue`` manage it). Every
+connection passes :mod:`framerelay.listeners` first (``FRAMERELAY_ORCH_LISTENER__*``).
 """
 
 from __future__ import annotations
@@ -49,16 +50,19 @@ async def _serve(settings: object) -> int:
     from deploy.settings import OrchestratorSettings
     from deploy.tls import api_ssl_options
     from framerelay.lifecycle import install_signal_handlers
+    from framerelay.listeners import ConnectionLimiter, uvicorn_options
     from framerelay.startup import announce_ready, print_ready_json
 
     assert isinstance(settings, OrchestratorSettings)  # noqa: S101 - built above
     tls = api_ssl_options(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     orch = Orchestrator(settings)
     stop = asyncio.Event()
+    limits = uvicorn_options(ConnectionLimiter(settings.listener, "FRAMERELAY_ORCH_LISTENER"))
     config = uvicorn.Config(
         create_app(orch), host=settings.host, port=settings.port, log_level="warning",
         log_config=None,  # through the root handler: --log-format json covers uvicorn too
-        access_log=False, lifespan="off", timeout_graceful_shutdown=5, **tls,  # type: ignore[arg-type]
+        access_log=False, lifespan="off", timeout_graceful_shutdown=5, **limits,
+        **tls,  # type: ignore[arg-type]
     )  # fmt: skip
     server = uvicorn.Server(config)
     sock = _listen(settings.host, settings.port)

@@ -269,20 +269,21 @@ def test_422_never_echoes_submitted_values(tmp_path: Path, body: dict[str, Any])
 def test_failed_authentication_is_throttled_per_peer_and_counted(tmp_path: Path) -> None:
     keys = ed_keys()
 
-    async def main() -> tuple[list[int], httpx.Response, str, int]:
+    async def main() -> tuple[list[int], httpx.Response, int, str, int]:
         async with api(tmp_path, keys, auth_max_failures=3, auth_window_s=60) as (_orch, url):
             async with httpx.AsyncClient(base_url=url) as http:
                 codes = [(await http.get("/v1/pods")).status_code for _ in range(4)]
+                throttled = await http.get("/v1/pods")
                 good = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
-                throttled = await http.get("/v1/pods", headers=good)  # even a good token waits
+                served = (await http.get("/v1/pods", headers=good)).status_code  # never waits
                 metrics = (await http.get("/metrics")).text
                 health = (await http.get("/healthz")).status_code
-            return codes, throttled, metrics, health
+            return codes, throttled, served, metrics, health
 
-    codes, throttled, metrics, health = asyncio.run(main())
+    codes, throttled, served, metrics, health = asyncio.run(main())
     assert codes == [401, 401, 401, 429]
     assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
-    assert health == 200
+    assert served == 200 and health == 200
     assert 'framerelay_orch_auth_refused_total{reason="missing"} 3.0' in metrics
     assert 'framerelay_orch_auth_refused_total{reason="throttled"} 2.0' in metrics
 

@@ -312,19 +312,19 @@ def test_failed_authentications_are_throttled_per_peer(tmp_path: Path) -> None:
         ):
             bad = {"Authorization": "Bearer not-a-token"}
             answers = [await http.get("/v1/streams", headers=bad) for _ in range(4)]
-            answers.append(await http.get("/v1/streams", headers=ingest.auth()))  # good: 429 too
+            answers.append(await http.get("/v1/streams", headers=ingest.auth()))  # good: served
             answers.append(await http.get("/v1/streams", headers=ingest.auth("results:*")))
-            ws_status = await _try_ws(ingest, ingest.token())
+            ws_status = await _try_ws(ingest, None)
             assert (await http.get("/healthz")).status_code == 200  # open routes stay open
             return answers, ws_status, ingest
 
     answers, ws_status, ingest = asyncio.run(main())
-    assert [a.status_code for a in answers] == [401, 401, 401, 429, 429, 429]
+    assert [a.status_code for a in answers] == [401, 401, 401, 429, 200, 403]
     assert ws_status == 429
     throttled = answers[3]
     assert 1 <= int(throttled.headers["retry-after"]) <= 30
     assert "too many failed authentications" in throttled.json()["detail"]
-    assert ingest.refused("throttled") == 4 and ingest.refused("malformed") == 3
+    assert ingest.refused("throttled") == 2 and ingest.refused("malformed") == 3
 
 
 def test_metrics_can_require_a_token(tmp_path: Path) -> None:

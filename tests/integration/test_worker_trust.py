@@ -77,12 +77,15 @@ def test_info_needs_a_token_and_failures_are_counted_and_throttled() -> None:
                 text = (await http.get("/metrics", headers=metrics_tok)).text
                 assert 'framerelay_worker_auth_failures_total{reason="missing"} 1.0' in text
                 assert 'framerelay_worker_auth_failures_total{reason="scope"} 1.0' in text
+                junk = {"Authorization": "Bearer junk"}
                 for _ in range(3):
-                    await http.get("/info", headers={"Authorization": "Bearer junk"})
-                throttled = await http.get("/info", headers=good)
+                    await http.get("/info", headers=junk)
+                throttled = await http.get("/info", headers=junk)
                 assert throttled.status_code == 429 and "Retry-After" in throttled.headers
-                tunnel = await http.get("/v1/tunnel", headers=good)  # the same gate
+                tunnel = await http.get("/v1/tunnel", headers=junk)  # the same gate
                 assert tunnel.status_code == 429
+                # a valid token is never refused for the failures of others at its address
+                assert (await http.get("/info", headers=good)).status_code == 200
 
     asyncio.run(main())
 

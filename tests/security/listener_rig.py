@@ -1,0 +1,149 @@
+"""The ingest and orchestrator APIs as real processes, and the clients that test their
+listeners: slow-header clients from chosen loopback addresses (any 127.x.y.z is this
+host), timed requests, raw requests whose body is still being sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import TIMEOUT_FACTOR
+from tests.security.procs import Service, ready_line, redis_prefix, spawn, wait_healthy
+from tests.support.servers import free_port
+
+PARTIAL_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+"""A request head that never ends."""
+
+
+@dataclass
+class Api:
+    """A running service: its process, base URL and the secret its tokens are signed with."""
+
+    kind: str
+    service: Service
+    base: str
+    secret: str
+
+    @property
+    def port(self) -> int:
+        return int(self.base.rsplit(":", 1)[1])
+
+    @property
+    def prefix(self) -> str:
+        return "FRAMERELAY_INGEST_" if self.kind == "ingest" else "FRAMERELAY_ORCH_"
+
+
+@contextlib.contextmanager
+def api_process(kind: str, folder: Path, env: dict[str, str]) -> Iterator[Api]:
+    """``framerelay ingest`` or ``framerelay orchestrator`` (no worker, no streams) with
+    ``env`` on top of what it needs; stopped afterwards."""
+    secret = secrets.token_urlsafe(32)
+    base_env = {"FRAMERELAY_TOKEN_SECRETS": secret}
+    with redis_prefix(f"listen-{kind}") as prefix:
+        if kind == "ingest":
+            port = free_port()
+            args = [
+                "ingest",
+                "--api-port",
+                str(port),
+                "--worker-url",
+                f"ws://127.0.0.1:{free_port()}/v1/tunnel",
+            ]
+            base_env["FRAMERELAY_INGEST_STORE_PATH"] = str(folder / f"streams-{port}.json")
+        else:
+            args = ["orchestrator", "--port", "0"]
+            base_env["FRAMERELAY_ORCH_KEY_PREFIX"] = prefix
+            base_env["FRAMERELAY_ORCH_TIERS"] = json.dumps([{"name": "ondemand", "max_workers": 0}])
+        svc = spawn(f"{kind}-{time.monotonic_ns()}", args, {**base_env, **env}, folder)
+        try:
+            base = f"http://127.0.0.1:{port}" if kind == "ingest" else ready_line(svc)["url"]
+            wait_healthy(svc, base)
+            yield Api(kind, svc, base, secret)
+        finally:
+            svc.stop()
+
+
+async def closed(writer: asyncio.StreamWriter) -> None:
+    """Close a client connection and wait until it is (none left for the loop's end)."""
+    writer.close()
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()
+
+
+@dataclass
+class Slow:
+    """One slow-header client: when it connected, when the server closed it, what it said."""
+
+    source: str
+    opened: float = 0.0
+    closed: float = 0.0
+    said: bytes = b""
+
+    @property
+    def held_s(self) -> float:
+        return self.closed - self.opened
+
+    @property
+    def status(self) -> int:
+        parts = self.said.split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+async def slow_client(port: int, source: str, sent: asyncio.Event, limit_s: float) -> Slow:
+    """Connect from ``source``, send half a request head, read until the server closes
+    (at most ``limit_s``); ``sent`` is set once the half head is written."""
+    slow = Slow(source)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    finally:
+        slow.opened = time.monotonic()
+        sent.set()
+    try:
+        writer.write(PARTIAL_HEAD)
+        await writer.drain()
+        async with asyncio.timeout(limit_s):
+            slow.said = await reader.read()
+    except (ConnectionError, TimeoutError):
+        pass
+    finally:
+        slow.closed = time.monotonic()
+        await closed(writer)
+    return slow
+
+
+async def slow_clients(port: int, sources: list[str], limit_s: float) -> list[asyncio.Task[Slow]]:
+    """One slow client per entry of ``sources``; returns once each wrote its half head
+    (or ended)."""
+    events = [asyncio.Event() for _ in sources]
+    tasks = [
+        asyncio.create_task(slow_client(port, src, ev, limit_s))
+        for src, ev in zip(sources, events, strict=True)
+    ]
+    async with asyncio.timeout(30 * TIMEOUT_FACTOR):
+        for ev in events:
+            await ev.wait()
+    return tasks
+
+
+async def timed_get(port: int, path: str = "/healthz") -> tuple[int, float]:
+    """A new connection's GET from 127.0.0.1 (a bare client: the figure is the server's):
+    status and seconds."""
+    t0 = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+        )
+        async with asyncio.timeout(30 * TIMEOUT_FACTOR):
+            said = await reader.read()
+    finally:
+        await closed(writer)
+    took = time.monotonic() - t0
+    parts = said.split(b" ", 2)
+    return (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0), took
