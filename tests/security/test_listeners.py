@@ -89,7 +89,7 @@ def test_one_address_holds_at_most_its_cap(api: Api) -> None:
     print(
         f"\n{api.kind}: 200 from one address: {len(held)} held until the header timeout, "
         f"{len(refused)} closed within {max(s.held_s for s in refused):.2f} s "
-        f"({len(answered)} read the 503, the others a reset: they had sent their head)"
+        f"({len(answered)} of them read the 503, any other a reset)"
     )
     assert len(held) == PER_PEER and len(refused) == 200 - PER_PEER
     assert all(s.status in (0, 503) for s in refused)
