@@ -48,6 +48,7 @@ from deploy.models import PodRecord, StreamSpec
 from deploy.service import Orchestrator
 from deploy.workers import by_name
 from framerelay.auth import AUD_ORCHESTRATOR, AuthGuard, FailureLimiter, TokenVerifier
+from framerelay.auth.revocation import RevocationList
 from framerelay.auth.web import ApiAuth, AuthFirstRoute, install_validation_handler
 from framerelay.openapi_docs import errors, install_docs
 from framerelay.redact import redact_text, redact_url
@@ -207,7 +208,10 @@ def _latency_gauges(status: dict[str, Any]) -> list[Metric]:
 def api_auth(orch: Orchestrator) -> ApiAuth:
     """The API's gate: the orchestrator's keys, its audience, its refusal counter."""
     s = orch.settings
-    verifier = TokenVerifier(orch.keys, AUD_ORCHESTRATOR, leeway_s=s.token_leeway_s)
+    revoked = RevocationList(s.revoked_tokens_file) if s.revoked_tokens_file else None
+    verifier = TokenVerifier(
+        orch.keys, AUD_ORCHESTRATOR, leeway_s=s.token_leeway_s, revoked=revoked
+    )
     limiter = FailureLimiter(s.auth_max_failures, s.auth_window_s)
 
     def refused(reason: str) -> None:

@@ -79,14 +79,18 @@ class PodCA:
         return self.cert.public_bytes(serialization.Encoding.PEM).decode()
 
     @classmethod
-    def load_or_create(cls, ca_dir: Path, *, name: str = "framerelay pod CA") -> PodCA:
-        """The CA in ``ca_dir``, created there on first use."""
+    def load_or_create(
+        cls, ca_dir: Path, *, name: str = "framerelay pod CA", group_readable: bool = False
+    ) -> PodCA:
+        """The CA in ``ca_dir``, created there on first use. Its key must be readable by its
+        owner alone, or also by its group when ``group_readable`` (a Kubernetes Secret
+        mounted 0440 for the pod's fsGroup)."""
         key_path, cert_path = ca_dir / CA_KEY, ca_dir / CA_CERT
         if not ca_dir.exists():
             ca_dir.mkdir(mode=0o700, parents=True)
             os.chmod(ca_dir, 0o700)
         if key_path.exists():
-            key = _load_key(key_path)
+            key = _load_key(key_path, group_readable)
         else:
             key = ec.generate_private_key(ec.SECP256R1())
             try:
@@ -188,12 +192,18 @@ def _self_signed(key: ec.EllipticCurvePrivateKey, name: str) -> x509.Certificate
     )
 
 
-def _load_key(path: Path) -> ec.EllipticCurvePrivateKey:
+def _load_key(path: Path, group_readable: bool) -> ec.EllipticCurvePrivateKey:
     mode = path.stat().st_mode
-    if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
+    if mode & (stat.S_IRWXO | stat.S_IWGRP | stat.S_IXGRP):
         raise ConfigError(
             f"{path} may be read or written by other users (mode {stat.filemode(mode)}); "
             f"run: chmod 600 {path}"
+        )
+    if mode & stat.S_IRGRP and not group_readable:
+        raise ConfigError(
+            f"{path} may be read by its group (mode {stat.filemode(mode)}); run: chmod 600 "
+            f"{path} (or, for a Kubernetes Secret mounted 0440 for the pod's fsGroup, set "
+            "FRAMERELAY_ORCH_CA_KEY_GROUP_READABLE=true)"
         )
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from framerelay.jobs import MAX_INPUTS
 from framerelay.redact import redact_url
@@ -51,8 +51,8 @@ class JobsSettings(BaseModel):
         description="The ingest's results.redis_prefix: its job tasks' progress and checkpoints "
         "are under <prefix>:job:<job>:<k>: in the orchestrator's Redis (or redis_url).",
     )  # fmt: skip
-    redis_url: str | None = Field(
-        None, description="The ingest's Redis, when it is not the orchestrator's."
+    redis_url: SecretStr | None = Field(
+        None, description="The ingest's Redis, when it is not the orchestrator's (a secret)."
     )
     output_dir: Path | None = Field(
         None, description="Where the sidecars of URL inputs go (<dir>/<job id>/); without "

@@ -135,7 +135,11 @@ def check_remote(provider: Provider, keys: KeySet) -> None:
 def make_trust(settings: OrchestratorSettings, keys: KeySet, provider: Provider) -> PodTrust:
     check_remote(provider, keys)
     tls, _ = provider_tls(provider)
-    ca = PodCA.load_or_create(settings.ca_dir) if tls else None
+    ca = (
+        PodCA.load_or_create(settings.ca_dir, group_readable=settings.ca_key_group_readable)
+        if tls
+        else None
+    )
     names: CertNames = getattr(provider, "cert_names", _no_extra_names)
     return PodTrust(
         keys,

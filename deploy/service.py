@@ -31,6 +31,7 @@ from deploy.store import Store
 from deploy.tls import verify_context
 from framerelay.auth import KeySet, TokenIssuer
 from framerelay.auth.config import load_keys, require_keys
+from framerelay.auth.tokens import worker_scope
 from framerelay.errors import FramerelayError
 from framerelay.model_registry import ModelRegistry, load_registry
 
@@ -61,7 +62,7 @@ def make_prober(
     issuer = TokenIssuer(trust.worker_keys)
 
     def token_for(worker: str) -> str:
-        scope = [f"worker:{worker}"]
+        scope = [worker_scope(worker)]
         return issuer.mint("orchestrator-canary", scope, CANARY_TOKEN_TTL_S, aud="worker")
 
     ctx = verify_context(trust.ca.cert_path, "pods") if trust.ca is not None else None
@@ -98,7 +99,7 @@ class Orchestrator:
         self.registry = load_registry(settings.model_registry)  # a bad file: ConfigError
         self._prober = prober or make_prober(settings, self.trust, self.registry)
         link = ingest or self._ingest_link()
-        self.redis = redis or Redis.from_url(settings.redis_url)
+        self.redis = redis or Redis.from_url(settings.redis_url.get_secret_value())
         self.store = Store(self.redis, settings.key_prefix)
         self.fleet = Fleet(
             settings, self.provider, self.store, self._prober, link, clock or SystemClock(),
@@ -106,7 +107,9 @@ class Orchestrator:
             latency=Latency(rtt_source(settings, TokenIssuer(self.keys)), settings.rtt_interval_s),
         )  # fmt: skip
         jobs = settings.jobs
-        self.jobs_redis = Redis.from_url(jobs.redis_url) if jobs.redis_url else self.redis
+        self.jobs_redis = (
+            Redis.from_url(jobs.redis_url.get_secret_value()) if jobs.redis_url else self.redis
+        )
         self.jobs = JobStore(self.store, self.jobs_redis, jobs.redis_prefix)
         self.job_driver = JobDriver(settings, self.jobs, self.fleet.clock)
         self.history = FleetHistory([t.name for t in settings.tiers])

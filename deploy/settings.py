@@ -29,6 +29,7 @@ from deploy.job_inputs import JobsSettings
 from deploy.models import MAX_GPUS, check_name_part
 from framerelay import __version__
 from framerelay.listeners import ListenerSettings
+from framerelay.net import plain_http_problem
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings, redis_url_problem
 from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES
 
@@ -222,7 +223,11 @@ class RunPodSettings(_TierVolumes):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
-    base_url: str = "https://rest.runpod.io/v1"
+    base_url: str = Field(
+        "https://rest.runpod.io/v1",
+        description="RunPod's API (https://; plain http:// to loopback only, for a test "
+        "server): the API key goes in every request.",
+    )
     image: str = Field(WORKER_IMAGE, description="Worker image.")
     container_disk_gb: int = Field(20, ge=1, le=2000)
     network_volume_id: str | None = Field(
@@ -241,6 +246,16 @@ class RunPodSettings(_TierVolumes):
     allow_insecure: bool = Field(
         False, description="Allow tls=false (plain ws:// across clouds); logged as a warning."
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _https_only(cls, v: str) -> str:
+        if not v.startswith(("https://", "http://")):
+            raise ValueError("base_url must be https://host[/path]")
+        problem = plain_http_problem(v, "RunPod's API")
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
 
 class LocalSettings(_TierVolumes):
@@ -291,8 +306,10 @@ class OrchestratorSettings(ServiceSettings):
         description="The API listener's limits before authentication: connections, header "
         "and keep-alive timeouts, trusted proxies (framerelay.listeners).",
     )
-    redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="Redis holding the fleet state (checked at start)."
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        description="Redis holding the fleet state (checked at start; a secret: it may hold "
+        "a password, so FRAMERELAY_ORCH_REDIS_URL_FILE may name a file holding it).",
     )
     key_prefix: str = Field("framerelay:orch:", description="Prefix of every Redis key.")
     provider: Literal["local", "runpod", "kubernetes"] = "local"
@@ -311,6 +328,12 @@ class OrchestratorSettings(ServiceSettings):
         description="HS256 shared secrets (single host only: local pods get them).",
     )
     token_leeway_s: float = Field(30.0, ge=0, le=3600, description="Clock skew allowed.")
+    revoked_tokens_file: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("revoked_tokens_file", "FRAMERELAY_REVOKED_TOKENS_FILE"),
+        description="Revoked tokens, one jti:<id> or sub:<holder> a line (docs/security.md); "
+        "read again within a second of a change, and open sessions of a revoked token end.",
+    )
     auth_max_failures: int = Field(
         20, ge=1, le=1_000_000, description="Failed authentications per window."
     )
@@ -323,6 +346,11 @@ class OrchestratorSettings(ServiceSettings):
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="CA bundle; set to require mTLS.")
     ca_dir: Path = Field(Path("framerelay-ca"), description="The pod CA (ca.pem, ca.key).")
+    ca_key_group_readable: bool = Field(
+        False,
+        description="Accept a ca.key its group may read (mode 0440: a Kubernetes Secret "
+        "mounted for the pod's fsGroup); else only its owner may (0600 or 0400).",
+    )
     pod_cert_ttl_h: float = Field(72.0, ge=1, le=2160, description="Lifetime of pod certificates.")
     ingest_url: str | None = Field(
         None,
@@ -330,6 +358,11 @@ class OrchestratorSettings(ServiceSettings):
         "comma-separated URLs (each call goes to all).",
     )
     ingest_ca: Path | None = Field(None, description="CA bundle to verify an https ingest.")
+    allow_insecure_ingest: bool = Field(
+        False,
+        description="Allow plain http:// to an ingest on another host (its tokens then cross "
+        "the network unencrypted); else http:// is for loopback only.",
+    )
     tick_s: float = Field(2.0, gt=0, le=3600, description="Reconcile period.")
     lease_ttl_s: float = Field(
         15.0, gt=0, le=3600, description="Leader lease; one active orchestrator."
@@ -411,8 +444,8 @@ class OrchestratorSettings(ServiceSettings):
 
     @field_validator("redis_url")
     @classmethod
-    def _redis_url(cls, v: str) -> str:
-        problem = redis_url_problem(v)
+    def _redis_url(cls, v: SecretStr) -> SecretStr:
+        problem = redis_url_problem(v.get_secret_value())
         if problem is not None:
             raise ValueError(problem)
         return v
@@ -442,6 +475,19 @@ class OrchestratorSettings(ServiceSettings):
             raise ValueError("tls_cert and tls_key go together (the API's HTTPS)")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key as well")
+        return self
+
+    @model_validator(mode="after")
+    def _ingest_transport(self) -> OrchestratorSettings:
+        if self.ingest_url is None or self.allow_insecure_ingest:
+            return self
+        for url in self.ingest_url.split(","):
+            problem = plain_http_problem(url.strip(), "the ingest API")
+            if problem is not None:
+                raise ValueError(
+                    f"ingest_url: {problem} (verified with FRAMERELAY_ORCH_INGEST_CA), or set "
+                    "FRAMERELAY_ORCH_ALLOW_INSECURE_INGEST=true on a network you trust"
+                )
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from framerelay.errors import ConfigError
 
@@ -19,6 +20,22 @@ def is_loopback(host: str | None) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def plain_http_problem(url: str, what: str) -> str | None:
+    """Why a bearer token must not go to ``url`` (None: it may): plain ``http://`` is for
+    this host (loopback) alone; ``what`` names the peer in the message."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return f"{what}: not a valid URL; expected https://host[:port]"
+    if parts.scheme == "http" and not is_loopback(host):
+        return (
+            f"refusing plain http:// to {what} at {host!r}: its token would cross the network "
+            "unencrypted; use https://"
+        )
+    return None
 
 
 def describe_http_error(exc: BaseException) -> str:

@@ -208,6 +208,14 @@ def redis_url_problem(url: str) -> str | None:
     return None
 
 
+def redis_url_has_password(url: str) -> bool:
+    """Whether ``url`` carries a password (``redis://user:pw@...`` or ``redis://:pw@...``)."""
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:
+        return "@" in url  # unparsable: assume the worst, never echo it
+
+
 def _nested_models(annotation: object) -> list[type[BaseModel]]:
     """Models whose fields the env may set one by one (``A__B``); not those in lists."""
     if typing.get_origin(annotation) in (list, tuple, set, frozenset):

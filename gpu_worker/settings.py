@@ -10,6 +10,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from framerelay.auth.tokens import WORKER_ID
 from framerelay.errors import ConfigError
 from framerelay.model_registry import BUILTIN_NAME, MODEL_NAME
 from framerelay.settings import DEFAULT_MODEL, ServiceSettings
@@ -60,7 +61,12 @@ class WorkerSettings(ServiceSettings):
         description="The TLS handshake and the request head (HTTP or tunnel upgrade) must be "
         "done this long after a connection opened; else it is closed.",
     )
-    worker_id: str = Field(default_factory=socket.gethostname, max_length=128)
+    worker_id: str = Field(
+        default_factory=socket.gethostname,
+        pattern=WORKER_ID,
+        description="This worker's name (default: the host name); tunnel tokens must grant "
+        "worker:<worker_id>.",
+    )
     token_secrets: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("token_secrets", "FRAMERELAY_TOKEN_SECRETS"),

@@ -61,7 +61,13 @@ def tunnel_tokens(settings: IngestSettings) -> Callable[[str], str]:
 
 def api_guard(settings: IngestSettings, registry: CollectorRegistry) -> AuthGuard:
     """The gate of the ingest API (REST and results WebSocket); ConfigError without keys."""
-    check = verifier(ingest_keys(settings), "ingest API", AUD_INGEST, settings.token_leeway_s)
+    check = verifier(
+        ingest_keys(settings),
+        "ingest API",
+        AUD_INGEST,
+        settings.token_leeway_s,
+        settings.revoked_tokens_file,
+    )
     refused = Counter(
         REFUSED_METRIC,
         "Requests to the ingest API refused by authentication, by reason",

@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from framerelay.auth.tokens import WORKER_ID
 from framerelay.jobs import JobTask
 from framerelay.listeners import ListenerSettings
 from framerelay.model_registry import MODEL_NAME
@@ -347,6 +348,12 @@ class IngestSettings(ServiceSettings):
         "generate'): mints tunnel tokens (aud framerelay-worker) and verifies API tokens "
         "(aud framerelay-ingest). A public set suffices with a fixed FRAMERELAY_INGEST_TOKEN.",
     )
+    revoked_tokens_file: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("revoked_tokens_file", "FRAMERELAY_REVOKED_TOKENS_FILE"),
+        description="Revoked tokens, one jti:<id> or sub:<holder> a line (docs/security.md); "
+        "read again within a second of a change, and open sessions of a revoked token end.",
+    )
     token_leeway_s: float = Field(
         30.0, ge=0, le=3600, description="Clock skew allowed on exp/nbf/iat of API tokens."
     )
@@ -376,7 +383,13 @@ class IngestSettings(ServiceSettings):
         description="Allow plain ws:// to workers that are not on this host (loopback is "
         "always allowed). Frames then cross the network unencrypted.",
     )
-    worker_id: str = Field("*", description="Worker id to scope a locally minted token to.")
+    worker_id: str = Field(
+        "*",
+        pattern=rf"^\*$|{WORKER_ID}",
+        description="The default worker's id, to scope its locally minted tunnel token to "
+        "(default *: any worker, for one host; name the worker when it is remote). Ids that "
+        "placements name are always one worker's name.",
+    )
     tls_ca: Path | None = Field(None, description="CA bundle to verify the worker (wss://).")
     tls_client_cert: Path | None = Field(None, description="Client certificate for mTLS.")
     tls_client_key: Path | None = None

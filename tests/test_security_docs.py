@@ -47,7 +47,13 @@ def test_security_section_commands_run(tmp_path: Path) -> None:
     public = json.loads((tmp_path / "workers.jwks").read_text())
     assert [k["kid"] for k in public["keys"]] == ["2027-01"]  # rotated: the old key is gone
     assert all("d" not in k for k in public["keys"])
-    assert proc.stdout.splitlines()[-1] == "2027-01\tEdDSA\tprivate\tsigns"
+    assert "2027-01\tEdDSA\tprivate\tsigns" in proc.stdout.splitlines()
+
+    app_jti = jwt.decode(
+        (tmp_path / "app.token").read_text().strip(), options={"verify_signature": False}
+    )["jti"]
+    revoked = (tmp_path / "revoked.txt").read_text().splitlines()
+    assert revoked == [f"jti:{app_jti}", "sub:lobby-app"]
 
     app = (tmp_path / "app.token").read_text().strip()
     claims = jwt.decode(app, options={"verify_signature": False})

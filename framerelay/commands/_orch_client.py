@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from framerelay.errors import ConfigError
+from framerelay.net import plain_http_problem
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 TOKEN_ENV = "FRAMERELAY_TOKEN"  # noqa: S105 - a variable name
@@ -109,6 +110,9 @@ def _refusal(status: int, detail: object, sent: bool) -> ConfigError:
 def call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
     import httpx
 
+    problem = plain_http_problem(args.url, "the orchestrator")
+    if problem is not None:
+        raise ConfigError(f"{problem} (--url / FRAMERELAY_ORCH_URL; verify it with --ca)")
     bearer = token(args)
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
     url = args.url.rstrip("/") + path

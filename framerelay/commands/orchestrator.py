@@ -27,14 +27,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--host", help="API address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="API port (default 8090; 0 = any free port)")
     p.add_argument("--provider", choices=["local", "runpod", "kubernetes"])
-    p.add_argument("--redis-url", help="Redis holding the fleet state")
+    p.add_argument(
+        "--redis-url",
+        help="Redis holding the fleet state, without a password (a command line is visible to "
+        "every user of the host: put one in FRAMERELAY_ORCH_REDIS_URL or ..._REDIS_URL_FILE)",
+    )
     p.add_argument("--ingest-url", help="ingest API to push stream assignments to")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from deploy.settings import OrchestratorSettings
+    from framerelay.errors import ConfigError
+    from framerelay.settings import redis_url_has_password
 
+    if args.redis_url is not None and redis_url_has_password(args.redis_url):
+        raise ConfigError(
+            "--redis-url holds a password, which every user of this host can read in the "
+            "process list: set FRAMERELAY_ORCH_REDIS_URL (or FRAMERELAY_ORCH_REDIS_URL_FILE) "
+            "instead"
+        )
     keys = ("host", "port", "provider", "redis_url", "ingest_url")
     over = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return asyncio.run(_serve(OrchestratorSettings(**over)))

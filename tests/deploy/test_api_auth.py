@@ -318,3 +318,31 @@ def test_single_host_shared_secret_works_for_the_api(tmp_path: Path, secret: str
             await orch.aclose()
 
     assert asyncio.run(main()) == 200
+
+
+def test_a_revoked_token_is_refused_without_a_restart(tmp_path: Path) -> None:
+    """Issue 28: FRAMERELAY_REVOKED_TOKENS_FILE, read again when it changes."""
+    keys = ed_keys()
+    revoked = tmp_path / "revoked.txt"
+    revoked.write_text("")
+    token = mint(keys, [READ], "orchestrator", sub="ops-laptop")
+    other = mint(keys, [READ], "orchestrator", sub="ops-desk")
+
+    async def main() -> list[tuple[int, str]]:
+        async with (
+            api(tmp_path, keys, revoked_tokens_file=revoked) as (_orch, url),
+            httpx.AsyncClient(base_url=url) as http,
+        ):
+            out = []
+            for step in ("before", "after"):
+                if step == "after":
+                    revoked.write_text("sub:ops-laptop\n")
+                    await asyncio.sleep(1.2)  # the file is looked at again at most once a second
+                for tok in (token, other):
+                    resp = await http.get("/v1/fleet", headers={"Authorization": f"Bearer {tok}"})
+                    out.append((resp.status_code, resp.text if resp.status_code != 200 else ""))
+            return out
+
+    got = asyncio.run(main())
+    assert [code for code, _ in got] == [200, 200, 401, 200]
+    assert "revoked" in got[2][1]

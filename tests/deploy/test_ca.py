@@ -94,6 +94,23 @@ def test_a_ca_key_others_can_read_is_refused(tmp_path: Path) -> None:
         PodCA.load_or_create(tmp_path / "ca")
 
 
+@pytest.mark.parametrize("mode", [0o640, 0o440, 0o660, 0o604])
+def test_a_ca_key_its_group_can_read_is_refused_unless_allowed(tmp_path: Path, mode: int) -> None:
+    """Issue 28: a group-readable ca.key loaded; now only when the operator says the group
+    is the pod's own (a Kubernetes Secret mounted 0440 for its fsGroup)."""
+    PodCA.load_or_create(tmp_path / "ca")
+    os.chmod(tmp_path / "ca" / "ca.key", mode)
+    with pytest.raises(ConfigError, match="chmod 600") as refused:
+        PodCA.load_or_create(tmp_path / "ca")
+    assert "\n" not in str(refused.value)
+    if mode in (0o640, 0o440):
+        assert "FRAMERELAY_ORCH_CA_KEY_GROUP_READABLE" in str(refused.value)
+        PodCA.load_or_create(tmp_path / "ca", group_readable=True)
+    else:  # writable by the group or readable by others: never
+        with pytest.raises(ConfigError):
+            PodCA.load_or_create(tmp_path / "ca", group_readable=True)
+
+
 def test_a_certificate_of_another_ca_is_refused(tmp_path: Path) -> None:
     PodCA.load_or_create(tmp_path / "a")
     PodCA.load_or_create(tmp_path / "b")

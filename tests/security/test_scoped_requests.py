@@ -79,6 +79,7 @@ def ingest(tmp_path: Path) -> Iterator[Ingest]:
             "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "streams.json"),
             "FRAMERELAY_REDIS_URL": "redis://127.0.0.1:6379/0",
             "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix.rstrip(":"),
+            "FRAMERELAY_INGEST_STORE_KEY": f"{prefix}streams",
         }
         args = ["ingest", "--api-port", str(port), "--worker-url", "ws://127.0.0.1:9/v1/tunnel"]
         svc = spawn("ingest", args, env, tmp_path / "logs")
