@@ -72,6 +72,7 @@ async def serve_hub(records_path: Path, queue_size: int) -> None:
     from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
+    from framerelay.listeners import ListenerSettings
     from ingest.hub import build_hub, results_router
     from ingest.server import api_server
     from ingest.settings import IngestSettings, ResultsSettings
@@ -81,7 +82,9 @@ async def serve_hub(records_path: Path, queue_size: int) -> None:
                for x in lines]  # fmt: skip
     limits = ResultsSettings(queue_size=queue_size, ping_interval_s=0)
     secret = os.environ["FRAMERELAY_TOKEN_SECRETS"]
-    settings = IngestSettings(token_secrets=secret, api_port=0, results=limits)
+    # every subscriber comes from this one host: no per-address cap (framerelay.listeners)
+    listener = ListenerSettings(max_connections_per_peer=0)
+    settings = IngestSettings(token_secrets=secret, api_port=0, results=limits, listener=listener)
     bus = ResultBus()
     app = FastAPI()
     app.include_router(results_router(build_hub(bus, settings, CollectorRegistry())))
