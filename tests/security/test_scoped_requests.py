@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ from framerelay.results import ResultId
 from tests.conftest import TIMEOUT_FACTOR
 from tests.security.procs import Service, bearer, redis_prefix, spawn, wait_healthy, wait_until
 from tests.support.auth import ed_keys, mint
-from tests.support.servers import free_port
+from tests.support.servers import CountingListener, counting_listener, free_port
 
 pytestmark = pytest.mark.integration
 MANY = "1000000"  # failed authentications per window: 429 never hides an answer
@@ -164,50 +162,18 @@ def test_a_narrow_token_cannot_resume_another_stream(
     assert answer.results is None  # refused before the handshake: nothing delivered
 
 
-class Listener:
-    """A TCP listener on 127.0.0.1 that counts the connections made to it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-
-
 @pytest.fixture
-def listener() -> Iterator[Listener]:
-    found = Listener()
-    try:
+def listener() -> Iterator[CountingListener]:
+    with counting_listener() as found:
         yield found
-    finally:
-        found.close()
 
 
 BAD_WORKER_IDS = ["*", "gpu-*", "worker:*", "a b", "", "-gpu", "x" * 129]
 
 
-def test_no_request_mints_a_wildcard_tunnel_token(ingest: Ingest, listener: Listener) -> None:
+def test_no_request_mints_a_wildcard_tunnel_token(
+    ingest: Ingest, listener: CountingListener
+) -> None:
     write = bearer(ingest.token("streams:write", "streams:read"))
     routing = bearer(ingest.token("routing:write", "streams:read"))
     tunnel = f"ws://127.0.0.1:{listener.port}/v1/tunnel"
@@ -226,10 +192,10 @@ def test_no_request_mints_a_wildcard_tunnel_token(ingest: Ingest, listener: List
                 (error,) = resp.json()["detail"]
                 assert error["loc"][-1] == "worker_id" and "\n" not in error["msg"]
         assert http.get("/v1/routing", headers=routing).json().get("x") != "*"
-        assert listener.accepted == 0, "a refused placement still reached its URL"
+        assert listener.connections == 0, "a refused placement still reached its URL"
         # the control: one worker's name is placed, and the ingest does dial the URL
         moved = http.put(
             "/v1/streams/x/worker", headers=routing, json={"worker_id": "gpu-a", "url": tunnel}
         )
         assert moved.status_code == 200, moved.text
-    wait_until(lambda: listener.accepted > 0, 30, "the ingest dialled gpu-a's tunnel URL")
+    wait_until(lambda: listener.connections > 0, 30, "the ingest dialled gpu-a's tunnel URL")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,45 +35,15 @@ from tests.support.auth import ed_keys
 from tests.support.fixtures import media  # noqa: F401 - fixture
 from tests.support.harness import wait_for
 from tests.support.media import Media
-from tests.support.servers import http_server
+from tests.support.servers import CountingListener, counting_listener, http_server
 
 WRITE = ("streams:read", "streams:write")
 
 
-class Listener:
-    """A loopback TCP listener that accepts and counts every connection (never answers)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.sock.getsockname()[1]
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        self.sock.settimeout(0.1)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-
-
 @pytest.fixture
-def listener() -> Iterator[Listener]:
-    lst = Listener()
-    yield lst
-    lst.close()
+def listener() -> Iterator[CountingListener]:
+    with counting_listener() as found:
+        yield found
 
 
 def _stored(ingest: Ingest) -> list[str]:
@@ -136,7 +105,9 @@ def _key_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_evil_source_urls_are_refused_and_reach_nothing(tmp_path: Path, listener: Listener) -> None:
+def test_evil_source_urls_are_refused_and_reach_nothing(
+    tmp_path: Path, listener: CountingListener
+) -> None:
     key_file = _key_file(tmp_path)
 
     async def main() -> None:
@@ -174,7 +145,7 @@ EVIL_OPTIONS = [
     ("options", "needle"), EVIL_OPTIONS, ids=[next(iter(o)) for o, _ in EVIL_OPTIONS]
 )
 def test_evil_options_are_refused_naming_the_key_and_reach_nothing(
-    tmp_path: Path, listener: Listener, options: dict[str, str], needle: str
+    tmp_path: Path, listener: CountingListener, options: dict[str, str], needle: str
 ) -> None:
     async def main() -> None:
         async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
@@ -188,7 +159,7 @@ def test_evil_options_are_refused_naming_the_key_and_reach_nothing(
 
 
 def test_the_listener_counts_an_allowed_source_and_safe_options_pass(
-    tmp_path: Path, listener: Listener
+    tmp_path: Path, listener: CountingListener
 ) -> None:
     """The positive control: the same URL with harmless options is added and connects."""
 
@@ -224,7 +195,7 @@ def test_metadata_and_link_local_hosts_are_refused_by_default(tmp_path: Path) ->
 
 
 def test_loopback_is_refused_when_the_operator_denies_it(
-    tmp_path: Path, listener: Listener
+    tmp_path: Path, listener: CountingListener
 ) -> None:
     denied = ["127.0.0.0/8", "::1/128"]
 
@@ -295,7 +266,7 @@ def _playlist(segment: str) -> str:
 def test_hls_segments_cannot_reach_files_or_other_protocols(
     tmp_path: Path,
     media: Media,  # noqa: F811
-    listener: Listener,
+    listener: CountingListener,
 ) -> None:
     site = tmp_path / "site"
     site.mkdir()
@@ -343,7 +314,7 @@ async def _hls_outcome(ingest: Ingest, evil: list[str], port: int) -> None:
     "url",
     ["tcp://127.0.0.1:{port}", "gopher://127.0.0.1:{port}/x", "concat:/etc/hostname|/etc/hosts"],
 )
-def test_every_open_carries_the_protocol_allowlist(listener: Listener, url: str) -> None:
+def test_every_open_carries_the_protocol_allowlist(listener: CountingListener, url: str) -> None:
     """A definition that never met the checks (a spec made directly, an old stored one)
     still opens nothing outside its scheme's protocols: FFmpeg's protocol_whitelist."""
     raw = url.format(port=listener.port)

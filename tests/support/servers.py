@@ -216,3 +216,42 @@ class RedisServer:
         if self.proc is not None:
             _end(self.proc)
             self.proc = None
+
+
+class CountingListener:
+    """A loopback TCP listener that accepts and counts every connection (never answers):
+    the witness that a refused URL reached nothing (``connections == 0``)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def counting_listener() -> Iterator[CountingListener]:
+    listener = CountingListener()
+    try:
+        yield listener
+    finally:
+        listener.close()
