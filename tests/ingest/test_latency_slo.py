@@ -124,7 +124,8 @@ def test_bad_objectives_are_a_clear_422(
 
 
 def test_objective_set_shown_changed_and_its_series_removed(tmp_path: Path) -> None:
-    cam = {"id": "cam", "url": "/nonexistent/x.mp4", "latency_slo_ms": 250}
+    # a file that is not there, under the roots the API may read (tests/conftest.py)
+    cam = {"id": "cam", "url": str(tmp_path / "missing.mp4"), "latency_slo_ms": 250}
 
     async def main() -> None:
         async with running(FileStore(tmp_path / "s.json")) as (_service, http):
