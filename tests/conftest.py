@@ -21,6 +21,16 @@ TIMEOUT_FACTOR = float(os.environ.get("FRAMERELAY_TIMEOUT_FACTOR", "1.0"))
 """Scale every timing-sensitive wait in the tests (slow CI machines: 2-3)."""
 
 
+def service_env(**extra: str) -> dict[str, str]:
+    """The environment of a service process a test starts: this one without its
+    FRAMERELAY_ settings, but with the API's file roots (set for the session below), plus
+    ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    if FILE_ROOTS_ENV in os.environ:
+        env[FILE_ROOTS_ENV] = os.environ[FILE_ROOTS_ENV]
+    return env | extra
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _api_file_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Streams added over the API may read files under the test folders and samples/

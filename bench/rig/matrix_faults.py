@@ -284,7 +284,8 @@ def numeric_fields(schema: dict[str, Any]) -> list[str]:
 
 
 def _probe_body(index: int, field: str, value: str) -> str:
-    base = {"id": f"api-probe-{index}", "url": "/nonexistent/api-probe.mp4", "fps": 3}
+    missing = CLIP.parent / "api-probe-missing.mp4"  # under the API's file roots, not there
+    base = {"id": f"api-probe-{index}", "url": str(missing), "fps": 3}
     text = json.dumps({**base, field: 0}) if field != "id" else json.dumps(base)
     return text.replace(f'"{field}": 0', f'"{field}": {value}')
 

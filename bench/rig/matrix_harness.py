@@ -22,6 +22,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -138,6 +139,9 @@ class Rig:
         env.update(FRAMERELAY_TOKEN_SECRETS=self.secret,
                    FRAMERELAY_INGEST_STORE_PATH=str(self.root / "streams.json"),
                    FRAMERELAY_TIMEOUT_FACTOR=str(TIMEOUT_FACTOR))  # fmt: skip
+        # the scenarios add the sample clip and damaged copies under the rig's folder
+        roots = (ROOT / "samples", self.root, Path(tempfile.gettempdir()))
+        env["FRAMERELAY_INGEST_FILE_ROOTS"] = os.pathsep.join(str(r) for r in roots)
         env.update(self.ingest_env)
         first = self.workers[self.worker_ids[0]]
         with (self.root / "ingest.log").open("wb") as log:

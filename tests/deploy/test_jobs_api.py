@@ -27,7 +27,7 @@ from deploy.ingest_link import NullIngestLink
 from deploy.service import Orchestrator
 from framerelay.auth import KeySet
 from framerelay.commands.jobs import absolute, describe, progress_bar
-from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 from tests.deploy.orch_support import orch_settings, serving_here
 from tests.deploy.test_fleet_models import REGISTRY
 from tests.support.auth import ed_keys, mint
@@ -117,7 +117,7 @@ def orchestrator(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     keys_file.write_text(ed_keys().to_json())
     keys_file.chmod(0o600)
     prefix = f"test-jobs-cli-{os.getpid()}-{time.monotonic_ns()}:"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env = service_env()
     env.update({
         "FRAMERELAY_SIGNING_KEYS_FILE": str(keys_file), "FRAMERELAY_ORCH_KEY_PREFIX": prefix,
         "FRAMERELAY_ORCH_CA_DIR": str(tmp_path / "ca"), "FRAMERELAY_ORCH_TICK_S": "0.2",

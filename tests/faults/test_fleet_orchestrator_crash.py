@@ -1,5 +1,5 @@
 """Acceptance 2 and 6: the orchestrator is killed (-9) between "pod created" (the
-RunPod contract server has it) and "pod recorded" (its answer never arrives);
+RunPod API v2 contract server has it) and "pod recorded" (its answer never arrives);
 after a restart there is no orphaned and no duplicate pod. The API key and the
 signing keys never show in the orchestrator's logs, errors, metrics or API
 answers; the pods' env holds only the public key set and their certificates."""
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,30 @@ import httpx
 import pytest
 from redis import Redis
 
-from bench.rig.runpod_contract import ContractState, running_contract_server
-from tests.conftest import ROOT, TIMEOUT_FACTOR
+from bench.rig.runpod_v2_contract import Call, ContractServer, Reply, running_runpod_v2
+from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 from tests.support.auth import ed_keys, mint
 
 pytestmark = [pytest.mark.integration]
 KEY = "rpa_" + "Cr4shT3stK3y" * 3
+
+
+class Crashing(ContractServer):
+    """Calls ``on_create`` once a pod is made, before its answer goes out."""
+
+    on_create: Callable[[], None] | None = None
+
+    def _create_pod(self, call: Call) -> Reply:
+        reply = super()._create_pod(call)
+        if self.on_create is not None:
+            self.on_create()
+        return reply
+
+    def by_name(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for pod in list(self.pods.values()):
+            out.setdefault(pod.name, []).append(pod.id)
+        return out
 
 
 def _start(
@@ -54,18 +73,18 @@ def _wait(pred: Any, timeout_s: float, what: str) -> None:
 
 
 def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
-    state = ContractState(KEY)
+    state = Crashing(KEY)
     keys = ed_keys()
     keys_file = tmp_path / "signing.jwks"
     keys_file.write_text(keys.to_json())
     auth = {"Authorization": f"Bearer {mint(keys, ['fleet:read'], 'orchestrator', ttl=600)}"}
     log = tmp_path / "orchestrator.log"
     prefix = f"test-crash-{os.getpid()}-{time.monotonic_ns()}:"
-    tiers = [{"name": "spot", "spot": True, "min_warm": 2, "max_workers": 2,
+    tiers = [{"name": "community", "min_warm": 2, "max_workers": 2,
               "cloud_types": ["COMMUNITY"]}]  # fmt: skip
-    with running_contract_server(state) as base:
+    with running_runpod_v2(state) as base:
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")},
+            **service_env(),
             "FRAMERELAY_SIGNING_KEYS_FILE": str(keys_file),
             "FRAMERELAY_ORCH_CA_DIR": str(tmp_path / "ca"),
             "FRAMERELAY_ORCH_PROVIDER": "runpod", "FRAMERELAY_ORCH_RUNPOD__API_KEY": KEY,
@@ -74,14 +93,14 @@ def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
             "FRAMERELAY_ORCH_LEASE_TTL_S": "1", "FRAMERELAY_ORCH_TIERS": json.dumps(tiers),
         }  # fmt: skip
         procs: list[subprocess.Popen[str]] = []
-        state.faults.on_create = lambda pod: os.kill(procs[0].pid, signal.SIGKILL)
+        state.on_create = lambda: os.kill(procs[0].pid, signal.SIGKILL)
         first, _ = _start(env, log, procs, wait_ready=False)
         assert first.wait(30 * TIMEOUT_FACTOR) == -signal.SIGKILL
         assert first.stdout is not None
         first.stdout.close()
         assert len(state.pods) == 1  # created at the provider, never recorded
-        state.faults.on_create = None
-        state.faults.fail_next = 2  # and a flaky API on the way back
+        state.on_create = None
+        state.knobs.fail_next = 2  # and a flaky API on the way back
         second, url = _start(env, log, procs)
         try:
 
@@ -102,7 +121,7 @@ def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
         print(f"\nprovider view after restart: {seen}; recorded: {recorded}")
         assert all(len(ids) == 1 for ids in seen.values()), "duplicate pod"
         assert {n: ids[0] for n, ids in seen.items()} == recorded, "orphan or unrecorded pod"
-        assert "fr-spot-0-g0" in recorded  # the pod created before the crash was adopted
+        assert "fr-community-0-g0" in recorded  # the pod created before the crash was adopted
     redis = Redis()
     for key in redis.scan_iter(match=prefix + "*"):
         redis.delete(key)
@@ -114,6 +133,7 @@ def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
     private = [str(k.jwk["d"]) for k in keys]
     assert not any(d in text for d in private)
     for pod in state.pods.values():
-        pod_env = json.dumps(pod["env"])
+        pod_env = json.dumps(pod.env)
         assert not any(d in pod_env for d in private) and "FRAMERELAY_SIGNING" not in pod_env
-        assert "FRAMERELAY_WORKER_TLS_CERT_PEM" in pod["env"]
+        assert "FRAMERELAY_WORKER_TLS_CERT_PEM" in pod.env
+    assert state.violations == [] and state.client_errors == []

@@ -42,7 +42,7 @@ import pytest
 import redis
 
 from framerelay.results import ResultRecord
-from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
+from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
 from tests.faults.id_continuity import Continuity, clip_gt, continuity
 from tests.integration.test_stall_failover import workers
 from tests.support.servers import RedisServer, free_port
@@ -162,7 +162,7 @@ def fleet(tmp_path: Path, secret: str, ttl_s: float, renew_s: float) -> Iterator
     streams = tmp_path / "streams.json"
     cams = [{"id": s, "url": str(CLIP), "fps": 5, "realtime": True, "loop": True} for s in STREAMS]
     streams.write_text(json.dumps(cams))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env = service_env()
     env.update(FRAMERELAY_TOKEN_SECRETS=secret, FRAMERELAY_REDIS_URL=server.url,
                FRAMERELAY_INGEST_SHARDS__LEASE_TTL_S=str(ttl_s),
                FRAMERELAY_INGEST_SHARDS__RENEW_INTERVAL_S=str(renew_s),

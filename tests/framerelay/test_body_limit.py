@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from deploy.ingest_link import NullIngestLink
 from deploy.service import Orchestrator
 from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, BodyTooLarge
 from ingest.settings import IngestSettings
-from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
+from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
 from tests.deploy.orch_support import orch_settings, serving_here
 from tests.ingest.api_rig import Ingest, running_ingest
 from tests.support.auth import ed_keys, mint
@@ -301,7 +300,7 @@ def _rss_kib(pid: int) -> int:
 
 def _start_ingest(tmp_path: Path, secret: str) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env = service_env()
     env |= {"FRAMERELAY_TOKEN_SECRETS": secret,
             "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "streams.json")}  # fmt: skip
     worker = f"ws://127.0.0.1:{free_port()}/v1/tunnel"  # nobody there

@@ -4,7 +4,6 @@ served by ``api_server`` as ``framerelay ingest`` runs it; certificates from tru
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from framerelay.errors import ConfigError
 from framerelay.schemas import SERVER_MESSAGE, SubscribedMessage
 from ingest.server import api_server
 from ingest.settings import IngestSettings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, service_env
 from tests.ingest.api_rig import Pki, client, make_pki, running_ingest
 
 SECRET = "a-single-host-secret-long-enough"
@@ -105,7 +104,7 @@ def test_tls_settings_are_checked_at_start(pki: Pki, tmp_path: Path) -> None:
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    base = service_env()
     return subprocess.run(
         [sys.executable, "-m", "framerelay", "ingest", "--api-port", "0", *args],
         env={**base, **env}, cwd=ROOT, capture_output=True, text=True, timeout=60,

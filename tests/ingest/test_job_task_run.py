@@ -38,7 +38,7 @@ from framerelay.schemas import SidecarLine
 from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
-from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 from tests.integration.test_stall_failover import workers
 from tests.support.auth import mint
 from tests.support.harness import wait_for
@@ -263,7 +263,7 @@ def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     sidecar = tmp_path / "clip.j4.jsonl"
     streams = tmp_path / "streams.json"
     streams.write_text(json.dumps([task("j4", clip, sidecar)]))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env = service_env()
     env |= {"FRAMERELAY_TOKEN_SECRETS": secret, "FRAMERELAY_REDIS_URL": REDIS_URL,
             "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix,
             "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "store.json"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -23,7 +22,7 @@ from ingest.auth import api_guard
 from ingest.hub import ResultHub, results_router
 from ingest.server import api_server
 from ingest.settings import IngestSettings
-from tests.conftest import TIMEOUT_FACTOR
+from tests.conftest import TIMEOUT_FACTOR, service_env
 
 
 def free_port() -> int:
@@ -148,6 +147,6 @@ def hub_guard(secret: str, *, leeway_s: float = 30.0, max_failures: int = 1000) 
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
+    env = service_env()
     env.update(extra)
     return env

@@ -19,10 +19,7 @@ from typing import Any
 import httpx
 from redis import Redis
 
-from tests.conftest import ROOT, TIMEOUT_FACTOR
-
-BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
-"""The test's environment without any framerelay setting (each service gets its own)."""
+from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 
 
 @dataclass
@@ -55,13 +52,13 @@ class Service:
 
 
 def spawn(name: str, args: Sequence[str], env: dict[str, str], folder: Path) -> Service:
-    """``python -m framerelay ARGS`` with exactly ``BASE_ENV`` + ``env``."""
+    """``python -m framerelay ARGS`` with exactly :func:`service_env` + ``env``."""
     folder.mkdir(parents=True, exist_ok=True)
     out, err = folder / f"{name}.out", folder / f"{name}.err"
     with out.open("wb") as fo, err.open("wb") as fe:
         proc = subprocess.Popen(
             [sys.executable, "-m", "framerelay", *args],
-            env={**BASE_ENV, **env}, cwd=ROOT, stdout=fo, stderr=fe,
+            env=service_env(**env), cwd=ROOT, stdout=fo, stderr=fe,
         )  # fmt: skip
     return Service(name, proc, out, err)
 
@@ -69,7 +66,7 @@ def spawn(name: str, args: Sequence[str], env: dict[str, str], folder: Path) -> 
 def run_cli(args: Sequence[str], env: dict[str, str], timeout_s: float = 60.0) -> Any:
     """``python -m framerelay ARGS`` to completion (a CompletedProcess with text output)."""
     return subprocess.run(
-        [sys.executable, "-m", "framerelay", *args], env={**BASE_ENV, **env}, cwd=ROOT,
+        [sys.executable, "-m", "framerelay", *args], env=service_env(**env), cwd=ROOT,
         capture_output=True, text=True, timeout=timeout_s * TIMEOUT_FACTOR, check=False,
     )  # fmt: skip
 
