@@ -42,7 +42,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from bench.rig.runpod_contract import serve_in_thread
+from bench.rig.serving import serve_in_thread
 
 Handler = Callable[[Mapping[str, Any]], Any]
 RUN_MAX_BYTES = 10 * 1024 * 1024
