@@ -14,7 +14,7 @@ import importlib.util
 COMMAND_MODULES: tuple[str, ...] = (
     "demo", "worker", "ingest", "model", "record", "clip",
     "orchestrator", "pods", "streams", "jobs", "fleet", "keys", "token", "ca", "volume",
-    "eval_tracker",
+    "runpod", "eval_tracker",
 )  # fmt: skip
 
 
