@@ -9,8 +9,10 @@ Kinds: ``created``, ``create_failed``, ``no_capacity``, ``adopted``, ``ready``,
 ``unhealthy`` (a failed health check), ``replaced`` (an unhealthy pod
 terminated and forgotten; its tier creates another), ``budget_exhausted``,
 ``preempted`` (a spot pod gone or exited), ``vanished`` and ``exited``
-(on-demand pods), ``draining``, ``terminated_<why>`` (``orphan``,
-``duplicate``, ``drained``, ``unhealthy``, ``by_operator``), ``moved`` (a
+(on-demand pods), ``failed`` (a pod the provider says will never serve, terminated
+and replaced at once: RunPod's ERROR, or no public address), ``draining``,
+``terminated_<why>`` (``orphan``, ``duplicate``, ``drained``, ``unhealthy``,
+``by_operator``), ``moved`` (a
 stream placed, re-homed off a lost worker, moved to a cheaper one or by an
 operator's pin, or unplaced), ``redefined``, ``slo_breach`` (a stream placed over its
 latency budget: ``expected_ms``, ``slo_ms``, ``rtt_ms``, ``processing_ms``; see

@@ -12,7 +12,10 @@ moment:
   duplicate. A pod of this fleet the records do not know is an orphan and is
   terminated; two pods with one name are a duplicate and one is terminated.
 * A pod that vanished (spot preemption) or exited (process died) loses its
-  streams at once; placement re-homes them on the next healthy worker.
+  streams at once; placement re-homes them on the next healthy worker. A pod the
+  provider says will never serve (:attr:`PodStatus.ERROR`: RunPod's ERROR, or running
+  with no public address past the provider's grace) is terminated and replaced at
+  once, its reason in a ``failed`` event.
 * A failed create is retried after ``create_backoff_s``, doubling per failure
   in a row. "No capacity anywhere allowed" also holds the whole tier at the
   pods it has for that long, so the scaler sends its demand to the next
@@ -56,7 +59,7 @@ from deploy.providers.base import GpuPrice, NoCapacityError, Provider, ProviderE
 from deploy.scaling import tier_targets
 from deploy.schedule import in_window
 from deploy.settings import OrchestratorSettings, TierConfig
-from deploy.sizing import gpu_order, sizing_report, why_chosen
+from deploy.sizing import rank, sizing_report, vram_need, why_chosen
 from deploy.store import Store
 from deploy.workers import (
     apply_probe,
@@ -168,6 +171,11 @@ class Fleet:
             kind = "preempted" if rec.spot else "vanished"
             why = f"{'spot ' if rec.spot else ''}pod {rec.provider_id} gone from the provider"
             await self._lose(pods, rec, now, kind, why, count_failure=not rec.spot)
+            return
+        if info.status is PodStatus.ERROR:  # it will never serve: replace it now
+            why = info.reason or "the provider says ERROR"
+            await self._terminate(info.id, rec.name, "failed", why)
+            await self._lose(pods, rec, now, "failed", why, count_failure=True)
             return
         if info.status in (PodStatus.EXITED, PodStatus.TERMINATED):
             kind = "preempted" if rec.spot and info.status is PodStatus.EXITED else "exited"
@@ -329,9 +337,14 @@ class Fleet:
         for slot in list(free)[:n]:
             gen = await self.store.next_gen(tier.name, slot)
             rec = PodRecord(
-                name=pod_name(self.settings.fleet, tier.name, slot, gen), tier=tier.name,
-                slot=slot, gen=gen, spot=tier.spot, created_at=now, gpu_count=tier.gpu_count,
-            )  # fmt: skip
+                name=pod_name(self.settings.fleet, tier.name, slot, gen),
+                tier=tier.name,
+                slot=slot,
+                gen=gen,
+                spot=tier.interruptible,
+                created_at=now,
+                gpu_count=tier.gpu_count,
+            )
             rec.workers()  # one per GPU
             await self.store.put_pod(rec)  # intent first, then the provider
             pods[rec.name] = rec
@@ -367,12 +380,15 @@ class Fleet:
         creds = self.trust.for_pod(rec.name) if self.trust else PodCredentials()
         env = {**self.worker_env, **creds.env, "FRAMERELAY_WORKER_WORKER_ID": rec.name}
         env.setdefault("FRAMERELAY_WORKER_HOST", "0.0.0.0")  # noqa: S104 - inside a pod
+        fitting = [c for c in rank(self.settings, tier, self.prices) if c.fits]
         return PodSpec(
-            name=rec.name, tier=tier.name, spot=tier.spot,
-            gpu_types=gpu_order(self.settings, tier, self.prices),
+            name=rec.name, tier=tier.name, spot=tier.interruptible,
+            gpu_types=tuple(c.gpu_type for c in fitting),
             cloud_types=tier.cloud_types, data_centers=tier.data_centers, env=env,
             secret_env=creds.secret_env, tls_server_name=creds.tls_server_name,
             gpu_count=tier.gpu_count, template_id=tier.template_id,
+            min_vram_gb=vram_need(self.settings, tier),
+            gpu_fps={c.gpu_type: c.capacity_fps for c in fitting if c.capacity_fps},
         )  # fmt: skip
 
     def _backoff(self, failures: int) -> float:

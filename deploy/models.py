@@ -101,6 +101,9 @@ class PodStatus(enum.StrEnum):
     RUNNING = "RUNNING"
     EXITED = "EXITED"
     TERMINATED = "TERMINATED"
+    ERROR = "ERROR"
+    """The pod will never serve (RunPod's ERROR, or running with no public address after
+    the provider's grace): the fleet terminates and replaces it at once, with its reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,11 @@ class PodSpec:
     template_id: str | None = None
     """Create the pod from this provider template (RunPod): the template supplies the image,
     its disk and shared env; the pod gets its own env, GPUs and ports."""
+    min_vram_gb: float = 0.0
+    """VRAM one GPU needs for the tier's models (sizing); a GPU type with less is not rented."""
+    gpu_fps: Mapping[str, float] = field(default_factory=dict)
+    """Reference-model fps one GPU of each type promises for the tier's models (sizing),
+    where measured: the provider ranks those types by price per fps, the rest by price."""
 
     @property
     def ports(self) -> list[int]:
@@ -163,6 +171,9 @@ class PodInfo:
     endpoints: tuple[Endpoint, ...] = ()
     """One per worker (GPU) of the pod, in GPU order; the first is also ``tunnel_url`` /
     ``http_url``. Empty while the pod has no address yet."""
+    data_center: str = ""
+    reason: str | None = None
+    """Why the provider says what it says (one line), e.g. why a pod is in ERROR."""
 
     def set_endpoints(self, endpoints: tuple[Endpoint, ...]) -> None:
         self.endpoints = endpoints

@@ -12,7 +12,7 @@ import collections
 import contextlib
 import logging
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -24,7 +24,7 @@ from deploy.history import FleetHistory
 from deploy.ingest_link import HttpIngestLink, IngestLink, NullIngestLink
 from deploy.jobs import JobDriver, JobStore
 from deploy.latency import Latency, rtt_source
-from deploy.pod_trust import PodTrust, make_trust
+from deploy.pod_trust import TUNNEL_KEYS_ENV, PodTrust, make_trust
 from deploy.providers.base import Provider
 from deploy.settings import OrchestratorSettings
 from deploy.store import Store
@@ -34,6 +34,9 @@ from framerelay.auth.config import load_keys, require_keys
 from framerelay.auth.tokens import worker_scope
 from framerelay.errors import FramerelayError
 from framerelay.model_registry import ModelRegistry, load_registry
+
+if TYPE_CHECKING:
+    from deploy.providers.runpod.endpoints import ServerlessEndpoints
 
 log = logging.getLogger(__name__)
 CANARY_TOKEN_TTL_S = 300.0
@@ -45,12 +48,25 @@ def make_provider(settings: OrchestratorSettings) -> Provider:
 
         return LocalProvider(settings.local)
     if settings.provider == "runpod":
-        from deploy.providers.runpod import RunPodProvider
+        from deploy.providers.runpod.provider import RunPodProvider
 
         return RunPodProvider(settings.runpod)
     from deploy.providers.kubernetes import KubernetesProvider
 
     return KubernetesProvider(settings.kubernetes)
+
+
+def make_endpoints(settings: OrchestratorSettings, keys: KeySet) -> ServerlessEndpoints | None:
+    """The keeper of the managed serverless tiers' endpoints; None without such a tier.
+    Their workers get the public key set only (a shared volume's manifest is checked
+    with it), never a key that signs."""
+    if not any(t.serverless is not None for t in settings.tiers):
+        return None
+    from deploy.providers.runpod.endpoints import ServerlessEndpoints
+
+    public = keys.public()
+    env = {TUNNEL_KEYS_ENV: public.to_json()} if len(public) else {}
+    return ServerlessEndpoints(settings.runpod, settings.fleet, settings.tiers, env)
 
 
 def make_prober(
@@ -95,6 +111,7 @@ class Orchestrator:
         self.settings = settings
         self.keys = orchestrator_keys(settings)
         self.provider = provider or make_provider(settings)
+        self.serverless = make_endpoints(settings, self.keys)
         self.trust = make_trust(settings, self.keys, self.provider)
         self.registry = load_registry(settings.model_registry)  # a bad file: ConfigError
         self._prober = prober or make_prober(settings, self.trust, self.registry)
@@ -142,6 +159,8 @@ class Orchestrator:
         if not self.leader:
             return False
         await self.fleet.tick()
+        if self.serverless is not None:  # managed serverless endpoints: made, kept
+            await self.serverless.tick()
         await self.job_driver.tick()  # batch jobs: task streams for the next pass
         self.ticks += 1
         return True
@@ -174,6 +193,8 @@ class Orchestrator:
         if closer is not None:
             await closer()
         await self.provider.aclose()
+        if self.serverless is not None:
+            await self.serverless.aclose()
         if self.jobs_redis is not self.redis:
             await self.jobs_redis.aclose()
         await self.redis.aclose()

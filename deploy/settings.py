@@ -9,8 +9,10 @@ also reads ``<NAME>_FILE`` (:class:`framerelay.settings.ServiceSettings`).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -35,6 +37,8 @@ from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES
 
 CloudType = Literal["SECURE", "COMMUNITY"]
 
+log = logging.getLogger(__name__)
+
 
 class Window(BaseModel):
     """A time window in which a tier keeps at least ``min_warm`` workers."""
@@ -54,6 +58,23 @@ class Window(BaseModel):
         return v
 
 
+def renamed(data: Any, old: str, new: str, what: str) -> Any:
+    """``data`` with a setting's old name read as its new one, saying so once per load
+    (the old name is read until the next release)."""
+    if not isinstance(data, dict) or old not in data:
+        return data
+    if new in data:
+        raise ValueError(f"give {new!r} alone: {old!r} is its old name")
+    out = {k: v for k, v in data.items() if k != old}
+    out[new] = data[old]
+    name = data.get("name")
+    where = f"{what} {name}" if isinstance(name, str) else what
+    log.warning(
+        "%s: %r is renamed %r; the old name is read until the next release", where, old, new
+    )
+    return out
+
+
 class GpuTypeConfig(BaseModel):
     """What sizing knows of one GPU type: its VRAM, measured capacity, list price."""
 
@@ -68,7 +89,14 @@ class GpuTypeConfig(BaseModel):
         None, ge=0, le=1e6, description="List price of one GPU on demand, until the provider "
         "reports one.",
     )  # fmt: skip
-    spot_usd_per_hr: float | None = Field(None, ge=0, le=1e6, description="...on spot.")
+    interruptible_usd_per_hr: float | None = Field(
+        None, ge=0, le=1e6, description="...on interruptible capacity (Kubernetes spot nodes)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed(data, "spot_usd_per_hr", "interruptible_usd_per_hr", "GPU catalog entry")
 
 
 VOLUME_CACHE = "framerelay/cache"
@@ -117,13 +145,48 @@ class TierVolume(BaseModel):
         return {_CACHE_ENV: cache, _ENGINE_ENV: f"{cache}/trt", VOLUME_ENV: str(root)}
 
 
+FlashBoot = Literal["OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT"]
+
+
+class ServerlessConfig(BaseModel):
+    """A RunPod serverless endpoint the orchestrator manages for a tier (``<fleet>-<tier>``,
+    queue-based, workers from 0 to the tier's ``max_workers``, on its ``gpu_types``,
+    ``data_centers`` and network volume): what only an endpoint has."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    idle_timeout_s: int = Field(
+        5, ge=1, le=3600, description="Seconds an idle worker waits for a job before it stops."
+    )
+    flashboot: FlashBoot = Field(
+        "FLASHBOOT",
+        description="RunPod's cold-start acceleration: OFF, FLASHBOOT or PRIORITY_FLASHBOOT.",
+    )
+    queue_delay_s: float = Field(
+        4.0,
+        ge=0.5,
+        le=3600,
+        description="Scaling: another worker starts when a job has "
+        "waited this long in the queue (RunPod's QUEUE_DELAY scaler).",
+    )
+    execution_timeout_s: int = Field(
+        600, ge=5, le=86_400, description="The endpoint's timeout of one job's execution."
+    )
+
+
 class TierConfig(BaseModel):
     """A pool of like GPU workers: what to rent, how many, when."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Lowercase id, part of pod names.")
-    spot: bool = Field(False, description="Interruptible (spot) capacity; never takes critical.")
+    interruptible: bool = Field(
+        False,
+        description="Capacity the provider may take back at any time (Kubernetes spot node "
+        "pools; the local provider plays it); never takes critical streams. RunPod has none "
+        'since 2026-05: its cheaper capacity is cloud_types ["COMMUNITY"] or a serverless '
+        "tier. (Read from the old name 'spot' too, with a warning, until the next release.)",
+    )
     gpu_types: tuple[str, ...] = Field(
         ("NVIDIA RTX A4000",), min_length=1, description="In order of preference."
     )
@@ -178,15 +241,38 @@ class TierConfig(BaseModel):
         "handler: docs/runpod.md#serverless-mode): job tasks on this tier go to its /run API, "
         "no pod is rented; the API key is the RunPod one (runpod.api_key).",
     )  # fmt: skip
+    serverless: ServerlessConfig | None = Field(
+        None,
+        description="A RunPod serverless endpoint the orchestrator creates and keeps "
+        "as the tier says (docs/runpod.md#serverless-mode): job tasks go to it, no pod is "
+        "rented; instead of a hand-made serverless_endpoint_id.",
+    )
     serverless_price_per_s: float = Field(
-        0.0, ge=0, le=1, description="With serverless_endpoint_id: the endpoint's price ($) "
+        0.0,
+        ge=0,
+        le=1,
+        description="On a serverless tier: the endpoint's price ($) "
         "a second of worker execution (RunPod bills executionTime), for jobs' cost.",
-    )  # fmt: skip
+    )
 
     @property
     def rents_pods(self) -> bool:
         """False for a serverless tier: the scaler and placement leave it alone."""
-        return self.serverless_endpoint_id is None
+        return self.serverless_endpoint_id is None and self.serverless is None
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> TierConfig:
+        if self.serverless is not None and self.serverless_endpoint_id is not None:
+            raise ValueError(
+                f"tier {self.name}: give serverless (an endpoint the orchestrator manages) "
+                "or serverless_endpoint_id (a hand-made one), not both"
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed(data, "spot", "interruptible", "tier")
 
     @field_validator("name")
     @classmethod
@@ -201,8 +287,8 @@ same name in compose and deploy/k8s. The CPU worker is ``framerelay/worker:<vers
 
 def default_tiers() -> list[TierConfig]:
     return [
-        TierConfig(name="ondemand", spot=False, min_warm=1, max_workers=4),
-        TierConfig(name="spot", spot=True, cloud_types=("COMMUNITY", "SECURE"), max_workers=8),
+        TierConfig(name="ondemand", min_warm=1, max_workers=4),
+        TierConfig(name="community", cloud_types=("COMMUNITY", "SECURE"), max_workers=8),
     ]
 
 
@@ -219,16 +305,51 @@ class _TierVolumes(BaseModel):
         return self._volumes.get(tier)
 
 
+RUNPOD_API = "https://api.runpod.io/v2"
+"""RunPod's REST API v2 (v1, ``https://rest.runpod.io/v1``, was retired on 2026-11-15)."""
+_CUDA_VERSION = r"^\d+\.\d+$"
+
+
 class RunPodSettings(_TierVolumes):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api_key: SecretStr | None = Field(None, description="RunPod API key (Bearer header only).")
     base_url: str = Field(
-        "https://rest.runpod.io/v1",
-        description="RunPod's API (https://; plain http:// to loopback only, for a test "
-        "server): the API key goes in every request.",
+        RUNPOD_API,
+        description="RunPod's REST API v2 (https://; plain http:// to loopback only, for a "
+        "test server): the API key goes in every request. A v1 URL is refused.",
     )
     image: str = Field(WORKER_IMAGE, description="Worker image.")
+    registry: str | None = Field(
+        None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$",
+        description="RunPod container registry credential id, for a private worker image "
+        "(the create body's registry).",
+    )  # fmt: skip
+    min_cuda_version: str | None = Field(
+        "12.8", pattern=_CUDA_VERSION,
+        description="Lowest CUDA version of a pod's host (major.minor; the CUDA worker image "
+        "is built on CUDA 12.8): sent as gpu.minCudaVersion and scopes the catalog's stock.",
+    )  # fmt: skip
+    allowed_cuda_versions: tuple[Annotated[str, Field(pattern=_CUDA_VERSION)], ...] = Field(
+        (), description="Exact CUDA versions a host may have, instead of min_cuda_version "
+        "(gpu.allowedCudaVersions); empty: use min_cuda_version.",
+    )  # fmt: skip
+    catalog_ttl_s: float = Field(
+        30.0, gt=0, le=3600,
+        description="How long the GPU catalog (stock, prices, CUDA versions) is reused "
+        "before it is read again.",
+    )  # fmt: skip
+    unreachable_grace_s: float = Field(
+        90.0, gt=0, le=3600,
+        description="A pod RUNNING this long with no public IP and port for a worker port "
+        "(community hosts may have none) is terminated and replaced.",
+    )  # fmt: skip
+    avoid_s: float = Field(
+        1800.0,
+        ge=0,
+        le=86_400,
+        description="After such a pod, its data centre and cloud are tried last for this long.",
+    )
     container_disk_gb: int = Field(20, ge=1, le=2000)
     network_volume_id: str | None = Field(
         None, description="Network volume of every pod whose tier names none (a tier's "
@@ -251,11 +372,50 @@ class RunPodSettings(_TierVolumes):
     @classmethod
     def _https_only(cls, v: str) -> str:
         if not v.startswith(("https://", "http://")):
-            raise ValueError("base_url must be https://host[/path]")
+            raise ValueError(f"base_url must be https://host/v2 (RunPod's is {RUNPOD_API})")
         problem = plain_http_problem(v, "RunPod's API")
         if problem is not None:
             raise ValueError(problem)
+        url = urlsplit(v)
+        path = url.path.rstrip("/")
+        if url.hostname == "rest.runpod.io" or path.endswith("/v1"):
+            raise ValueError(
+                "RunPod's REST API v1 was retired on 2026-11-15: set "
+                f"FRAMERELAY_ORCH_RUNPOD__BASE_URL={RUNPOD_API} (or unset it)"
+            )
+        if not path.endswith("/v2"):
+            raise ValueError(f"base_url must end in /v2, RunPod's REST API v2 ({RUNPOD_API})")
         return v
+
+    @model_validator(mode="after")
+    def _cuda(self) -> RunPodSettings:
+        if self.allowed_cuda_versions and "min_cuda_version" in self.model_fields_set:
+            if self.min_cuda_version is not None:
+                raise ValueError(
+                    "give min_cuda_version or allowed_cuda_versions, not both (RunPod "
+                    "refuses a create with both)"
+                )
+        return self
+
+    @property
+    def cuda(self) -> dict[str, str | list[str]]:
+        """The CUDA constraint of a create's ``gpu`` (and of a catalog read): the exact
+        versions when given, else the floor, else none."""
+        if self.allowed_cuda_versions:
+            return {"allowedCudaVersions": list(self.allowed_cuda_versions)}
+        return {"minCudaVersion": self.min_cuda_version} if self.min_cuda_version else {}
+
+    def tier_problem(self, tiers: list[TierConfig]) -> str | None:
+        """Why these tiers cannot run on RunPod (None: they can). RunPod's API v2 has no
+        spot (interruptible) pods: its cheaper capacity is the community cloud."""
+        taken = [t.name for t in tiers if t.interruptible and t.rents_pods]
+        if not taken:
+            return None
+        return (
+            f"tier {taken[0]}: RunPod has no spot (interruptible) pods: give it "
+            '"interruptible": false and "cloud_types": ["COMMUNITY"] (RunPod\'s cheaper '
+            "capacity) in FRAMERELAY_ORCH_TIERS"
+        )
 
 
 class LocalSettings(_TierVolumes):
@@ -506,6 +666,13 @@ class OrchestratorSettings(ServiceSettings):
                         f"tier {t.name}: no GPU type in gpu_types has the {need:g} GB of VRAM "
                         f"its models take ({', '.join(t.models)})"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _runpod_tiers(self) -> OrchestratorSettings:
+        problem = self.runpod.tier_problem(self.tiers) if self.provider == "runpod" else None
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

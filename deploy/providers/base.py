@@ -1,8 +1,9 @@
 """The provider contract: create, get, list, stop, terminate, price list.
 
 Implementations: ``local`` (worker processes on this machine), ``runpod``
-(RunPod REST API v1), ``kubernetes`` (Deployments + Services). Errors form a
-small tree so the orchestrator can tell "try elsewhere" from "stop and fix".
+(RunPod REST API v2, :mod:`deploy.providers.runpod`), ``kubernetes`` (Deployments +
+Services). Errors form a small tree so the orchestrator can tell "try elsewhere" from
+"stop and fix".
 """
 
 from __future__ import annotations
@@ -24,18 +25,24 @@ class NoCapacityError(ProviderError):
 
 @dataclass(frozen=True, slots=True)
 class GpuPrice:
-    """$/hour of one GPU of a type, per cloud and kind."""
+    """$/hour of one GPU of a type, per cloud and kind. A provider without spot
+    capacity (RunPod's API v2) leaves the spot prices out: a spot price asked of it is
+    the cloud's own."""
 
     gpu_type: str
     secure: float
     community: float
-    secure_spot: float
-    community_spot: float
+    secure_spot: float | None = None
+    community_spot: float | None = None
+    serverless: float | None = None
+    """RunPod's serverless list price of one GPU of the type (its pool), when it sells one."""
 
     def price(self, cloud_type: str, spot: bool) -> float:
         if cloud_type == "COMMUNITY":
-            return self.community_spot if spot else self.community
-        return self.secure_spot if spot else self.secure
+            spot_price, price = self.community_spot, self.community
+        else:
+            spot_price, price = self.secure_spot, self.secure
+        return spot_price if spot and spot_price is not None else price
 
     @property
     def ondemand(self) -> float:

@@ -1,8 +1,9 @@
 """The console's "Workers and fleet" panel in real Chromium (issue 15): a real ingest API
-reading a real orchestrator on loopback, whose fleet runs against the RunPod contract
-server (fake clock): pods with provider, tier, GPU, state, canary latency, uptime and
-$/h; cost per stream-hour and the savings against all on-demand; the event log, where a
-preempted spot pod and its re-homed streams appear; without an orchestrator, a note."""
+reading a real orchestrator on loopback, whose fleet runs against the RunPod API v2
+contract server (fake clock): pods with provider, tier, GPU, state, canary latency,
+uptime and $/h; cost per stream-hour and the savings against all on-demand; the event
+log, where a community pod lost with its host and its re-homed streams appear; without an
+orchestrator, a note."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from bench.rig.runpod_contract import ContractState
+from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app as orch_app
 from deploy.clock import FakeClock
 from tests.conftest import TIMEOUT_FACTOR
 from tests.console.test_console_scopes import run_with_ingest, sign_in
 from tests.deploy.orch_support import serving_here
-from tests.deploy.test_events_api import TIERS, passes, spot_pods
+from tests.deploy.test_events_api import TIERS, community_pods, passes
 from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.deploy.test_pod_view import TimedProber
 from tests.ingest.api_rig import Ingest, running_ingest
@@ -38,13 +39,13 @@ def pods_shown(driver: Any) -> dict[str, list[str]]:
     return {row[0]: row for row in driver.execute_script(script)}
 
 
-def test_the_fleet_panel_shows_pods_cost_and_a_preemption(tmp_path: Path) -> None:
+def test_the_fleet_panel_shows_pods_cost_and_a_lost_pod(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     async def main() -> None:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         async with fleet_on_contract(state, clock, TIERS) as orch:
             orch.fleet.prober = TimedProber()
             for i in range(9):
@@ -56,11 +57,11 @@ def test_the_fleet_panel_shows_pods_cost_and_a_preemption(tmp_path: Path) -> Non
             ):
                 with chromium() as driver:
                     before = await asyncio.to_thread(first_look, driver, ingest)
-                    lost = spot_pods(state)[0]
-                    state.preempt(lost)
+                    lost = community_pods(state)[0]
+                    state.vanish(lost)  # its host is lost
                     await passes(orch, clock, 4)
-                    await asyncio.to_thread(after_preemption, driver, before)
-                    assert lost  # the contract server's id of the preempted pod
+                    await asyncio.to_thread(after_loss, driver, before)
+                    assert lost  # the contract server's id of the lost pod
 
     def first_look(driver: Any, ingest: Ingest) -> set[str]:
         sign_in(driver, ingest, ingest.token("streams:read"))
@@ -73,17 +74,17 @@ def test_the_fleet_panel_shows_pods_cost_and_a_preemption(tmp_path: Path) -> Non
         cost = driver.find_element(By.ID, "fleet-cost").text
         print(f"  {cost}")
         assert "per stream-hour (9 streams)" in cost and "against all on-demand" in cost
-        assert "spot" in driver.find_element(By.ID, "pods").text
+        assert "community" in driver.find_element(By.ID, "pods").text
         created = driver.find_element(By.ID, "events").text
         assert created.count("created") == 3, created
         driver.save_screenshot(str(artifacts("console") / "fleet-1280x800.png"))
         return set(pods_shown(driver))
 
-    def after_preemption(driver: Any, before: set[str]) -> None:
+    def after_loss(driver: Any, before: set[str]) -> None:
         events = driver.find_element(By.ID, "events")
         wait = WebDriverWait(driver, 30 * TIMEOUT_FACTOR)
-        wait.until(lambda d: "preempted" in events.text)
-        wait.until(lambda d: before - set(pods_shown(d)))  # the preempted pod left the table
+        wait.until(lambda d: "vanished" in events.text)
+        wait.until(lambda d: before - set(pods_shown(d)))  # the lost pod left the table
         text = driver.execute_script("return document.getElementById('events').textContent")
         print(f"  events:\n{text}")
         assert "gone from the provider" in text and text.count("moved") >= 3

@@ -1,8 +1,9 @@
 """GET /v1/events and GET /v1/history of a real orchestrator API: the real fleet logic
-against the RunPod contract server and a real Redis, with a fake clock. Spot pods are
-preempted (one vanishes, one turns EXITED) and a pod fails its health checks: each
-event appears with its reason, the streams' re-homing too; fleet:read only; bad
-``since`` values are a 422, never a traceback."""
+against the RunPod API v2 contract server and a real Redis, with a fake clock. Two
+community-cloud pods are lost (one vanishes with its host, RunPod puts the other in
+ERROR) and a pod fails its health checks: each event appears with its reason, the
+streams' re-homing too; fleet:read only; bad ``since`` values are a 422, never a
+traceback."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.rig.runpod_contract import ContractState
+from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.health import Probe, StatusProber
@@ -25,9 +26,9 @@ from tests.deploy.test_fleet_no_capacity import GPU, TICK_S, fleet_on_contract
 from tests.support.auth import mint
 
 pytestmark = pytest.mark.integration
-TIERS = (  # standard streams go to spot (cheaper); on-demand keeps one warm pod
+TIERS = (  # standard streams go to the community cloud (cheaper); on-demand keeps one warm
     TierConfig(name="ondemand", min_warm=1, max_workers=2, capacity_fps=20, gpu_types=(GPU,)),
-    TierConfig(name="spot", spot=True, max_workers=3, capacity_fps=20, gpu_types=(GPU,),
+    TierConfig(name="community", max_workers=3, capacity_fps=20, gpu_types=(GPU,),
                cloud_types=("COMMUNITY",)),
 )  # fmt: skip
 SICK = "heartbeat failed: connection refused"
@@ -56,8 +57,8 @@ async def passes(orch: Orchestrator, clock: FakeClock, n: int) -> None:
         clock.advance(TICK_S)
 
 
-def spot_pods(state: ContractState) -> list[str]:
-    return sorted(pid for pid, p in state.pods.items() if p["interruptible"])
+def community_pods(state: ContractServer) -> list[str]:
+    return sorted(pid for pid, p in state.pods.items() if p.name.startswith("fr-community"))
 
 
 def kinds(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -67,18 +68,18 @@ def kinds(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 def test_preempted_and_replaced_pods_show_in_events_with_their_reasons() -> None:
     async def main() -> None:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         async with fleet_on_contract(state, clock, TIERS) as orch:
             prober = SickProber()
             orch.fleet.prober = prober
-            for i in range(9):  # 9 x 5 fps, 3 per worker: the warm on-demand one, 2 spot
+            for i in range(9):  # 9 x 5 fps, 3 per worker: the warm on-demand one, 2 community
                 await orch.store.put_stream(_spec(f"std-{i}"))
             await passes(orch, clock, 5)
-            assert len(spot_pods(state)) == 2 and not orch.fleet.unplaced
+            assert len(community_pods(state)) == 2 and not orch.fleet.unplaced
             started = clock.now() - TICK_S / 2  # events of the next pass are after it
-            vanish, exit_ = spot_pods(state)
-            state.preempt(vanish)
-            state.preempt(exit_, vanish=False)
+            vanish, error = community_pods(state)
+            state.vanish(vanish)  # its host is lost
+            state.fail_pod(error, "the GPU fell off the bus")
             await passes(orch, clock, 6)
             sick = next(p.name for p in (await orch.store.pods()).values() if p.tier == "ondemand")
             prober.sick.add(sick)
@@ -99,13 +100,16 @@ def test_preempted_and_replaced_pods_show_in_events_with_their_reasons() -> None
         assert all(e["t"] > started for e in body["events"])
         seqs = [e["seq"] for e in all_events["events"]]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-        preempted = {e["reason"] for e in kinds(body, "preempted")}
-        assert any("gone from the provider" in r for r in preempted), preempted
-        assert any("EXITED" in r for r in preempted), preempted
-        assert all(e["spot"] and e["pod"] for e in kinds(body, "preempted"))
-        lost = {e["pod"] for e in kinds(body, "preempted")}
+        vanished, failed = kinds(body, "vanished"), kinds(body, "failed")
+        assert [e["reason"] for e in vanished] == [f"pod {vanish} gone from the provider"]
+        assert [e["reason"] for e in failed] == [
+            "RunPod says ERROR (its container cannot recover) for NVIDIA RTX A4000 in "
+            "EU-RO-1/COMMUNITY"
+        ]
+        assert all(e["tier"] == "community" and e["pod"] for e in vanished + failed)
+        lost = {e["pod"] for e in vanished + failed}
         rehomed = [e for e in kinds(body, "moved") if e["old"] in lost]
-        assert len(rehomed) == 6, rehomed  # each stream of the two lost spot workers
+        assert len(rehomed) == 6, rehomed  # each stream of the two lost community workers
         assert all(e["stream"] and "is lost or not ready" in e["reason"] for e in rehomed)
         unhealthy = kinds(body, "unhealthy")
         assert [e["pod"] for e in unhealthy] == [sick] and unhealthy[0]["reason"] == SICK
@@ -116,8 +120,8 @@ def test_preempted_and_replaced_pods_show_in_events_with_their_reasons() -> None
             e["reason"].startswith("tier ") for e in kinds(all_events, "created")
         )
         assert history["points"] == 360 and len(history["timestamps"]) == 4  # 17 passes of 2 s
-        assert set(history["pods"]) == {"ondemand", "spot"}
-        assert max(history["pods"]["spot"]) == 2 and history["streams_placed"][-1] == 9
+        assert set(history["pods"]) == {"ondemand", "community"}
+        assert max(history["pods"]["community"]) == 2 and history["streams_placed"][-1] == 9
         last = history["usd_per_hour"][-1]
         assert last > 0 and history["usd_per_stream_hour"][-1] == pytest.approx(last / 9, 1e-3)
 
@@ -148,7 +152,7 @@ def test_events_refusals_and_bad_since(
 ) -> None:
     async def main() -> list[httpx.Response]:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         async with fleet_on_contract(state, clock, TIERS) as orch:
             auth = {}
             if scopes:

@@ -1,9 +1,10 @@
 """The job driver in the real orchestrator loop: a batch job opens pods on a batch-only
-spot tier from zero (one per task up to max_parallel), starts the next task when its
-ingest marks one done, survives an orchestrator restart and a spot preemption, charges
-its share of the pods, and the tier drains back to zero once the queue is empty.
+community-cloud tier from zero (one per task up to max_parallel), starts the next task
+when its ingest marks one done, survives an orchestrator restart and a pod lost with its
+host, charges its share of the pods, and the tier drains back to zero once the queue is
+empty.
 
-The real fleet (scaler, placement, drains) against the RunPod contract server and a real
+The real fleet (scaler, placement, drains) against the RunPod API v2 contract server and a real
 Redis, with a fake clock; pods run nothing (health from the provider's status) and the
 ingest's side of the contract (TaskProgress in Redis) is written here."""
 
@@ -21,12 +22,12 @@ import pytest
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
-from bench.rig.runpod_contract import ContractState, running_contract_server
+from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.clock import FakeClock
 from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
 from deploy.jobs_api import new_job
-from deploy.providers.runpod import RunPodProvider
+from deploy.providers.runpod.provider import RunPodProvider
 from deploy.service import Orchestrator
 from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig
 from framerelay.jobs import JobSpec, TaskProgress, progress_key
@@ -37,7 +38,7 @@ GPU = "NVIDIA RTX A4000"
 TICK_S = 2.0
 TIERS = (
     TierConfig(name="ondemand", min_warm=0, max_workers=2, capacity_fps=20, gpu_types=(GPU,)),
-    TierConfig(name="batch", spot=True, batch_only=True, min_warm=0, max_workers=4,
+    TierConfig(name="batch", batch_only=True, min_warm=0, max_workers=4,
                gpu_types=(GPU,), cloud_types=("COMMUNITY",)),
 )  # fmt: skip
 
@@ -52,10 +53,11 @@ def settings(prefix: str, ca: Path) -> OrchestratorSettings:
 
 @asynccontextmanager
 async def orchestrator(
-    state: ContractState, clock: FakeClock, base: str, s: OrchestratorSettings
+    state: ContractServer, clock: FakeClock, base: str, s: OrchestratorSettings
 ) -> AsyncIterator[Orchestrator]:
     provider = RunPodProvider(
-        RunPodSettings(api_key=SecretStr(state.api_key), base_url=base, backoff_s=0.01)
+        RunPodSettings(api_key=SecretStr(state.api_key), base_url=base, backoff_s=0.01),
+        clock=clock.now,
     )
     orch = Orchestrator(
         s, provider=provider, prober=StatusProber(20), ingest=NullIngestLink(), clock=clock,
@@ -93,10 +95,10 @@ def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> None:
 
     async def main() -> None:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         prefix = f"test-jobs-{secrets.token_hex(4)}:"
         seen: list[int] = []
-        with tempfile.TemporaryDirectory() as ca, running_contract_server(state) as base:
+        with tempfile.TemporaryDirectory() as ca, running_runpod_v2(state) as base:
             s = settings(prefix, Path(ca) / "ca")
             async with orchestrator(state, clock, base, s) as orch:
                 await passes(orch, clock, 2, seen)
@@ -116,10 +118,10 @@ def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> None:
                     await mark(orch, 0, "done")
                     await passes(orch, clock, 2, seen)
                     assert sorted(await orch.store.assignments()) == ["job-night-1", "job-night-2"]
-                    spot = next(p for p in state.pods.values() if p["interruptible"])
-                    state.preempt(spot["id"])
+                    lost = next(p for p in state.pods.values() if p.name.startswith("fr-batch"))
+                    state.vanish(lost.id)  # its host is lost
                     await passes(orch, clock, 3, seen)
-                    assert orch.fleet.counters["preempted"] == 1
+                    assert orch.fleet.counters["vanished"] == 1
                     assert sorted(await orch.store.assignments()) == ["job-night-1", "job-night-2"]
                     await mark(orch, 1, "done")
                     await mark(orch, 2, "done")
@@ -137,5 +139,6 @@ def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> None:
                     assert max(seen) == 2 and seen[-1] == 0
                 finally:
                     await orch.store.clear()
+        assert state.violations == [] and state.client_errors == [] and not state.key_in_url
 
     asyncio.run(main())

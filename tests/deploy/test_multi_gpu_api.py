@@ -1,6 +1,6 @@
 """The orchestrator's API over a two-GPU pod (issue 17): a stream can be moved to the
 pod's second worker, the pod view lists the streams of every one of its workers, and
-the fleet history counts them as placed. The real fleet logic against the RunPod
+the fleet history counts them as placed. The real fleet logic against the RunPod API v2
 contract server and a real Redis, with a fake clock."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.rig.runpod_contract import ContractState
+from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.models import StreamSpec
@@ -31,7 +31,7 @@ TIERS = (TierConfig(name="big", gpu_count=2, min_warm=1, max_workers=1, capacity
 def test_streams_move_to_and_show_on_every_worker_of_a_two_gpu_pod() -> None:
     async def main() -> tuple[int, int, dict[str, Any], list[float], dict[str, str]]:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         async with fleet_on_contract(state, clock, TIERS) as orch:
             await passes(orch, clock, 3)  # the warm pod: both workers ready
             for sid in ("cam-a", "cam-b"):

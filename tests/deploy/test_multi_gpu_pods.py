@@ -3,15 +3,16 @@
 The whole fleet runs for real (orchestrator, Redis, ingest behind its HTTP API) and
 the pod is started by its own entrypoint, ``framerelay worker --gpus 2``: one worker
 process per "GPU" (on this machine the CPU ONNX model), each on its own port and
-token scope (``worker:<pod>-gpu<i>``). Once with the RunPod contract server, where
-the container command comes from the create body's ``dockerStartCmd`` and the
-ports from its ``portMappings``; once with the local provider."""
+token scope (``worker:<pod>-gpu<i>``). Once with the RunPod API v2 contract server,
+where the container's arguments come from the create body's ``args`` and the ports
+from the pod's ``runtime.ports``; once with the local provider."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -20,15 +21,15 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from bench.rig.runpod_contract import ContractState, CreateTemplate, running_contract_server
+from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.models import StreamSpec
 from deploy.providers.base import Provider
-from deploy.providers.runpod import RunPodProvider
+from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
-from framerelay.launcher import LocalWorker
-from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.conftest import CLIP
 from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
 from tests.support.auth import ed_keys
+from tests.support.runpod import add_template, launch_worker
 
 pytestmark = pytest.mark.integration  # functional (no timing figure asserted): runs in parallel
 KEY = "rpa_" + "Tw0GpuK3y" * 3
@@ -39,25 +40,6 @@ TIER = TierConfig(name="big", gpu_count=2, min_warm=1, max_workers=1, capacity_f
 RESULTS = 5
 """Results each stream must bring back from its worker."""
 STREAMS = [StreamSpec(id=f"cam-{i}", url=str(CLIP), fps=3, loop=True) for i in range(2)]
-
-
-def _launch(pod: dict[str, Any]) -> tuple[str, dict[str, int], Any]:
-    """The container: the image's ``framerelay`` entrypoint with the pod's start command
-    and env, one public port per exposed port (a worker per GPU)."""
-    env = dict(pod["env"])
-    assert "FRAMERELAY_TOKEN_SECRETS" not in env and "FRAMERELAY_SIGNING_KEYS" not in env
-    env.pop("FRAMERELAY_WORKER_HOST", None)
-    command = pod["dockerStartCmd"]
-    assert command[:2] == ["worker", "--gpus"], command
-    worker = LocalWorker(
-        None, worker_id=env.pop("FRAMERELAY_WORKER_WORKER_ID"), env=env, gpus=int(command[2]),
-        args=["--model", str(MODEL), "--threads", "1", "--host", "127.0.0.1"],
-    )  # fmt: skip
-    worker.start(120 * TIMEOUT_FACTOR)
-    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in worker.urls]
-    exposed = [p.split("/")[0] for p in pod["ports"]]
-    assert len(exposed) == len(ports) == 2
-    return "127.0.0.1", dict(zip(exposed, ports, strict=True)), worker.stop
 
 
 async def _streams_on_both_workers(fleet: Fleet) -> tuple[dict[str, str], dict[str, int]]:
@@ -90,6 +72,13 @@ def _check(assigned: dict[str, str], results: dict[str, int]) -> None:
     assert all(results.get(w, 0) >= RESULTS for w in WORKERS)
 
 
+def _launch(pod: dict[str, Any]) -> tuple[str, dict[int, int], Any]:
+    """The container: ``framerelay worker --gpus 2`` from the pod's ``args``, one public
+    port per exposed port (a worker per GPU)."""
+    assert shlex.split(pod["args"]) == ["worker", "--gpus", "2"], pod["args"]
+    return launch_worker(pod)
+
+
 @pytest.mark.parametrize("template", [False, True], ids=["image", "template"])
 def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
     template: bool, secret: str, tmp_path: Path
@@ -97,17 +86,21 @@ def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
     """With ``template``: the tier names a RunPod template made from the worker image,
     which supplies the image, disk and a shared setting; the pod still brings its own
     env (keys, certificate, worker id), two GPUs, two ports and ``worker --gpus 2``."""
-    state = ContractState(KEY)
-    state.launcher = _launch
-    tier = TIER
-    if template:
-        made = state.add_template(CreateTemplate(
-            name="framerelay-worker", imageName="framerelay/worker:0.1.0", containerDiskInGb=20,
-            ports=["8443/tcp"], env={"FRAMERELAY_WORKER_MAX_BATCH": "4"},
-        ))  # fmt: skip
-        tier = TIER.model_copy(update={"template_id": made["id"]})
+    server = ContractServer(KEY, launcher=_launch)
 
     async def main(base: str) -> tuple[dict[str, str], dict[str, int]]:
+        tier = TIER
+        if template:
+            made = add_template(
+                base,
+                KEY,
+                name="framerelay-worker",
+                image="framerelay/worker:0.1.0",
+                disk=20,
+                ports=["8443/tcp"],
+                env={"FRAMERELAY_WORKER_MAX_BATCH": "4"},
+            )
+            tier = TIER.model_copy(update={"template_id": made["id"]})
         rp: Provider = RunPodProvider(
             RunPodSettings(api_key=SecretStr(KEY), base_url=base, backoff_s=0.05)
         )
@@ -117,20 +110,15 @@ def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
         async with running_fleet(settings, provider=rp) as fleet:
             return await _streams_on_both_workers(fleet)
 
-    with running_contract_server(state) as base:
-        try:
-            assigned, results = asyncio.run(main(base))
-            (pod,) = state.pods.values()
-        finally:
-            time.sleep(0.5)
-            for pod_id in list(state.pods):
-                state.remove(pod_id)
-    assert pod["gpuCount"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
+    with running_runpod_v2(server) as base:
+        assigned, results = asyncio.run(main(base))
+        (pod,) = (server.pod_view(p) for p in server.pods.values())
+    assert pod["gpu"]["count"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
     if template:
-        assert pod["templateId"] == tier.template_id and pod["image"] == "framerelay/worker:0.1.0"
+        assert pod["image"] == "framerelay/worker:0.1.0"
         assert pod["env"]["FRAMERELAY_WORKER_MAX_BATCH"] == "4"
         assert pod["env"]["FRAMERELAY_WORKER_WORKER_ID"] == POD
-    assert not state.key_in_url
+    assert server.violations == [] and server.client_errors == [] and not server.key_in_url
     _check(assigned, results)
 
 

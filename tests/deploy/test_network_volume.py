@@ -1,7 +1,7 @@
 """Network volumes (issue 17): a tier's volume reaches every provider's pods.
 
-RunPod: ``networkVolumeId`` + ``volumeMountPath`` in the create body, only in the
-volume's data centre (the contract server refuses another, as RunPod would).
+RunPod: ``mounts.network`` ``[{volumeId, path}]`` in the create body, only in the
+volume's data centre (the API v2 contract server refuses another, as RunPod would).
 Kubernetes: a PersistentVolumeClaim volume and its mount. Local: a shared directory.
 Each pod's workers get their artefact cache on the volume, and the volume's mount
 (``FRAMERELAY_WORKER_VOLUME_DIR``: they take from it only what its signed manifest lists,
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from bench.rig.runpod_contract import ContractState, CreateNetworkVolume, running_contract_server
+from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.models import PodSpec, PodStatus
 from deploy.providers.base import ProviderError
 from deploy.providers.kubernetes import render_worker
 from deploy.providers.local import LocalProvider
-from deploy.providers.runpod import RunPodProvider
+from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import (
     KubernetesSettings,
     LocalSettings,
@@ -36,6 +36,7 @@ from framerelay.auth.manifest import MANIFEST_PATH, digest_tree, sign_manifest
 from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.support.auth import hs_keys
+from tests.support.runpod import add_volume
 
 KEY = "rpa_" + "V0lumeK3y" * 3
 CACHE_ENV = "FRAMERELAY_WORKER_DETECTOR__CACHE_DIR"
@@ -57,13 +58,17 @@ def _spec(name: str = "fr-vol-0-g0") -> PodSpec:
     return PodSpec(name=name, tier="vol", gpu_types=("NVIDIA L4",), spot=False)
 
 
+def _check(server: ContractServer) -> None:
+    assert server.violations == [] and server.client_errors == [] and not server.key_in_url
+
+
 def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
-    state = ContractState(KEY)
-    volume = state.add_volume(CreateNetworkVolume(name="models", size=50, dataCenterId="EU-SE-1"))
-    tv = TierVolume(runpod_id=volume["id"], data_center="EU-SE-1", mount_path="/runpod-volume")
-    settings = _settings("runpod", tv, data_centers=("EU-RO-1", "EU-SE-1"))
+    server = ContractServer(KEY)
 
     async def run(url: str) -> dict[str, Any]:
+        volume = add_volume(url, KEY, "models", 50, "EU-SE-1")
+        tv = TierVolume(runpod_id=volume["id"], data_center="EU-SE-1", mount_path="/runpod-volume")
+        settings = _settings("runpod", tv, data_centers=("EU-RO-1", "EU-SE-1"))
         runpod = settings.runpod.model_copy(update={"api_key": SecretStr(KEY), "base_url": url})
         runpod.set_volumes({"vol": tv})
         provider = RunPodProvider(runpod)
@@ -71,21 +76,23 @@ def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
             info = await provider.create(_spec())
         finally:
             await provider.aclose()
-        return state.pods[info.id]
+        pod = server.pod_view(server.pods[info.id])
+        return {**pod, "volume": volume["id"]}
 
-    with running_contract_server(state) as url:
+    with running_runpod_v2(server) as url:
         pod = asyncio.run(run(url))
-    assert (pod["networkVolumeId"], pod["volumeMountPath"]) == (volume["id"], "/runpod-volume")
+    assert pod["mounts"] == {"network": [{"volumeId": pod["volume"], "path": "/runpod-volume"}]}
     assert pod["dataCenterId"] == "EU-SE-1"
     assert pod["env"][CACHE_ENV] == "/runpod-volume/framerelay/cache"
     assert pod["env"][VOLUME_ENV] == "/runpod-volume"
+    _check(server)
 
 
 def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
-    state = ContractState(KEY)
-    volume = state.add_volume(CreateNetworkVolume(name="models", size=50, dataCenterId="US-KS-2"))
+    server = ContractServer(KEY)
 
-    async def run(url: str) -> tuple[dict[str, Any], str]:
+    async def run(url: str) -> tuple[dict[str, Any], str, str]:
+        volume = add_volume(url, KEY, "models", 50, "US-KS-2")
         settings = RunPodSettings(api_key=SecretStr(KEY), base_url=url, max_retries=0)
         provider = RunPodProvider(settings)
         try:
@@ -96,33 +103,43 @@ def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
                 await provider.create(_spec("fr-vol-1-g0"))
         finally:
             await provider.aclose()
-        return state.pods[info.id], str(err.value)
+        return server.pod_view(server.pods[info.id]), str(err.value), volume["id"]
 
-    with running_contract_server(state) as url:
-        pod, error = asyncio.run(run(url))
-    assert pod["dataCenterId"] == "US-KS-2" and pod["networkVolumeId"] == volume["id"]
-    assert ("GET", f"/v1/networkvolumes/{volume['id']}") in state.requests
+    with running_runpod_v2(server) as url:
+        pod, error, volume_id = asyncio.run(run(url))
+    assert pod["dataCenterId"] == "US-KS-2"
+    assert pod["mounts"]["network"][0]["volumeId"] == volume_id
+    assert server.requests("GET", "/v2/network-volumes/{id}")
     assert "\n" not in error and KEY not in error
+    assert error.startswith("RunPod could not find network volume missing: HTTP 404 Not Found")
 
 
 def test_runpod_refuses_a_volume_outside_the_pods_data_centres() -> None:
-    state = ContractState(KEY)
-    volume = state.add_volume(CreateNetworkVolume(name="models", size=50, dataCenterId="US-GA-1"))
+    server = ContractServer(KEY)
 
     async def run(url: str) -> None:
-        settings = RunPodSettings(api_key=SecretStr(KEY), base_url=url, max_retries=0,
-                                  network_volume_id=volume["id"])  # fmt: skip
+        volume = add_volume(url, KEY, "models", 50, "EU-SE-1")
+        settings = RunPodSettings(
+            api_key=SecretStr(KEY), base_url=url, max_retries=0, network_volume_id=volume["id"]
+        )
         provider = RunPodProvider(settings)
-        spec = PodSpec(name="fr-x-0-g0", tier="x", gpu_types=("NVIDIA L4",), spot=False,
-                       data_centers=("EU-RO-1",))  # fmt: skip
+        spec = PodSpec(
+            name="fr-x-0-g0",
+            tier="x",
+            gpu_types=("NVIDIA L4",),
+            spot=False,
+            data_centers=("EU-RO-1",),
+        )
         try:
-            with pytest.raises(ProviderError, match="US-GA-1"):
+            with pytest.raises(ProviderError, match="is in EU-SE-1, not in its data_centers"):
                 await provider.create(spec)
         finally:
             await provider.aclose()
 
-    with running_contract_server(state) as url:
+    with running_runpod_v2(server) as url:
         asyncio.run(run(url))
+    assert server.requests("POST", "/v2/pods") == []
+    _check(server)
 
 
 @pytest.mark.parametrize(
@@ -206,27 +223,27 @@ def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
 def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
     tmp_path: Path,
 ) -> None:
-    """The contract server backs each pod with a real worker whose volume mount is a
-    shared directory; pod create -> RUNNING (workers ready) is measured for both."""
+    """The API v2 contract server backs each pod with a real worker whose volume mount is
+    a shared directory; pod create -> RUNNING (workers ready) is measured for both."""
     disk, mount = tmp_path / "volume", "/workspace"
-    state = ContractState(KEY)
-    volume = state.add_volume(CreateNetworkVolume(name="models", size=10, dataCenterId="EU-RO-1"))
     logs: list[Path] = []
     secret = "contract-volume-test-secret-0123"
 
     def launch(pod: dict[str, Any]) -> tuple[str, int, Any]:
-        env = {k: v.replace(mount, str(disk), 1) if k.endswith("_DIR") else v
-               for k, v in pod["env"].items()}  # fmt: skip
+        env = {
+            k: v.replace(mount, str(disk), 1) if k.endswith("_DIR") else v
+            for k, v in pod["env"].items()
+        }
         assert env[VOLUME_ENV] == str(disk)
         env["FRAMERELAY_TOKEN_SECRETS"] = secret
-        worker = LocalWorker(worker_id=pod["name"], env=env,
-                             args=["--model", str(MODEL), "--threads", "1"])  # fmt: skip
+        worker = LocalWorker(
+            worker_id=pod["name"], env=env, args=["--model", str(MODEL), "--threads", "1"]
+        )
         logs.append(worker.log_path)
         worker.start(120 * TIMEOUT_FACTOR)
         return "127.0.0.1", int(worker.url.rsplit(":", 1)[1].split("/")[0]), worker.stop
 
-    state.launcher = launch
-    tv = TierVolume(runpod_id=volume["id"], data_center="EU-RO-1", mount_path=mount)
+    server = ContractServer(KEY, launcher=launch)
 
     async def create_until_ready(provider: RunPodProvider, name: str) -> float:
         started = time.perf_counter()
@@ -241,8 +258,11 @@ def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
         raise AssertionError(f"{name} not ready")
 
     async def run(url: str) -> tuple[float, float]:
-        settings = RunPodSettings(api_key=SecretStr(KEY), base_url=url, tls=False,
-                                  allow_insecure=True)  # fmt: skip
+        volume = add_volume(url, KEY, "models", 10, "EU-RO-1")
+        tv = TierVolume(runpod_id=volume["id"], data_center="EU-RO-1", mount_path=mount)
+        settings = RunPodSettings(
+            api_key=SecretStr(KEY), base_url=url, tls=False, allow_insecure=True
+        )
         settings.set_volumes({"vol": tv})
         provider = RunPodProvider(settings)
         try:
@@ -252,9 +272,12 @@ def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
         finally:
             await provider.aclose()
 
-    with running_contract_server(state) as url:
+    with running_runpod_v2(server) as url:
         first_s, second_s = asyncio.run(run(url))
-    print(f"\nRunPod contract server pod create -> ready (worker up): first {first_s:.2f} s "
-          f"(builds), second {second_s:.2f} s (cache hit)")  # fmt: skip
+    print(
+        f"\nRunPod API v2 contract server pod create -> ready (worker up): first "
+        f"{first_s:.2f} s (builds), second {second_s:.2f} s (cache hit)"
+    )
     assert "built and stored in the artefact cache" in logs[0].read_text()
     assert "found in the artefact cache" in logs[1].read_text()
+    _check(server)

@@ -3,7 +3,7 @@ orchestrator's CA and only the public key set; the ingest-side check (the CA +
 the pod's name as server_hostname) accepts its certificate and no other pod's.
 Remote providers refuse plain ws:// and HS256-only keys by default.
 
-RunPod pods go through the RunPod contract server (real HTTP); the local pod
+RunPod pods go through the RunPod API v2 contract server (real HTTP); the local pod
 is a real worker process whose canary runs over verified wss://."""
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import pytest
 from cryptography import x509
 from pydantic import SecretStr
 
-from bench.rig.runpod_contract import ContractState, running_contract_server
+from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.ca import PodCA
 from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
 from deploy.models import PodRecord
 from deploy.pod_trust import PodTrust
 from deploy.providers.kubernetes import KubernetesProvider
-from deploy.providers.runpod import RunPodProvider
+from deploy.providers.runpod.provider import RunPodProvider
 from deploy.service import Orchestrator
 from deploy.settings import KubernetesSettings, LocalSettings, RunPodSettings, TierConfig
 from framerelay.auth import KeySet
@@ -38,7 +38,7 @@ from tests.support.auth import ed_keys
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "Tru5tT3stK3y" * 3
-SPOT = TierConfig(name="spot", spot=True, min_warm=2, max_workers=2, cloud_types=("COMMUNITY",))
+COMMUNITY = TierConfig(name="community", min_warm=2, max_workers=2, cloud_types=("COMMUNITY",))
 POD_ENV = {
     "FRAMERELAY_WORKER_WORKER_ID", "FRAMERELAY_WORKER_HOST", "FRAMERELAY_WORKER_TUNNEL_KEYS",
     "FRAMERELAY_WORKER_TLS_CERT_PEM", "FRAMERELAY_WORKER_TLS_KEY_PEM",
@@ -51,10 +51,16 @@ def runpod(base: str, **over: Any) -> RunPodProvider:
     )
 
 
-async def one_pass(orch: Orchestrator) -> dict[str, PodRecord]:
+async def addressed(orch: Orchestrator) -> dict[str, PodRecord]:
+    """The pods created, then passes until each has its address (a new pod is PROVISIONING,
+    then STARTING, then RUNNING with its ports mapped)."""
     try:
-        await orch.fleet.tick()
-        return await orch.store.pods()
+        for _ in range(5):
+            await orch.fleet.tick()
+            pods = await orch.store.pods()
+            if pods and all(p.tunnel_url for p in pods.values()):
+                break
+        return pods
     finally:
         await orch.store.clear()
         await orch.aclose()
@@ -68,17 +74,17 @@ def test_runpod_pods_get_own_certificates_and_only_the_public_keys(
     tmp_path: Path, secret: str
 ) -> None:
     keys = ed_keys()
-    state = ContractState(KEY)
-    with running_contract_server(state) as base:
-        settings = orch_settings(tmp_path, keys, provider="runpod", tiers=[SPOT],
+    state = ContractServer(KEY)
+    with running_runpod_v2(state) as base:
+        settings = orch_settings(tmp_path, keys, provider="runpod", tiers=[COMMUNITY],
                                  token_secrets=SecretStr(secret))  # fmt: skip
         orch = Orchestrator(
             settings, provider=runpod(base), prober=StatusProber(20), ingest=NullIngestLink()
         )
-        records = asyncio.run(one_pass(orch))
+        records = asyncio.run(addressed(orch))
     ca = PodCA.load_or_create(tmp_path / "ca")
-    pods = {p["name"]: p for p in state.pods.values()}
-    assert set(pods) == set(records) == {"fr-spot-0-g0", "fr-spot-1-g0"}
+    pods = {p.name: state.pod_view(p) for p in state.pods.values()}
+    assert set(pods) == set(records) == {"fr-community-0-g0", "fr-community-1-g0"}
     serials = set()
     for name, pod in pods.items():
         env: dict[str, str] = pod["env"]
@@ -104,15 +110,15 @@ def test_runpod_pods_get_own_certificates_and_only_the_public_keys(
             with pytest.raises(OSError, match="mismatch"):
                 handshake(port, ca.cert_path, f"{other}.pods.framerelay")
     assert len(serials) == 2
-    assert not state.key_in_url
+    assert not state.key_in_url and state.client_errors == [] and state.violations == []
 
 
 def test_plain_ws_to_a_remote_provider_is_refused_by_default(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    state = ContractState(KEY)
-    with running_contract_server(state) as base:
-        settings = orch_settings(tmp_path, provider="runpod", tiers=[SPOT])
+    state = ContractServer(KEY)
+    with running_runpod_v2(state) as base:
+        settings = orch_settings(tmp_path, provider="runpod", tiers=[COMMUNITY])
         insecure = runpod(base, tls=False)
         with pytest.raises(ConfigError, match=r"plain ws://.*ALLOW_INSECURE"):
             Orchestrator(settings, provider=insecure, prober=StatusProber(20))
@@ -121,11 +127,11 @@ def test_plain_ws_to_a_remote_provider_is_refused_by_default(
         allowed = runpod(base, tls=False, allow_insecure=True)
         orch = Orchestrator(settings, provider=allowed, prober=StatusProber(20),
                             ingest=NullIngestLink())  # fmt: skip
-        records = asyncio.run(one_pass(orch))
+        records = asyncio.run(addressed(orch))
     assert "WITHOUT TLS" in caplog.text
     assert all(r.tunnel_url and r.tunnel_url.startswith("ws://") for r in records.values())
     assert all(r.tls_server_name is None for r in records.values())
-    assert all("FRAMERELAY_WORKER_TLS_KEY_PEM" not in p["env"] for p in state.pods.values())
+    assert all("FRAMERELAY_WORKER_TLS_KEY_PEM" not in p.env for p in state.pods.values())
     assert not (tmp_path / "ca").exists()  # TLS off: no CA, no certificate
 
 
@@ -135,7 +141,7 @@ def test_remote_providers_refuse_hs256_only_keys(
 ) -> None:
     settings = orch_settings(tmp_path, signing_keys=None, token_secrets=secret, provider=provider)
     remote: Any = (
-        runpod("http://127.0.0.1:9/v1")
+        runpod("http://127.0.0.1:9/v2")
         if provider == "runpod"
         else KubernetesProvider(KubernetesSettings(kubectl="true"))
     )

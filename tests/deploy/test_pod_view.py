@@ -1,6 +1,6 @@
 """Issue 15: the orchestrator's pod view (``GET /v1/pods``, ``/v1/fleet``) says each pod's
 last canary round trip and uptime, which the console's fleet panel shows. The real fleet
-logic against the RunPod contract server and a real Redis, with a fake clock."""
+logic against the RunPod API v2 contract server and a real Redis, with a fake clock."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import secrets
 import httpx
 import pytest
 
-from bench.rig.runpod_contract import ContractState
+from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.health import Probe, StatusProber
@@ -42,7 +42,7 @@ class TimedProber(StatusProber):
 def test_pods_show_their_canary_round_trip_and_uptime() -> None:
     async def main() -> list[dict[str, object]]:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         async with fleet_on_contract(state, clock, TIERS) as orch:
             orch.fleet.prober = TimedProber()
             await passes(orch, clock, 3)  # the warm on-demand pod: created at 0 s, now 6 s

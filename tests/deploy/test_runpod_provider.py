@@ -1,308 +1,411 @@
-"""The RunPod provider against the contract server (real HTTP on 127.0.0.1)."""
+"""The RunPod provider against the RunPod API v2 contract server (real HTTP on 127.0.0.1;
+every request and answer checked against RunPod's published schema): create from the
+catalog's stock and prices, the pod's status and address, the lifecycle actions,
+RFC 9457 problems as one line, idempotent creates, unreachable and ERROR pods."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+import httpx
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
-from bench.rig.runpod_contract import (
-    ContractState,
-    CreatePod,
-    CreateTemplate,
-    running_contract_server,
-)
+from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.models import PodInfo, PodSpec, PodStatus
 from deploy.providers.base import NoCapacityError, ProviderError
-from deploy.providers.runpod import RunPodProvider
-from deploy.settings import RunPodSettings
+from deploy.providers.runpod.client import RunPodHttp, refusal
+from deploy.providers.runpod.provider import RunPodProvider
+from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig
+from framerelay.settings import describe_invalid
 
 KEY = "rpa_" + "K3yN0tF0rL0gs" * 3
 TLS_KEY = "-----BEGIN PRIVATE KEY-----not-in-logs"
+A4000, A5000, L4 = "NVIDIA RTX A4000", "NVIDIA RTX A5000", "NVIDIA L4"
+CREATE = ("POST", "/v2/pods")
+
+
+@dataclass
+class Rig:
+    server: ContractServer
+    url: str
+    now: list[float]
+    """The clock both the server and the provider read (seconds)."""
+
+    def provider(self, **over: Any) -> RunPodProvider:
+        settings = RunPodSettings(
+            api_key=SecretStr(KEY), base_url=self.url, backoff_s=0.02, image="img:1", **over
+        )
+        return RunPodProvider(settings, clock=lambda: self.now[0])
+
+    def posts(self) -> list[int]:
+        """The statuses of every create sent."""
+        return [e.status for e in self.server.requests(*CREATE)]
 
 
 @pytest.fixture
-def contract() -> Iterator[tuple[ContractState, str]]:
-    state = ContractState(KEY)
-    with running_contract_server(state) as url:
-        yield state, url
+def rig() -> Iterator[Rig]:
+    now = [1000.0]
+    server = ContractServer(KEY, clock=lambda: now[0])
+    with running_runpod_v2(server) as url:
+        yield Rig(server, url, now)
+    assert server.violations == []  # the server's own answers fit RunPod's schema
+    assert server.client_errors == []  # and everything the provider sent does too
+    assert not server.key_in_url
 
 
-def provider(url: str, **over: object) -> RunPodProvider:
-    settings = RunPodSettings(
-        api_key=SecretStr(KEY), base_url=url, backoff_s=0.02, image="img:1", **over
-    )
-    return RunPodProvider(settings)
-
-
-def spec(name: str = "fr-spot-0-g0", spot: bool = True) -> PodSpec:
-    return PodSpec(
-        name=name, tier="spot", spot=spot, gpu_types=("NVIDIA RTX A4000", "NVIDIA RTX A5000"),
+def spec(name: str = "fr-community-0-g0", **over: Any) -> PodSpec:
+    base = PodSpec(
+        name=name,
+        tier="community",
+        spot=False,
+        gpu_types=(A4000, A5000),
         cloud_types=("COMMUNITY", "SECURE"),
         env={"FRAMERELAY_WORKER_WORKER_ID": name, "FRAMERELAY_WORKER_TUNNEL_KEYS": '{"keys": []}'},
-        secret_env={"FRAMERELAY_WORKER_TLS_CERT_PEM": SecretStr("-----BEGIN CERTIFICATE-----"),
-                    "FRAMERELAY_WORKER_TLS_KEY_PEM": SecretStr(TLS_KEY)},
+        secret_env={
+            "FRAMERELAY_WORKER_TLS_CERT_PEM": SecretStr("-----BEGIN CERTIFICATE-----"),
+            "FRAMERELAY_WORKER_TLS_KEY_PEM": SecretStr(TLS_KEY),
+        },
         tls_server_name=f"{name}.pods.framerelay",
-    )  # fmt: skip
+    )
+    return replace(base, **over)
 
 
-def test_create_reads_cost_status_and_endpoint(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
+def run(provider: RunPodProvider, *steps: Any) -> list[Any]:
+    """Await each step (a coroutine function of the provider) in turn; close the provider."""
 
-    async def main() -> None:
-        p = provider(url)
+    async def main() -> list[Any]:
+        try:
+            return [await step(provider) for step in steps]
+        finally:
+            await provider.aclose()
+
+    return asyncio.run(main())
+
+
+def test_create_get_list_stop_start_terminate(rig: Rig) -> None:
+    async def lifecycle(p: RunPodProvider) -> dict[str, Any]:
         info = await p.create(spec())
-        assert info.name == "fr-spot-0-g0" and info.spot
-        assert info.gpu_type == "NVIDIA RTX A4000"
-        assert info.cost_per_hr == pytest.approx(0.10)  # community spot
-        assert info.status is PodStatus.RUNNING and info.tunnel_url is not None
-        assert info.tunnel_url.endswith("/v1/tunnel") and info.tunnel_url.startswith("wss://")
-        assert info.http_url is not None and info.http_url.startswith("https://")
-        assert info.tls_server_name == "fr-spot-0-g0.pods.framerelay"
-        (listed,) = await p.list()
-        assert listed.id == info.id
-        prices = await p.prices()
-        assert prices["NVIDIA RTX A4000"].ondemand == pytest.approx(0.32)
-        await p.stop(info.id)
         got = await p.get(info.id)
-        assert got is not None and got.status is PodStatus.EXITED
+        listed = await p.list()
+        prices = await p.prices()
+        await p.stop(info.id)
+        stopped = await p.get(info.id)
+        await p.start(info.id)
         await p.terminate(info.id)
-        assert await p.get(info.id) is None
+        gone = await p.get(info.id)
         await p.terminate(info.id)  # already gone: fine
-        await p.aclose()
+        return {
+            "info": info,
+            "got": got,
+            "listed": listed,
+            "prices": prices,
+            "stopped": stopped,
+            "gone": gone,
+        }
 
-    asyncio.run(main())
-    pod_posts = [r for r in state.requests if r == ("POST", "/v1/pods")]
-    assert len(pod_posts) == 1 and not state.key_in_url
-    assert not state.pods  # terminated
-
-
-def test_no_capacity_moves_to_the_next_gpu_type(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-    state.faults.no_capacity = {("NVIDIA RTX A4000", "*")}
-
-    async def main() -> str:
-        p = provider(url)
-        try:
-            return (await p.create(spec())).gpu_type
-        finally:
-            await p.aclose()
-
-    assert asyncio.run(main()) == "NVIDIA RTX A5000"
-    assert len(state.pods) == 1
-    assert [r for r in state.requests if r[0] == "POST"] == [("POST", "/v1/pods")] * 3
-
-
-def test_no_capacity_anywhere_is_a_clear_error(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-    state.faults.no_capacity = {("NVIDIA RTX A4000", "*"), ("NVIDIA RTX A5000", "*")}
-
-    async def main() -> None:
-        p = provider(url)
-        try:
-            await p.create(spec())
-        finally:
-            await p.aclose()
-
-    with pytest.raises(NoCapacityError, match="tried NVIDIA RTX A4000/COMMUNITY"):
-        asyncio.run(main())
-    assert not state.pods
+    (out,) = run(rig.provider(), lifecycle)
+    info, got = out["info"], out["got"]
+    assert info.name == "fr-community-0-g0" and not info.spot
+    assert (info.gpu_type, info.cloud_type) == (A4000, "COMMUNITY")  # the cheapest with stock
+    assert info.cost_per_hr == pytest.approx(0.20)  # the pod's own cost: community A4000
+    assert info.status is PodStatus.PROVISIONING and info.tunnel_url is None
+    assert got is not None and got.status is PodStatus.RUNNING
+    assert got.tunnel_url is not None and got.tunnel_url.startswith("wss://127.0.0.1:")
+    assert got.tunnel_url.endswith("/v1/tunnel")
+    assert got.http_url is not None and got.http_url.startswith("https://")
+    assert got.tls_server_name == "fr-community-0-g0.pods.framerelay"
+    assert [p.id for p in out["listed"]] == [info.id]
+    price = out["prices"][A4000]
+    assert (price.ondemand, price.community, price.secure_spot) == (0.32, 0.20, None)
+    assert out["stopped"].status is PodStatus.EXITED and out["stopped"].cost_per_hr == 0
+    assert out["gone"] is None and not rig.server.pods
+    assert rig.posts() == [201]
+    actions = rig.server.requests("POST", "/v2/pods/{id}/action")
+    assert [e.status for e in actions] == [200, 200, 204, 404]
 
 
-def test_500s_and_429s_are_retried_with_backoff(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-    state.faults.fail_next = 2
-    state.faults.rate_limit_next = 1
+def test_the_create_body_is_nested_and_asks_for_cuda_12_8(rig: Rig) -> None:
+    (info,) = run(rig.provider(registry="reg1"), lambda p: p.create(spec()))
+    pod = rig.server.pods[info.id]
+    assert pod.gpu == {"id": A4000, "count": 1} and pod.cuda == "12.8"  # minCudaVersion 12.8
+    assert (pod.image, pod.disk, pod.registry, pod.args) == ("img:1", 20, "reg1", "")
+    assert pod.ports == ["8443/tcp"] and pod.cloud == "COMMUNITY"
+    assert pod.env["FRAMERELAY_WORKER_TLS_KEY_PEM"] == TLS_KEY  # delivered by RunPod's env
+    reads = rig.server.requests("GET", "/v2/catalog/gpus")
+    assert len(reads) == 2  # one per cloud the tier allows
+    assert all(
+        e.query_names == ["cloud", "count", "include", "minCudaVersion", "product"] for e in reads
+    )
 
-    async def main() -> int:
-        p = provider(url)
-        try:
-            await p.create(spec())
-            return p.retries
-        finally:
-            await p.aclose()
 
-    assert asyncio.run(main()) == 3
-    assert len(state.pods) == 1
+def test_the_cheapest_type_that_fits_the_vram_need_and_has_stock_wins(rig: Rig) -> None:
+    need_20 = spec(gpu_types=(A4000, L4, A5000), min_vram_gb=20)  # the 16 GB A4000 is out
+    per_fps = replace(need_20, name="fr-community-1-g0", gpu_fps={L4: 60.0, A5000: 40.0})
+
+    infos = run(rig.provider(), lambda p: p.create(need_20), lambda p: p.create(per_fps))
+    # per hour: A5000 community 0.26 < L4 0.30; per fps: L4 0.30/60 < A5000 0.26/40
+    assert [(i.gpu_type, i.cloud_type) for i in infos] == [(A5000, "COMMUNITY"), (L4, "COMMUNITY")]
+
+
+def test_no_stock_for_the_first_type_goes_to_the_next_without_a_blind_create(rig: Rig) -> None:
+    rig.server.knobs.no_stock = {(A4000, "*")}
+    (info,) = run(rig.provider(), lambda p: p.create(spec()))
+    assert info.gpu_type == A5000 and rig.posts() == [201]  # nothing sent into no stock
+
+
+def test_no_stock_anywhere_sends_no_create_and_says_why(rig: Rig) -> None:
+    rig.server.knobs.no_stock = {(A4000, "*"), (A5000, "COMMUNITY")}
+    with pytest.raises(NoCapacityError) as err:
+        run(rig.provider(), lambda p: p.create(spec(cloud_types=("COMMUNITY",))))
+    assert rig.posts() == []
+    assert "NVIDIA RTX A4000/COMMUNITY: no stock (NONE)" in str(err.value)
+    assert "\n" not in str(err.value) and "nothing created" in str(err.value)
+
+
+def test_stock_gone_since_the_catalog_read_moves_on_and_is_remembered(rig: Rig) -> None:
+    async def race(p: RunPodProvider) -> list[PodInfo]:
+        await p.prices()  # the catalog read...
+        await p.catalog.offers("COMMUNITY", 1)
+        rig.server.knobs.no_stock = {(A4000, "COMMUNITY")}  # ...then A4000 sells out
+        first = await p.create(spec())
+        second = await p.create(spec("fr-community-1-g0"))
+        return [first, second]
+
+    (infos,) = run(rig.provider(), race)
+    assert [i.gpu_type for i in infos] == [A5000, A5000]
+    assert rig.posts() == [400, 201, 201]  # the refused one is not asked again
+
+
+def test_a_500_after_the_pod_was_made_creates_no_second_pod(rig: Rig) -> None:
+    rig.server.knobs.fail_after_create = 1
+    p = rig.provider()
+    (info,) = run(p, lambda p: p.create(spec()))
+    assert [pod.name for pod in rig.server.pods.values()] == ["fr-community-0-g0"]
+    assert info.id in rig.server.pods and rig.posts() == [500]  # found by name, not re-sent
+    assert rig.server.requests("GET", "/v2/pods")
+
+
+def test_500s_and_429s_are_retried_and_a_create_looks_before_it_resends(rig: Rig) -> None:
+    rig.server.knobs.rate_limit_next = 1  # the catalog read: 429, then 500s on the way
+    rig.server.knobs.retry_after_s = 0
+    p = rig.provider()
+
+    async def create(p: RunPodProvider) -> PodInfo:
+        await p.catalog.offers("COMMUNITY", 1)
+        await p.catalog.offers("SECURE", 1)
+        rig.server.knobs.fail_next = 2  # the create, then the look-up by name
+        return await p.create(spec())
+
+    (info,) = run(p, create)
+    assert p.retries == 3 and len(rig.server.pods) == 1 and info.id in rig.server.pods
+    assert rig.posts() == [500, 201]
 
 
 def test_persistent_500s_give_up_without_leaking_the_key(
-    contract: tuple[ContractState, str], caplog: pytest.LogCaptureFixture
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    state, url = contract
-    state.faults.fail_next = 100
+    rig.server.knobs.fail_next = 100
     caplog.set_level(logging.DEBUG)
-
-    async def main() -> None:
-        p = provider(url, max_retries=2)
-        try:
-            await p.list()
-        finally:
-            await p.aclose()
-
-    with pytest.raises(ProviderError, match="after 3 attempts") as info:
-        asyncio.run(main())
+    with pytest.raises(ProviderError, match="after 3 attempts: HTTP 500") as info:
+        run(rig.provider(max_retries=2), lambda p: p.list())
     assert KEY not in str(info.value) and KEY not in repr(info.value)
     assert KEY not in caplog.text
     assert KEY not in repr(RunPodSettings(api_key=SecretStr(KEY)))
 
 
-def test_bad_key_and_bad_request_are_not_retried(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-
-    async def main() -> None:
-        p = RunPodProvider(RunPodSettings(api_key=SecretStr("wrong"), base_url=url))
-        try:
-            await p.list()
-        finally:
-            await p.aclose()
-
-    with pytest.raises(ProviderError, match="HTTP 401"):
-        asyncio.run(main())
-    assert len(state.requests) == 1
+def test_a_bad_key_says_which_setting_to_fix_and_is_not_retried(rig: Rig) -> None:
+    settings = RunPodSettings(api_key=SecretStr("wrong"), base_url=rig.url)
+    with pytest.raises(ProviderError) as err:
+        run(RunPodProvider(settings), lambda p: p.list())
+    assert str(err.value) == (
+        "RunPod could not list pods: HTTP 401 Unauthorized: invalid API key: RunPod refused "
+        "the API key: set a valid one in FRAMERELAY_ORCH_RUNPOD__API_KEY (or ..._API_KEY_FILE)"
+    )
+    assert len(rig.server.exchanges) == 1
 
 
-def test_slow_provisioning_shows_as_provisioning(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-    state.faults.provision_s = 3600
-
-    async def main() -> PodStatus:
-        p = provider(url)
-        try:
-            info = await p.create(spec())
-            assert info.tunnel_url is None
-            return info.status
-        finally:
-            await p.aclose()
-
-    assert asyncio.run(main()) is PodStatus.PROVISIONING
+def test_a_refused_field_comes_back_as_one_line_naming_it(rig: Rig) -> None:
+    body = {"name": "x", "image": "img:1", "gpu": {"id": A4000}, "interruptible": True}
+    resp = httpx.post(f"{rig.url}/pods", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    message = str(refusal(resp, "create pod x"))
+    assert message.startswith("RunPod could not create pod x: HTTP 422 Unprocessable Entity: ")
+    assert "interruptible" in message and "\n" not in message
+    assert message.endswith("(a field or value it does not take): report this line")
+    rig.server.exchanges.clear()  # that body was ours on purpose, not the provider's
 
 
-def test_pod_env_carries_the_certificate_but_logs_and_errors_do_not(
-    contract: tuple[ContractState, str], caplog: pytest.LogCaptureFixture
+def test_an_unknown_template_is_a_clear_error(rig: Rig) -> None:
+    with pytest.raises(ProviderError, match="HTTP 404 Not Found: template nosuch not found"):
+        run(rig.provider(), lambda p: p.create(spec(template_id="nosuch")))
+    assert not rig.server.pods
+
+
+def test_a_pod_from_a_template_leaves_the_image_and_disk_to_it(rig: Rig) -> None:
+    made = httpx.post(
+        f"{rig.url}/templates",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={
+            "name": "framerelay-worker",
+            "image": "framerelay/worker:9.9",
+            "disk": 30,
+            "ports": ["8443/tcp"],
+            "env": {"FRAMERELAY_WORKER_MAX_BATCH": "8"},
+        },
+    ).json()
+    (info,) = run(rig.provider(), lambda p: p.create(spec(template_id=made["id"])))
+    pod = rig.server.pods[info.id]
+    assert (pod.template, pod.image, pod.disk) == (made["id"], "framerelay/worker:9.9", 30)
+    assert pod.env["FRAMERELAY_WORKER_MAX_BATCH"] == "8"  # the template's shared env
+    assert pod.env["FRAMERELAY_WORKER_WORKER_ID"] == "fr-community-0-g0"  # and the pod's own
+
+
+def test_a_two_gpu_pod_exposes_a_port_and_a_worker_per_gpu(rig: Rig) -> None:
+    async def two(p: RunPodProvider) -> PodInfo | None:
+        info = await p.create(spec(gpu_count=2))
+        return await p.get(info.id)
+
+    (got,) = run(rig.provider(), two)
+    (pod,) = rig.server.pods.values()
+    assert pod.gpu == {"id": A4000, "count": 2} and pod.ports == ["8443/tcp", "8444/tcp"]
+    assert pod.args == "worker --gpus 2" and pod.price == pytest.approx(0.40)
+    assert got is not None and len(got.endpoints) == 2 and got.cost_per_hr == pytest.approx(0.4)
+    assert got.tunnel_url == got.endpoints[0].tunnel_url
+    assert got.tls_server_name == "fr-community-0-g0.pods.framerelay"  # one certificate
+
+
+def test_a_pod_without_a_public_port_fails_after_the_grace_and_its_host_goes_last(
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    state, url = contract
+    rig.server.knobs.community_public_ip = False
+    caplog.set_level(logging.WARNING)
+    near = spec(data_centers=("EU-RO-1", "US-KS-2"), cloud_types=("COMMUNITY",))
+
+    async def unreachable(p: RunPodProvider) -> list[PodInfo | None]:
+        info = await p.create(near)
+        early = await p.get(info.id)  # RUNNING, no public IP: still provisioning
+        rig.now[0] += 89
+        within = await p.get(info.id)
+        rig.now[0] += 2
+        late = await p.get(info.id)
+        rig.server.knobs.community_public_ip = True
+        after = await p.create(replace(near, name="fr-community-0-g1"))
+        return [early, within, late, after]
+
+    (infos,) = run(rig.provider(), unreachable)
+    early, within, late, after = infos
+    assert early is not None and within is not None and late is not None and after is not None
+    assert early.status is within.status is PodStatus.PROVISIONING
+    assert late.status is PodStatus.ERROR and late.data_center == "EU-RO-1"
+    assert late.reason is not None and late.reason.startswith(
+        "RUNNING 91 s with no public IP and port for 8443/tcp (unreachable from the "
+        "orchestrator) in EU-RO-1/COMMUNITY: replaced;"
+    )
+    assert late.reason in caplog.text
+    assert after.data_center == "US-KS-2"  # EU-RO-1/COMMUNITY is tried last now
+
+
+def test_a_pod_in_error_is_reported_with_its_reason(rig: Rig) -> None:
+    rig.server.knobs.boot_errors = ["CUDA driver too old"]
+
+    async def boot(p: RunPodProvider) -> PodInfo | None:
+        return await p.get((await p.create(spec())).id)
+
+    (got,) = run(rig.provider(), boot)
+    assert got is not None and got.status is PodStatus.ERROR
+    assert got.reason == (
+        "RunPod says ERROR (its container cannot recover) for NVIDIA RTX A4000 in EU-RO-1/COMMUNITY"
+    )
+
+
+def test_allowed_cuda_versions_go_to_the_catalog_and_the_body(rig: Rig) -> None:
+    (info,) = run(rig.provider(allowed_cuda_versions=("12.4",)), lambda p: p.create(spec()))
+    assert rig.server.pods[info.id].cuda == "12.4"
+    reads = rig.server.requests("GET", "/v2/catalog/gpus")
+    assert all("cudaVersions" in e.query_names for e in reads)
+
+
+def test_logs_and_errors_never_carry_the_pod_certificate(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
-    state.faults.no_capacity = {("NVIDIA RTX A4000", "*"), ("NVIDIA RTX A5000", "*")}
-
-    async def main() -> None:
-        p = provider(url)
-        try:
-            await p.create(spec())
-        finally:
-            await p.aclose()
-
-    with pytest.raises(NoCapacityError) as info:
-        asyncio.run(main())
-    assert TLS_KEY not in str(info.value) and TLS_KEY not in caplog.text
-    state.faults.no_capacity = set()
-    asyncio.run(main())
-    (pod,) = state.pods.values()
-    assert pod["env"]["FRAMERELAY_WORKER_TLS_KEY_PEM"] == TLS_KEY  # delivered by RunPod's env
-    assert TLS_KEY not in caplog.text
+    rig.server.knobs.no_stock = {(A4000, "*"), (A5000, "*")}
+    with pytest.raises(NoCapacityError) as err:
+        run(rig.provider(), lambda p: p.create(spec()))
+    rig.server.knobs.no_stock = set()
+    run(rig.provider(), lambda p: p.create(spec()))
+    assert TLS_KEY not in str(err.value) and TLS_KEY not in caplog.text
 
 
-def _posted(state: ContractState) -> dict[str, Any]:
-    (pod,) = state.pods.values()
-    return pod
+def test_a_spot_pod_is_refused_before_anything_is_sent(rig: Rig) -> None:
+    with pytest.raises(ProviderError, match='"cloud_types": \\["COMMUNITY"\\]'):
+        run(rig.provider(), lambda p: p.create(spec(spot=True)))
+    assert rig.server.exchanges == []
 
 
-def test_a_two_gpu_pod_exposes_a_port_and_a_worker_per_gpu(
-    contract: tuple[ContractState, str],
+@pytest.mark.parametrize(
+    ("runpod", "tiers", "message"),
+    [
+        (
+            {"base_url": "https://rest.runpod.io/v1"},
+            None,
+            "runpod.base_url (in FRAMERELAY_ORCH_RUNPOD): RunPod's REST API v1 was retired on "
+            "2026-11-15: set FRAMERELAY_ORCH_RUNPOD__BASE_URL=https://api.runpod.io/v2 (or unset "
+            "it)",
+        ),
+        ({"base_url": "https://api.runpod.io"}, None, "base_url must end in /v2"),
+        (
+            {"allowed_cuda_versions": ["12.8"], "min_cuda_version": "12.6"},
+            None,
+            "give min_cuda_version or allowed_cuda_versions, not both",
+        ),
+        (
+            {},
+            [TierConfig(name="cheap", interruptible=True, cloud_types=("COMMUNITY",))],
+            'tier cheap: RunPod has no spot (interruptible) pods: give it "interruptible": '
+            'false and "cloud_types": ["COMMUNITY"]',
+        ),
+    ],
+)
+def test_settings_runpod_v2_cannot_take_are_refused_in_one_line(
+    runpod: dict[str, Any], tiers: list[TierConfig] | None, message: str
 ) -> None:
-    state, url = contract
-    two = replace(spec(), gpu_count=2)
-
-    async def main() -> tuple[PodInfo, PodInfo | None]:
-        p = provider(url)
-        try:
-            info = await p.create(two)
-            return info, await p.get(info.id)
-        finally:
-            await p.aclose()
-
-    created, got = asyncio.run(main())
-    pod = _posted(state)
-    assert pod["gpuCount"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
-    assert pod["dockerStartCmd"] == ["worker", "--gpus", "2"]
-    assert pod["costPerHr"] == "0.2"  # two community spot A4000s
-    for info in (created, got):
-        assert info is not None and len(info.endpoints) == 2
-        assert info.tunnel_url == info.endpoints[0].tunnel_url
-        assert info.tls_server_name == "fr-spot-0-g0.pods.framerelay"  # one certificate
-
-
-def test_one_gpu_pods_keep_the_image_command(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-
-    async def main() -> None:
-        p = provider(url)
-        try:
-            await p.create(spec())
-        finally:
-            await p.aclose()
-
-    asyncio.run(main())
-    pod = _posted(state)
-    assert pod["ports"] == ["8443/tcp"] and pod["dockerStartCmd"] == []
-    assert pod["image"] == "img:1" and pod["templateId"] is None
-
-
-def test_a_pod_from_a_template_leaves_the_image_and_disk_to_it(
-    contract: tuple[ContractState, str],
-) -> None:
-    state, url = contract
-    template = state.add_template(
-        CreateTemplate(
-            name="framerelay-worker", imageName="framerelay/worker:9.9", containerDiskInGb=30,
-            ports=["8443/tcp"], env={"FRAMERELAY_WORKER_MAX_BATCH": "8"},
+    with pytest.raises(ValidationError) as err:
+        OrchestratorSettings(
+            provider="runpod", runpod=runpod, tiers=tiers or [TierConfig(name="od")]
         )
-    )  # fmt: skip
+    line = describe_invalid(err.value)
+    assert message in line and "\n" not in line
 
-    async def main() -> None:
-        p = provider(url)
+
+def test_every_page_of_a_list_is_read() -> None:
+    """RunPod's schema of 2026-08 defines no paging, and the contract server plays none;
+    the client still follows ``pagination.nextCursor`` where an answer has one (a later
+    schema pages its lists), checked with a scripted transport."""
+    pages = {
+        None: {"pods": [{"id": "a"}], "pagination": {"nextCursor": "c2", "hasNextPage": True}},
+        "c2": {"pods": [{"id": "b"}], "pagination": {"nextCursor": None, "hasNextPage": False}},
+    }
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        cursor = request.url.params.get("cursor")
+        seen.append(cursor)
+        return httpx.Response(200, json=pages[cursor])
+
+    http = RunPodHttp(
+        RunPodSettings(api_key=SecretStr(KEY), base_url="https://api.runpod.io/v2"),
+        httpx.MockTransport(answer),
+    )
+
+    async def main() -> list[dict[str, Any]]:
         try:
-            await p.create(replace(spec(), template_id=template["id"]))
+            return await http.pages("/pods", "pods", "list pods")
         finally:
-            await p.aclose()
+            await http.aclose()
 
-    asyncio.run(main())
-    pod = _posted(state)
-    assert pod["templateId"] == template["id"] and pod["image"] == "framerelay/worker:9.9"
-    assert pod["containerDiskInGb"] == 30
-    assert pod["env"]["FRAMERELAY_WORKER_MAX_BATCH"] == "8"  # the template's shared env
-    assert pod["env"]["FRAMERELAY_WORKER_WORKER_ID"] == "fr-spot-0-g0"  # and the pod's own
-    assert not state.key_in_url
-
-
-def test_the_create_body_names_the_template_and_omits_what_it_supplies() -> None:
-    p = RunPodProvider(RunPodSettings(api_key=SecretStr(KEY), image="img:1"))
-    body = p._body(replace(spec(), template_id="tpl1"), "NVIDIA L4", "SECURE", None)
-    assert body["templateId"] == "tpl1"
-    assert "imageName" not in body and "containerDiskInGb" not in body
-    assert body["ports"] == ["8443/tcp"] and body["gpuCount"] == 1
-    plain = p._body(spec(), "NVIDIA L4", "SECURE", None)
-    assert plain["imageName"] == "img:1" and "templateId" not in plain
-    CreatePod.model_validate(body)  # both are bodies the contract accepts
-    CreatePod.model_validate(plain)
-    asyncio.run(p.aclose())
-
-
-def test_an_unknown_template_is_a_clear_error(contract: tuple[ContractState, str]) -> None:
-    state, url = contract
-
-    async def main() -> None:
-        p = provider(url)
-        try:
-            await p.create(replace(spec(), template_id="nosuch"))
-        finally:
-            await p.aclose()
-
-    with pytest.raises(ProviderError, match="HTTP 400: template nosuch not found"):
-        asyncio.run(main())
-    assert not state.pods
+    assert [p["id"] for p in asyncio.run(main())] == ["a", "b"] and seen == [None, "c2"]

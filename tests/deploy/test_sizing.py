@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from bench._fleet_sizing import sizing_day
-from bench.rig.runpod_contract import PRICES
+from bench.rig.runpod_v2_contract import GPUS
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet
 from deploy.models import PodRecord, StreamSpec
@@ -22,7 +22,7 @@ from deploy.sizing import gpu_order, rank, sizing_report, why_chosen
 from tests.deploy.orch_support import orch_settings
 
 A4000, A5000, L4 = "NVIDIA RTX A4000", "NVIDIA RTX A5000", "NVIDIA L4"
-SEEN = {g: GpuPrice(g, *p) for g, p in PRICES.items()}  # as the provider reports them
+SEEN = {g.id: GpuPrice(g.id, g.secure, g.community) for g in GPUS}  # as RunPod's catalog says
 CATALOG: dict[str, Any] = {
     A4000: {"vram_gb": 16, "capacity_fps": {"yolox_nano": 40, "ppe": 20}},
     L4: {"vram_gb": 24, "capacity_fps": {"yolox_nano": 60, "ppe": 35}},
@@ -64,7 +64,7 @@ def test_the_cheapest_per_unit_of_need_wins_not_the_cheapest_per_hour() -> None:
 
 
 def test_list_prices_rank_before_the_provider_reports_any() -> None:
-    catalog = {g: {**c, "usd_per_hr": PRICES[g][0]} for g, c in CATALOG.items()}
+    catalog = {g: {**c, "usd_per_hr": SEEN[g].secure} for g, c in CATALOG.items()}
     settings = OrchestratorSettings(
         tiers=[TierConfig(name="od", gpu_types=(A4000, L4), models=("yolox_nano",))],
         **{**SIZING, "gpu_catalog": catalog},

@@ -1,6 +1,6 @@
 """Issue 15: the console's fleet panel (GET /v1/console/fleet) of a real ingest API reading a
-real orchestrator API on loopback: the real fleet logic against the RunPod contract server
-and a real Redis (fake clock), pods, cost and events after pods are created and preempted;
+real orchestrator API on loopback: the real fleet logic against the RunPod API v2 contract
+server and a real Redis (fake clock), pods, cost and events after pods are created and lost;
 one upstream call per 2 s for any number of consoles; an orchestrator that is not
 configured, unreachable, silent, refusing the token or behind TLS; the route's own auth;
 the settings' one-line errors."""
@@ -22,7 +22,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from pydantic import ValidationError
 
-from bench.rig.runpod_contract import ContractState
+from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app as orch_app
 from deploy.api import fleet_status
 from deploy.clock import FakeClock
@@ -38,7 +38,7 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import FileStore
 from tests.deploy.orch_support import orch_settings, serving_here
-from tests.deploy.test_events_api import TIERS, passes, spot_pods
+from tests.deploy.test_events_api import TIERS, community_pods, passes
 from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.deploy.test_pod_view import CANARY_MS, TimedProber
 from tests.ingest.api_rig import client, make_pki, running_ingest, settings_for
@@ -104,13 +104,13 @@ def _spec(sid: str) -> Any:
     return StreamSpec(id=sid, url="rtsp://cam/x", fps=5)
 
 
-def test_pods_cost_and_events_of_a_fleet_with_preempted_spot_pods(tmp_path: Path) -> None:
+def test_pods_cost_and_events_of_a_fleet_with_a_lost_community_pod(tmp_path: Path) -> None:
     async def main() -> None:
         clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractState("rpa_" + secrets.token_hex(12), clock=clock.now)
+        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
         async with fleet_on_contract(state, clock, TIERS) as orch:
             orch.fleet.prober = TimedProber()
-            for i in range(9):  # 3 per worker: the warm on-demand one, 2 spot
+            for i in range(9):  # 3 per worker: the warm on-demand one, 2 community
                 await orch.store.put_stream(_spec(f"std-{i}"))
             await passes(orch, clock, 6)  # the history's point at 10 s sees them all placed
             app = orch_app(orch)
@@ -122,14 +122,14 @@ def test_pods_cost_and_events_of_a_fleet_with_preempted_spot_pods(tmp_path: Path
                 first = await panel(http, ingest.auth("streams:read"))
                 expected = await fleet_status(orch)
                 _check_first(first, expected, url)
-                lost = spot_pods(state)[0]
-                state.preempt(lost)
+                lost = community_pods(state)[0]
+                state.vanish(lost)  # its host is lost
                 await passes(orch, clock, 4)
                 await asyncio.sleep(AFTER_REFRESH_S)
                 second = await panel(http, ingest.auth("streams:read"))
-        preempted = [e for e in second["events"] if e["kind"] == "preempted"]
-        assert len(preempted) == 1 and "gone from the provider" in preempted[0]["reason"]
-        gone = preempted[0]["pod"]
+        vanished = [e for e in second["events"] if e["kind"] == "vanished"]
+        assert len(vanished) == 1 and "gone from the provider" in vanished[0]["reason"]
+        gone = vanished[0]["pod"]
         assert gone in {p["name"] for p in first["pods"]}
         assert gone not in {p["name"] for p in second["pods"]}
         rehomed = [e for e in second["events"] if e["kind"] == "moved" and gone in e["reason"]]
@@ -161,7 +161,7 @@ def _check_first(body: dict[str, Any], expected: dict[str, Any], url: str) -> No
     ondemand = sum(max(p["ondemand_per_hr"], p["cost_per_hr"]) for p in expected["pods"])
     assert cost["usd_per_hr"] == pytest.approx(burn, abs=1e-4)
     assert cost["ondemand_usd_per_hr"] == pytest.approx(ondemand, abs=1e-4)
-    assert ondemand > burn > 0  # spot saves
+    assert ondemand > burn > 0  # the community cloud saves
     assert cost["savings_usd_per_hr"] == pytest.approx(ondemand - burn, abs=1e-3)
     assert cost["savings_pct"] == pytest.approx(100 * (ondemand - burn) / ondemand, abs=0.01)
     assert cost["streams_placed"] == 9

@@ -10,7 +10,7 @@ ingest and the orchestrator APIs).
 Provoked: bad config (each service started with a malformed key set or a bad
 setting value: exit 2, one line), 422s with the secrets in the body, failed
 authentication with tokens that are or contain the secrets, failed pod creates
-and provider 500s (the RunPod contract server), camera URLs that cannot be
+and provider 500s (the RunPod API v2 contract server), camera URLs that cannot be
 opened. Searched: every process's stdout, stderr and log file, every response
 body and header, ``/metrics`` of the ingest, the orchestrator and the worker,
 ``/proc/<pid>/cmdline`` of every process started and the environment of the
@@ -36,7 +36,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
-from bench.rig.runpod_contract import ContractState, running_contract_server
+from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.ca import PodCA
 from framerelay.auth import KeySet
 from framerelay.launcher import LocalWorker
@@ -134,7 +134,7 @@ def test_the_search_finds_every_form() -> None:
 class World:
     s: Secrets
     tmp: Path
-    state: ContractState
+    state: ContractServer
     ingest: Service
     orch: Service
     pods: list[LocalWorker] = field(default_factory=list)
@@ -192,6 +192,7 @@ def _services(s: Secrets, tmp: Path, base: str, redis_url: str) -> tuple[Service
         **_env(s, keys_file), "FRAMERELAY_ORCH_REDIS_URL": redis_url,
         "FRAMERELAY_ORCH_RUNPOD__API_KEY": s.runpod, "FRAMERELAY_ORCH_RUNPOD__BASE_URL": base,
         "FRAMERELAY_ORCH_RUNPOD__BACKOFF_S": "0.01", "FRAMERELAY_ORCH_RUNPOD__MAX_RETRIES": "1",
+        "FRAMERELAY_ORCH_RUNPOD__CATALOG_TTL_S": "0.2",
         "FRAMERELAY_ORCH_CA_DIR": str(tmp / "ca"), "FRAMERELAY_ORCH_TIERS": json.dumps([tier]),
         "FRAMERELAY_ORCH_TICK_S": "0.2", "FRAMERELAY_ORCH_CREATE_BACKOFF_S": "0.2",
         "FRAMERELAY_ORCH_CREATE_BACKOFF_MAX_S": "0.5", "FRAMERELAY_ORCH_AUTH_MAX_FAILURES": MANY,
@@ -205,14 +206,13 @@ def _services(s: Secrets, tmp: Path, base: str, redis_url: str) -> tuple[Service
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     s, tmp = Secrets(), tmp_path_factory.mktemp("leaks")
     redis, port = redis_with_password(tmp, s.redis)
-    state = ContractState(s.runpod)
-    state.faults.fail_next = 3  # provider 500s
-    state.faults.no_capacity = {(GPU, "*")}  # failed pod creates
     holder: list[World] = []
-    state.launcher = _launcher(holder)
+    state = ContractServer(s.runpod, launcher=_launcher(holder))
+    state.knobs.fail_next = 3  # provider 500s
+    state.knobs.no_stock = {(GPU, "*")}  # pod creates refused (no stock)
     started: list[Service] = []
     try:
-        with running_contract_server(state) as base:
+        with running_runpod_v2(state) as base:
             started += _services(s, tmp, base, f"redis://:{s.redis}@127.0.0.1:{port}/0")
             holder.append(World(s, tmp, state, started[0], started[1], redis=redis))
             yield holder[0]
@@ -349,9 +349,9 @@ def _errored(w: World) -> bool:
 
 def test_no_secret_in_logs_bodies_metrics_or_command_lines(world: World) -> None:
     w = world
-    wait_until(lambda: w.state.requests.count(("POST", "/v1/pods")) >= 3, 30, "failed creates")
-    w.state.faults.no_capacity.clear()  # a create gets through: a real worker pod, ...
-    w.state.faults.fail_next = 4  # ... after more provider 500s
+    wait_until(lambda: w.orch.output().count("no stock for") >= 3, 30, "creates refused: no stock")
+    w.state.knobs.no_stock.clear()  # a create gets through: a real worker pod, ...
+    w.state.knobs.fail_next = 4  # ... after more provider 500s
     _provoke_ingest(w)
     _provoke_orchestrator(w)
     pod_http = wait_until(lambda: _pod_ready(w), 90, "a ready pod")
@@ -364,7 +364,8 @@ def test_no_secret_in_logs_bodies_metrics_or_command_lines(world: World) -> None
         sorted(w.tmp.glob("*.out")) + sorted(w.tmp.glob("*.err")) + sorted(w.tmp.glob("*.log"))
     ):
         w.evidence.add(f"log {log.name}", log.read_bytes())
-    w.evidence.add("contract server requests", json.dumps(w.state.requests))
+    seen = [(e.method, e.path, e.query_names, e.status) for e in w.state.exchanges]
+    w.evidence.add("contract server requests", json.dumps(seen))
     assert not w.state.key_in_url
     leaks = w.evidence.found(w.s.named())
     assert not leaks, "\n".join(leaks)

@@ -1,0 +1,73 @@
+"""Helpers for tests against the RunPod API v2 contract server
+(:mod:`bench.rig.runpod_v2_contract`): what an operator makes through the API before
+the orchestrator runs (a template, a network volume), and a pod's "container": a real
+``framerelay worker`` started from the pod as RunPod shows it (its env, its ``args``,
+its ``N/tcp`` ports)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from framerelay.launcher import LocalWorker
+from tests.conftest import MODEL, TIMEOUT_FACTOR
+
+Stop = Callable[[], None]
+
+
+def api_post(url: str, key: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``POST {url}{path}`` with the key; the created object."""
+    resp = httpx.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert resp.status_code == 201, resp.text
+    made: dict[str, Any] = resp.json()
+    return made
+
+
+def add_template(url: str, key: str, **fields: Any) -> dict[str, Any]:
+    return api_post(url, key, "/templates", fields)
+
+
+def add_volume(url: str, key: str, name: str, size: int, centre: str) -> dict[str, Any]:
+    return api_post(
+        url, key, "/network-volumes", {"name": name, "size": size, "dataCenter": centre}
+    )
+
+
+def tcp_ports(pod: dict[str, Any]) -> list[int]:
+    return [int(p.split("/")[0]) for p in pod["ports"] if p.endswith("/tcp")]
+
+
+def launch_worker(
+    pod: dict[str, Any], *, env_over: dict[str, str] | None = None, kill: bool = False
+) -> tuple[str, dict[int, int], Stop]:
+    """The container: the image's ``framerelay`` entrypoint with the pod's ``args``
+    (``worker`` by default, ``worker --gpus N`` for a pod of N GPUs) and env (which holds
+    no private key set and no shared secret), one public port per exposed TCP port.
+    ``kill``: its stop is a SIGKILL (a lost host), not a clean stop."""
+    env = dict(pod["env"])
+    assert "FRAMERELAY_TOKEN_SECRETS" not in env and "FRAMERELAY_SIGNING_KEYS" not in env
+    env.pop("FRAMERELAY_WORKER_HOST", None)
+    env.update(env_over or {})
+    args = shlex.split(pod["args"]) or ["worker"]
+    gpus = int(args[2]) if args[:2] == ["worker", "--gpus"] else 1
+    worker = LocalWorker(
+        None,
+        worker_id=env.pop("FRAMERELAY_WORKER_WORKER_ID"),
+        env=env,
+        gpus=gpus,
+        args=["--model", str(MODEL), "--threads", "1", "--host", "127.0.0.1"],
+    )
+    worker.start(120 * TIMEOUT_FACTOR)
+    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in worker.urls]
+    exposed = tcp_ports(pod)
+    assert len(exposed) == len(ports), (exposed, ports)
+
+    def stop() -> None:
+        if kill:
+            worker.kill()
+        worker.stop()
+
+    return "127.0.0.1", dict(zip(exposed, ports, strict=True)), stop
