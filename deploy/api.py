@@ -93,7 +93,7 @@ async def fleet_status(orch: Orchestrator) -> dict[str, Any]:
         mine = [p for p in pods.values() if p.tier == t.name]
         held = fleet.held_until(t.name) - now
         tiers.append({
-            "name": t.name, "spot": t.spot, "target": fleet.targets.get(t.name, 0),
+            "name": t.name, "spot": t.interruptible, "target": fleet.targets.get(t.name, 0),
             "pods": len(mine), "ready": sum(p.ready for p in mine),
             "draining": sum(p.state == "draining" for p in mine),
             "no_capacity_retry_in_s": round(held, 1) if held > 0 else None,

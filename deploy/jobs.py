@@ -483,8 +483,11 @@ def placement_view(
         if not is_task(spec):
             out.append(spec)
             continue
-        tiers = [t for t in settings.tiers
-                 if t.rents_pods and allowed(spec, t.spot, t.batch_only, pinned)]  # fmt: skip
+        tiers = [
+            t
+            for t in settings.tiers
+            if t.rents_pods and allowed(spec, t.interruptible, t.batch_only, pinned)
+        ]
         rooms = [per_worker(settings, t, pods.values(), expected_fps(settings, t, prices))
                  for t in tiers]  # fmt: skip
         rooms += [t.capacity_fps or w.capacity_fps or settings.default_capacity_fps

@@ -79,7 +79,7 @@ def per_worker(
 
 def unit_price(tier: TierConfig, prices: Mapping[str, GpuPrice], capacity: float) -> float:
     price = prices.get(tier.gpu_types[0])
-    usd = price.price(tier.cloud_types[0], tier.spot) if price else 0.0
+    usd = price.price(tier.cloud_types[0], tier.interruptible) if price else 0.0
     return usd / capacity if capacity > 0 else math.inf
 
 
@@ -156,7 +156,7 @@ def plan_workers(
     limits, memory, needs = limits or {}, memory or {}, needs or ModelNeeds()
     index = {t.name: i for i, t in enumerate(settings.tiers)}
     tiers = [t for t in settings.tiers if t.name in warm]
-    rank = {t.name: (unit_price(t, prices, capacity[t.name]), not t.spot, index[t.name])
+    rank = {t.name: (unit_price(t, prices, capacity[t.name]), not t.interruptible, index[t.name])
             for t in tiers}  # fmt: skip
     room = {t.name: capacity[t.name] * settings.target_utilization for t in tiers}
     most = {t.name: min(t.max_workers, limits.get(t.name, t.max_workers)) for t in tiers}
@@ -172,7 +172,7 @@ def plan_workers(
     for stream in by_priority(streams, settings.model_costs):
         need = demand(stream, settings.model_costs)
         late = functools.partial(_late, stream, expected or {})
-        ok = sorted((t for t in by_rank if allowed(stream, t.spot, t.batch_only, pinned)),
+        ok = sorted((t for t in by_rank if allowed(stream, t.interruptible, t.batch_only, pinned)),
                     key=lambda t: late(t.name))  # fmt: skip
         names = {t.name for t in ok}
         model = stream.model

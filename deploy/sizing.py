@@ -68,12 +68,12 @@ def _price(
 ) -> float | None:
     seen = prices.get(gpu)
     if seen is not None:
-        usd = seen.price(tier.cloud_types[0], tier.spot)
+        usd = seen.price(tier.cloud_types[0], tier.interruptible)
         if usd > 0:
             return usd
     if cfg is None:
         return None
-    return cfg.spot_usd_per_hr if tier.spot else cfg.usd_per_hr
+    return cfg.interruptible_usd_per_hr if tier.interruptible else cfg.usd_per_hr
 
 
 def _capacity(settings: OrchestratorSettings, tier: TierConfig, cfg: GpuTypeConfig) -> float | None:

@@ -122,7 +122,8 @@ def _listen(host: str, port: int) -> socket.socket:
 def _loaded(settings: Any) -> str:
     """What the orchestrator runs with, for its ready line (no secrets)."""
     tiers = ", ".join(
-        f"{t.name} ({'spot' if t.spot else 'on-demand'}, {t.min_warm}..{t.max_workers})"
+        f"{t.name} ({'interruptible' if t.interruptible else 'on-demand'}, "
+        f"{t.min_warm}..{t.max_workers})"
         for t in settings.tiers
     )
     ingest = settings.ingest_url or "none"

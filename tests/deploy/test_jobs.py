@@ -215,7 +215,7 @@ def test_the_eta_comes_from_the_recent_rate_and_unknown_totals_count_as_the_mean
 def settings(**over: Any) -> OrchestratorSettings:
     tiers = [
         TierConfig(name="ondemand", min_warm=1, max_workers=2, capacity_fps=30),
-        TierConfig(name="batch", spot=True, batch_only=True, max_workers=4),
+        TierConfig(name="batch", interruptible=True, batch_only=True, max_workers=4),
     ]
     return OrchestratorSettings(signing_keys=ed_keys().to_json(), tiers=tiers,
                                 default_capacity_fps=20, **over)  # fmt: skip

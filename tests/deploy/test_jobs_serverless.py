@@ -69,7 +69,7 @@ PRICE_PER_S = 0.00019  # RunPod's flex price a second for a 16 GB GPU (2026)
 JOB_LIMIT_S = 90.0
 TIERS = [
     TierConfig(name="ondemand", min_warm=0, max_workers=1, capacity_fps=12),
-    TierConfig(name="batch", spot=True, batch_only=True, min_warm=0, max_workers=2),
+    TierConfig(name="batch", interruptible=True, batch_only=True, min_warm=0, max_workers=2),
     TierConfig(name="night", batch_only=True, serverless_endpoint_id=ENDPOINT,
                serverless_price_per_s=PRICE_PER_S),
 ]  # fmt: skip

@@ -3,12 +3,13 @@ and remote providers' TLS on by default."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from deploy.settings import OrchestratorSettings
+from deploy.settings import GpuTypeConfig, OrchestratorSettings, TierConfig
 from framerelay.auth import KeySet
 from tests.support.auth import ed_keys
 
@@ -43,3 +44,21 @@ def test_tls_files_go_in_pairs(tmp_path: Path) -> None:
         OrchestratorSettings(tls_cert=tmp_path / "c.pem")
     with pytest.raises(ValidationError, match="mTLS"):
         OrchestratorSettings(tls_client_ca=tmp_path / "ca.pem")
+
+
+def test_the_old_spot_names_are_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29: a tier's ``spot`` is now ``interruptible`` (RunPod has no spot pods; only
+    providers that have such capacity use it); the old names are read for one release."""
+    caplog.set_level(logging.WARNING, "deploy.settings")
+    tier = TierConfig.model_validate({"name": "cheap", "spot": True})
+    assert tier.interruptible
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "tier cheap: 'spot' is renamed 'interruptible'; the old name is read until the next release"
+    ]
+    gpu = GpuTypeConfig.model_validate({"vram_gb": 24, "spot_usd_per_hr": 0.1})
+    assert gpu.interruptible_usd_per_hr == 0.1
+    with pytest.raises(ValidationError, match="give 'interruptible' alone"):
+        TierConfig.model_validate({"name": "x", "spot": True, "interruptible": False})
+    assert [t.name for t in OrchestratorSettings().tiers] == ["ondemand", "community"]
+    assert not any(t.interruptible for t in OrchestratorSettings().tiers)

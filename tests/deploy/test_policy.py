@@ -98,7 +98,7 @@ def test_scaling_targets_route_demand_by_price_and_policy() -> None:
     settings = OrchestratorSettings(
         tiers=[
             TierConfig(name="od", max_workers=4, capacity_fps=20, min_warm=1),
-            TierConfig(name="spot", spot=True, max_workers=2, capacity_fps=20,
+            TierConfig(name="spot", interruptible=True, max_workers=2, capacity_fps=20,
                        cloud_types=("COMMUNITY",)),
         ],
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_scaling_counts_whole_streams_not_fluid_fps() -> None:
     # 16 x 5 fps = 80 fps = 5 workers of 16 fps in fluid arithmetic, but only 3 whole
     # streams fit one worker: 6 are needed or a stream stays unplaced
     settings = OrchestratorSettings(
-        tiers=[TierConfig(name="spot", spot=True, max_workers=10, capacity_fps=20)]
+        tiers=[TierConfig(name="spot", interruptible=True, max_workers=10, capacity_fps=20)]
     )
     assert tier_targets(settings, streams(16, "standard"), {}, PRICES, at(0, 12)) == {"spot": 6}
 

@@ -219,7 +219,7 @@ def test_services_image_orchestrator_runs_with_the_local_provider(
     installed_wheel: InstalledWheel, redis_prefix: str
 ) -> None:
     s = stage("service")
-    tiers = [{"name": "ondemand", "spot": False, "min_warm": 0, "max_workers": 1}]
+    tiers = [{"name": "ondemand", "min_warm": 0, "max_workers": 1}]
     env = containers.container_env(
         s, installed_wheel,
         FRAMERELAY_TOKEN_SECRETS=SECRET,
