@@ -1,5 +1,5 @@
-"""A night of batch jobs (issue 18): a spot tier scaled from zero, against on-demand
-and against always-on workers.
+"""A night of batch jobs on RunPod as it is: community pods, secure pods or a serverless
+endpoint, each from zero, against always-on secure pods.
 
 Eight jobs re-process recordings (1-3 cameras' recorder segments of an hour each, 8-24
 hours a camera, sampled at 2 or 5 fps, ``yolox_nano`` or ``ppe``) submitted between
@@ -11,23 +11,38 @@ of its own; a job runs at most ``max_parallel`` (4) tasks at once.
 The policy is the orchestrator's own, called every tick (30 s) of a simulated clock:
 ``deploy.scaling.tier_targets`` (workers per tier from the demand, the schedule's
 ``may_run``/``warm_target`` and the GPU catalog's capacity of the type
-``deploy.sizing`` ranks first, L4 here), the fleet's shrink order (starting pods first,
-then idle ones; a pod with a task is never stopped), ``deploy.placement.place`` (tasks
-onto ready workers, no churn) and ``deploy.cost.accrue`` (billing). The simulator adds
-only what the cloud and the ingest do: a pod is billed per second from its creation and
-takes ``startup_s`` to warm up; a task's checkpoint moves every ``checkpoint_s`` of its
-work; a spot pod is preempted at a seeded rate per pod-hour, at a random instant of a
-tick, and the task it ran starts over from its checkpoint on another worker (the frames
-since are processed again: ``redone_frames``).
+``deploy.sizing`` ranks first, L4 here), the fleet's shrink order (starting workers
+first, then idle ones; a worker with a task is never stopped), ``deploy.placement.place``
+(tasks onto ready workers, no churn) and ``deploy.cost.accrue`` (billing). The simulator
+adds only what the cloud and the ingest do: a pod is billed per second from its creation
+and takes :data:`STARTUP_S` to warm up; a task's checkpoint moves every
+:data:`CHECKPOINT_S` of its work.
 
-Three plans, the same jobs, prices from the contract server's catalog:
+RunPod has no spot or interruptible pods: nothing is preempted. Its community cloud is
+cheaper and its hosts are less reliable, so a community pod's **host may be lost**
+(the pod vanishes) at a seeded rate per pod-hour (:data:`HOST_LOST_PER_POD_H`, an
+assumption, not a published figure), at a random instant of a tick; the task it ran
+starts over from its checkpoint on another worker (the frames since are processed
+again: ``redone_frames``).
 
-* ``spot_scale_to_zero``: framerelay's plan - a batch-only community-spot tier with no
-  worker until there is work, back to zero when the queue is empty;
-* ``ondemand_scale_to_zero``: the same tier and scaler on secure on-demand (no
-  preemption): the spot lever alone;
-* ``always_on``: a fixed pool of on-demand workers, as many as the on-demand plan's peak,
-  warm all night (20:00-08:00, a tier window; warmed ``startup_s`` ahead).
+Four plans, the same jobs, prices from RunPod's catalog (:mod:`bench._fleet_catalog`):
+
+* ``community_scale_to_zero``: framerelay's plan - a batch-only tier on the community
+  cloud with no pod until there is work, back to zero when the queue is empty;
+* ``secure_scale_to_zero``: the same tier and scaler on the secure cloud (no host lost);
+* ``serverless``: the tasks on a RunPod serverless endpoint (queue-based: a worker per
+  queued task up to the same :data:`MAX_WORKERS`, the same scaler standing in for
+  RunPod's), at the catalog's serverless price of the type ranked first at that price.
+  A worker is billed as RunPod bills one: from its start (:data:`SERVERLESS_START_S`:
+  the container and the model loading, an assumption), through its execution, until
+  :data:`IDLE_TIMEOUT_S` after it ran out of work. ``execution_usd`` is the execution
+  seconds alone at that price (RunPod's ``executionTime``, what framerelay's job
+  accounting charges a serverless job);
+* ``always_on_secure``: a fixed pool of secure pods, as many as the secure plan's peak,
+  warm all night (20:00-08:00, a tier window; warmed :data:`STARTUP_S` ahead).
+
+A task runs at the same speed in every plan, so the work's GPU-seconds are the same and
+the plans differ by price, warm-ups, idle time and lost hosts.
 
 Imported by ``bench/fleet.py``; pure computation, seeded and deterministic.
 """
@@ -37,11 +52,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from bench._fleet_sizing import MODELS, SEEN, SIZING, TZ
+from bench._fleet_catalog import read_catalog
+from bench._fleet_sizing import MODELS, SIZING, TZ
 from deploy.cost import CostTotals, PaidPod, accrue
 from deploy.models import StreamSpec
 from deploy.placement import Slot, place
@@ -62,11 +78,19 @@ HORIZON_S = 36 * 3600.0
 N_JOBS, MAX_PARALLEL, SEGMENT_S = 8, 4, 3600.0
 MAX_WORKERS = 12
 STARTUP_S = 300.0
+"""A pod's warm-up: placed, image pulled, worker started (billed)."""
+SERVERLESS_START_S = 60.0
+"""A serverless worker's start: container and model loading (billed; an assumption)."""
+IDLE_TIMEOUT_S = 5.0
+"""A serverless worker's idle timeout (RunPod's default; billed)."""
 CHECKPOINT_S = 30.0
-PREEMPT_PER_POD_H = 0.15
+HOST_LOST_PER_POD_H = 0.15
 SEED = 18
 TICK_S = 30.0
-PLANS = ("spot_scale_to_zero", "ondemand_scale_to_zero", "always_on")
+GPU_TYPES = ("NVIDIA RTX A4000", "NVIDIA L4")
+PLANS = ("community_scale_to_zero", "secure_scale_to_zero", "serverless", "always_on_secure")
+Capacity = Literal["COMMUNITY", "SECURE", "SERVERLESS"]
+Prices = Mapping[str, GpuPrice]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,32 +116,66 @@ def night_jobs(seed: int = SEED) -> list[NightJob]:
     jobs = []
     for i in range(N_JOBS):
         cameras, hours, fps = rng.randint(1, 3), rng.choice((8, 12, 24)), rng.choice((2.0, 5.0))
-        inputs = [f"/recordings/site-{i}/cam-{c}/2026-03-01T{h:02d}.mp4"
-                  for c in range(cameras) for h in range(hours)]  # fmt: skip
-        spec = JobSpec(id=f"night-{i}", inputs=inputs, model=MODELS[i % len(MODELS)], fps=fps,
-                       priority="batch", max_parallel=MAX_PARALLEL)  # fmt: skip
+        inputs = [
+            f"/recordings/site-{i}/cam-{c}/2026-03-01T{h:02d}.mp4"
+            for c in range(cameras)
+            for h in range(hours)
+        ]
+        spec = JobSpec(
+            id=f"night-{i}",
+            inputs=inputs,
+            model=MODELS[i % len(MODELS)],
+            fps=fps,
+            priority="batch",
+            max_parallel=MAX_PARALLEL,
+        )
         jobs.append(NightJob(spec.id or "", spec, first + span * i / (N_JOBS - 1)))
     return jobs
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One way to run the night: its tier and its preemption rate."""
+    """One way to run the night: its tier, what it rents, how often a host is lost."""
 
     name: str
     tier: TierConfig
-    preempt_per_pod_h: float = 0.0
+    capacity: Capacity
+    host_lost_per_pod_h: float = 0.0
+
+    @property
+    def serverless(self) -> bool:
+        return self.capacity == "SERVERLESS"
+
+    @property
+    def startup_s(self) -> float:
+        return SERVERLESS_START_S if self.serverless else STARTUP_S
 
 
-def plan_tier(name: str, *, spot: bool, pool: int = 0) -> TierConfig:
-    """A batch-only tier of both GPU types hosting both models; ``pool`` > 0: that many
-    workers kept warm through :data:`NIGHT` (and no more)."""
+def plan_tier(name: str, cloud: str, pool: int = 0) -> TierConfig:
+    """A batch-only tier of both GPU types hosting both models on ``cloud``; ``pool`` > 0:
+    that many workers kept warm through :data:`NIGHT` (and no more)."""
     windows = (NIGHT.model_copy(update={"min_warm": pool}),) if pool else ()
     return TierConfig(
-        name=name, spot=spot, cloud_types=("COMMUNITY",) if spot else ("SECURE",),
-        gpu_types=("NVIDIA RTX A4000", "NVIDIA L4"), models=MODELS, batch_only=True,
-        max_workers=pool or MAX_WORKERS, windows=windows, lead_s=STARTUP_S,
-    )  # fmt: skip
+        name=name,
+        cloud_types=(cloud,),
+        gpu_types=GPU_TYPES,
+        models=MODELS,
+        batch_only=True,
+        max_workers=pool or MAX_WORKERS,
+        windows=windows,
+        lead_s=STARTUP_S,
+    )
+
+
+def seen_prices(plan: Plan, prices: Prices) -> dict[str, GpuPrice]:
+    """The prices the plan's sizing and scaler read: the catalog's, or for the serverless
+    plan each type's serverless price (as its clouds' prices, which they rank by)."""
+    if not plan.serverless:
+        return dict(prices)
+    return {
+        g: GpuPrice(g, p.serverless or 0.0, p.serverless or 0.0, serverless=p.serverless)
+        for g, p in prices.items()
+    }
 
 
 @dataclass(slots=True)
@@ -133,7 +191,8 @@ class _Task:
 
 @dataclass(slots=True)
 class _Pod:
-    """A rented worker: warm from ``ready_at``, running ``task`` (a stream id) or idle."""
+    """A rented worker (a pod, or a serverless worker): warm from ``ready_at``, running
+    ``task`` (a stream id) or idle."""
 
     name: str
     ready_at: float
@@ -146,18 +205,22 @@ class _Night:
 
     plan: Plan
     settings: OrchestratorSettings
+    seen: dict[str, GpuPrice]
     price: GpuPrice
+    usd_per_hr: float
+    """The plan's price of one GPU-hour of the chosen type (the catalog's)."""
     jobs: list[NightJob]
     tasks: dict[str, _Task]
     rng: random.Random
     pods: dict[str, _Pod] = field(default_factory=dict)
     flat: dict[str, float] = field(default_factory=dict)
     made: int = 0
-    preemptions: int = 0
+    hosts_lost: int = 0
     redone: int = 0
     peak: int = 0
+    execution_s: float = 0.0
     series: list[tuple[float, int]] = field(default_factory=list)
-    """(hours after :data:`START`, pods) at each change."""
+    """(hours after :data:`START`, workers) at each change."""
 
     @property
     def tier(self) -> TierConfig:
@@ -168,25 +231,31 @@ def _settings(tier: TierConfig) -> OrchestratorSettings:
     return OrchestratorSettings(tiers=[tier], timezone=str(TZ), tick_s=TICK_S, **SIZING)
 
 
-def task_fps(settings: OrchestratorSettings, tier: TierConfig, model: str) -> int:
+def task_fps(settings: OrchestratorSettings, tier: TierConfig, model: str, seen: Prices) -> int:
     """A task's full speed: one worker's room in ``model`` (whole frames a second)."""
-    capacity = per_worker(settings, tier, [], expected_fps(settings, tier, SEEN))
-    return max(1, math.floor(capacity * settings.target_utilization
-                             / settings.model_costs.get(model, 1.0)))  # fmt: skip
+    capacity = per_worker(settings, tier, [], expected_fps(settings, tier, seen))
+    weight = settings.model_costs.get(model, 1.0)
+    return max(1, math.floor(capacity * settings.target_utilization / weight))
 
 
-def _start(plan: Plan, jobs: list[NightJob], seed: int) -> _Night:
+def _start(plan: Plan, jobs: list[NightJob], prices: Prices, seed: int) -> _Night:
     settings = _settings(plan.tier)
-    gpu = rank(settings, plan.tier, SEEN)[0].gpu_type
+    seen = seen_prices(plan, prices)
+    gpu = rank(settings, plan.tier, seen)[0].gpu_type
     tasks = {}
     for job in jobs:
-        fps = task_fps(settings, plan.tier, job.spec.model)
+        fps = task_fps(settings, plan.tier, job.spec.model, seen)
         for k, segment in enumerate(job.spec.inputs):
             sid = task_stream_id(job.id, k)
-            stream = StreamSpec(id=sid, url=segment, priority="batch", fps=fps,
-                                model=job.spec.model, realtime=False)  # fmt: skip
+            stream = StreamSpec(
+                id=sid, url=segment, priority="batch", fps=fps, model=job.spec.model, realtime=False
+            )
             tasks[sid] = _Task(stream, job.frames_per_task)
-    return _Night(plan, settings, SEEN[gpu], jobs, tasks, random.Random(seed))
+    price = prices[gpu]
+    usd = price.serverless if plan.serverless else price.price(plan.capacity, False)
+    if usd is None:
+        raise RuntimeError(f"RunPod's catalog sells no serverless {gpu}")
+    return _Night(plan, settings, seen, price, usd, jobs, tasks, random.Random(seed))
 
 
 def _runnable(night: _Night, now: float) -> list[StreamSpec]:
@@ -203,15 +272,17 @@ def _runnable(night: _Night, now: float) -> list[StreamSpec]:
 
 def _scale(night: _Night, streams: list[StreamSpec], now: float) -> None:
     """The scaler's target for the tier; grow, or stop the fleet's shrink order's idle
-    pods (starting first, then ready ones)."""
-    target = tier_targets(night.settings, streams, {}, SEEN, now)[night.tier.name]
+    workers (starting first, then ready ones)."""
+    target = tier_targets(night.settings, streams, {}, night.seen, now)[night.tier.name]
     while len(night.pods) < target:
         name = f"{night.tier.name}-{night.made}"
-        night.pods[name] = _Pod(name, now + STARTUP_S)
+        night.pods[name] = _Pod(name, now + night.plan.startup_s)
         night.made += 1
     extra = len(night.pods) - target
-    idle = sorted((p for p in night.pods.values() if p.task is None),
-                  key=lambda p: (p.ready_at <= now, p.name))  # fmt: skip
+    idle = sorted(
+        (p for p in night.pods.values() if p.task is None),
+        key=lambda p: (p.ready_at <= now, p.name),
+    )
     for pod in idle[: max(0, extra)]:
         del night.pods[pod.name]
     night.peak = max(night.peak, len(night.pods))
@@ -219,15 +290,27 @@ def _scale(night: _Night, streams: list[StreamSpec], now: float) -> None:
 
 def _place(night: _Night, streams: list[StreamSpec], now: float) -> None:
     """Placement's answer on the ready workers (a batch-only tier's only in its windows)."""
-    tier, usd = night.tier, night.price.price(night.tier.cloud_types[0], night.tier.spot)
-    room = per_worker(night.settings, tier, [], expected_fps(night.settings, tier, SEEN))
+    tier, settings = night.tier, night.settings
+    room = per_worker(settings, tier, [], expected_fps(settings, tier, night.seen))
     open_ = not tier.windows or in_window(tier, now, TZ)
     ready = [p for p in night.pods.values() if p.ready_at <= now and open_]
-    slots = [Slot(p.name, tier.name, tier.spot, room * night.settings.target_utilization, usd,
-                  batch_only=True) for p in ready]  # fmt: skip
-    current = {p.task: p.name for p in night.pods.values()
-               if p.task is not None and night.tasks[p.task].finished_at is None}  # fmt: skip
-    result = place(streams, slots, current, night.settings.model_costs, batch_pinned=True)
+    slots = [
+        Slot(
+            p.name,
+            tier.name,
+            False,
+            room * settings.target_utilization,
+            night.usd_per_hr,
+            batch_only=True,
+        )
+        for p in ready
+    ]
+    current = {
+        p.task: p.name
+        for p in night.pods.values()
+        if p.task is not None and night.tasks[p.task].finished_at is None
+    }
+    result = place(streams, slots, current, settings.model_costs, batch_pinned=True)
     for sid, (old, _new) in result.moves(current).items():
         if old is not None:  # moved or left: it restarts from its checkpoint
             _restart(night, night.tasks[sid])
@@ -243,35 +326,47 @@ def _restart(night: _Night, task: _Task) -> None:
     task.done = float(task.checkpoint)
 
 
-def _work(night: _Night, task: _Task, start: float, seconds: float) -> None:
-    """``seconds`` of the task's work from ``start``; its checkpoint follows."""
+def _work(task: _Task, start: float, seconds: float) -> float:
+    """``seconds`` of the task's work from ``start`` (its checkpoint follows); the
+    seconds it worked (fewer when it finished)."""
     fps = task.stream.fps
     left = task.total - task.done
     if fps * seconds >= left:
         task.done, task.checkpoint = float(task.total), task.total
         task.finished_at = start + left / fps
-        return
+        return left / fps
     task.done += fps * seconds
     every = fps * CHECKPOINT_S
     task.checkpoint = int(math.floor(task.done / every) * every)
+    return seconds
+
+
+def _billed(night: _Night, pod: _Pod, now: float, task: _Task | None, worked: float) -> float:
+    """Seconds of this tick the worker is billed: a pod, all of them; a serverless worker
+    while it starts and works, and :data:`IDLE_TIMEOUT_S` once it ran out of work."""
+    if not night.plan.serverless or pod.ready_at > now:
+        return TICK_S
+    if task is not None and task.finished_at is None:
+        return TICK_S
+    return min(TICK_S, worked + IDLE_TIMEOUT_S)
 
 
 def _advance(night: _Night, now: float) -> None:
-    """One tick: every pod works and is billed; a spot pod may be preempted within it."""
-    usd = night.price.price(night.tier.cloud_types[0], night.tier.spot)
-    p = 1.0 - math.exp(-night.plan.preempt_per_pod_h * TICK_S / 3600)
+    """One tick: every worker works and is billed; a host may be lost within it."""
+    p = 1.0 - math.exp(-night.plan.host_lost_per_pod_h * TICK_S / 3600)
     for name in sorted(night.pods):
         pod = night.pods[name]
-        preempted = night.tier.spot and night.rng.random() < p
-        seconds = night.rng.random() * TICK_S if preempted else TICK_S
+        lost = night.plan.host_lost_per_pod_h > 0 and night.rng.random() < p
+        seconds = night.rng.random() * TICK_S if lost else TICK_S
         task = night.tasks[pod.task] if pod.task is not None else None
-        if task is not None:
-            _work(night, task, now, seconds)
-        paid = PaidPod(night.tier.name, night.tier.spot, usd, night.price.ondemand)
-        for key, inc in accrue([paid], int(task is not None), seconds).items():
+        worked = _work(task, now, seconds) if task is not None else 0.0
+        night.execution_s += worked
+        billed = min(seconds, _billed(night, pod, now, task, worked))
+        paid = PaidPod(night.tier.name, False, night.usd_per_hr, night.price.ondemand)
+        for key, inc in accrue([paid], int(task is not None), billed).items():
             night.flat[key] = night.flat.get(key, 0.0) + inc
-        if preempted:
-            night.preemptions += 1
+        if lost:
+            night.hosts_lost += 1
             if task is not None and task.finished_at is None:
                 _restart(night, task)
             del night.pods[name]
@@ -290,10 +385,10 @@ def _clock() -> Iterator[float]:
         now += TICK_S
 
 
-def run_plan(plan: Plan, jobs: list[NightJob], seed: int = SEED) -> dict[str, Any]:
+def run_plan(plan: Plan, jobs: list[NightJob], prices: Prices, seed: int = SEED) -> dict[str, Any]:
     """The night of ``jobs`` on ``plan``, tick by tick until the queue is empty and the
     tier is back to zero (or :data:`HORIZON_S`)."""
-    night = _start(plan, jobs, seed)
+    night = _start(plan, jobs, prices, seed)
     now = START.timestamp()
     for now in _clock():
         if _done(night, now):
@@ -324,97 +419,175 @@ def _summary(night: _Night, now: float) -> dict[str, Any]:
     first = START.timestamp() + min(j.submitted_s for j in night.jobs)
     processed = sum(t.total for t in tasks if t.finished_at is not None)
     return {
-        "tier": night.tier.name, "gpu_type": night.price.gpu_type, "spot": night.tier.spot,
-        "usd_per_gpu_hr": night.price.price(night.tier.cloud_types[0], night.tier.spot),
-        "usd": round(cost.fleet_usd, 4), "gpu_hours": round(cost.pod_seconds / 3600, 3),
-        "pods_created": night.made, "peak_pods": night.peak, "pods_at_end": len(night.pods),
-        "ended": _local(now), "preemptions": night.preemptions, "redone_frames": night.redone,
-        "frames_total": sum(t.total for t in tasks), "frames_processed": processed,
+        "tier": night.tier.name,
+        "capacity": night.plan.capacity,
+        "gpu_type": night.price.gpu_type,
+        "usd_per_gpu_hr": night.usd_per_hr,
+        "usd": round(cost.fleet_usd, 4),
+        "gpu_hours": round(cost.pod_seconds / 3600, 3),
+        "execution_hours": round(night.execution_s / 3600, 3),
+        "execution_usd": round(night.execution_s * night.usd_per_hr / 3600, 4),
+        "workers_started": night.made,
+        "peak_pods": night.peak,
+        "pods_at_end": len(night.pods),
+        "ended": _local(now),
+        "hosts_lost": night.hosts_lost,
+        "redone_frames": night.redone,
+        "frames_total": sum(t.total for t in tasks),
+        "frames_processed": processed,
         "frames_sent": processed + night.redone,
-        "tasks_done": len(done), "tasks": len(night.tasks),
+        "tasks_done": len(done),
+        "tasks": len(night.tasks),
         "last_job_done": _local(last) if last is not None else None,
         "last_job_done_h_after_first_submit": round((last - first) / 3600, 3) if last else None,
         "pods_over_time": [list(point) for point in night.series],
-    }  # fmt: skip
+    }
 
 
 def _ratio(a: float, b: float) -> float:
     return round(a / b, 4) if b > 0 else math.inf
 
 
-def night(seed: int = SEED, preempt_per_pod_h: float = PREEMPT_PER_POD_H) -> dict[str, Any]:
-    """The three plans over the same seeded night, and the spot plan's cost ratios."""
-    if not (math.isfinite(preempt_per_pod_h) and 0 <= preempt_per_pod_h <= 10):
-        raise ValueError(f"preemptions per pod-hour: 0..10, not {preempt_per_pod_h}")
-    jobs = night_jobs(seed)
-    spot = run_plan(Plan(PLANS[0], plan_tier("spot-batch", spot=True), preempt_per_pod_h),
-                    jobs, seed)  # fmt: skip
-    ondemand = run_plan(Plan(PLANS[1], plan_tier("od-batch", spot=False)), jobs, seed)
-    pool = max(1, ondemand["peak_pods"])
-    always = run_plan(Plan(PLANS[2], plan_tier("always-on", spot=False, pool=pool)), jobs, seed)
+def _ratios(plans: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    usd = {key: row["usd"] for key, row in plans.items()}
+    community, secure = usd["community_scale_to_zero"], usd["secure_scale_to_zero"]
+    serverless, always = usd["serverless"], usd["always_on_secure"]
     return {
-        "jobs": [{"id": j.id, "model": j.spec.model, "fps": j.spec.fps,
-                  "segments": len(j.spec.inputs), "frames": j.frames_per_task * len(j.spec.inputs),
-                  "submitted": _local(START.timestamp() + j.submitted_s)} for j in jobs],
-        "plans": dict(zip(PLANS, (spot, ondemand, always), strict=True)),
+        "community_vs_secure": _ratio(community, secure),
+        "community_vs_always_on": _ratio(community, always),
+        "serverless_vs_community": _ratio(serverless, community),
+        "serverless_vs_secure": _ratio(serverless, secure),
+        "serverless_vs_always_on": _ratio(serverless, always),
+    }
+
+
+def check_rate(rate: float) -> float:
+    """A host-loss rate per pod-hour: a finite number in 0..10."""
+    if not (math.isfinite(rate) and 0 <= rate <= 10):
+        raise ValueError(f"community hosts lost per pod-hour: 0..10, not {rate}")
+    return rate
+
+
+def night(
+    seed: int = SEED, host_lost_per_pod_h: float = HOST_LOST_PER_POD_H, prices: Prices | None = None
+) -> dict[str, Any]:
+    """The four plans over the same seeded night, and their cost ratios; ``prices``:
+    RunPod's catalog (read through the provider when not given)."""
+    rate = check_rate(host_lost_per_pod_h)
+    seen = dict(prices) if prices is not None else read_catalog()
+    jobs = night_jobs(seed)
+    community = Plan(PLANS[0], plan_tier("community-batch", "COMMUNITY"), "COMMUNITY", rate)
+    secure = Plan(PLANS[1], plan_tier("secure-batch", "SECURE"), "SECURE")
+    serverless = Plan(PLANS[2], plan_tier("serverless", "SECURE"), "SERVERLESS")
+    runs = {p.name: run_plan(p, jobs, seen, seed) for p in (community, secure, serverless)}
+    pool = max(1, runs[PLANS[1]]["peak_pods"])
+    always = Plan(PLANS[3], plan_tier("always-on", "SECURE", pool), "SECURE")
+    runs[PLANS[3]] = run_plan(always, jobs, seen, seed)
+    return {
+        "jobs": [_job_row(j) for j in jobs],
+        "plans": {key: runs[key] for key in PLANS},
         "always_on_workers": pool,
-        "ratio_spot_vs_ondemand": _ratio(spot["usd"], ondemand["usd"]),
-        "ratio_spot_vs_always_on": _ratio(spot["usd"], always["usd"]),
-        "parameters": {"seed": seed, "preempt_per_pod_h": preempt_per_pod_h, "tick_s": TICK_S,
-                       "startup_s": STARTUP_S, "checkpoint_s": CHECKPOINT_S,
-                       "max_workers": MAX_WORKERS, "max_parallel": MAX_PARALLEL,
-                       "segment_s": SEGMENT_S, "night": "20:00-08:00 Europe/Paris"},
-    }  # fmt: skip
+        "ratios": _ratios(runs),
+        "prices_usd_per_gpu_hr": {
+            g: {"secure": p.secure, "community": p.community, "serverless": p.serverless}
+            for g, p in sorted(seen.items())
+        },
+        "parameters": {
+            "seed": seed,
+            "host_lost_per_pod_h": rate,
+            "tick_s": TICK_S,
+            "startup_s": STARTUP_S,
+            "serverless_start_s": SERVERLESS_START_S,
+            "idle_timeout_s": IDLE_TIMEOUT_S,
+            "checkpoint_s": CHECKPOINT_S,
+            "max_workers": MAX_WORKERS,
+            "max_parallel": MAX_PARALLEL,
+            "segment_s": SEGMENT_S,
+            "night": "20:00-08:00 Europe/Paris",
+        },
+    }
 
 
-LABELS = {"spot_scale_to_zero": "spot, scale to zero (framerelay)",
-          "ondemand_scale_to_zero": "on-demand, scale to zero",
-          "always_on": "always-on on-demand pool"}  # fmt: skip
+def _job_row(job: NightJob) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "model": job.spec.model,
+        "fps": job.spec.fps,
+        "segments": len(job.spec.inputs),
+        "frames": job.frames_per_task * len(job.spec.inputs),
+        "submitted": _local(START.timestamp() + job.submitted_s),
+    }
+
+
+LABELS = {
+    "community_scale_to_zero": "community pods from 0 (framerelay)",
+    "secure_scale_to_zero": "secure pods from 0",
+    "serverless": "serverless endpoint",
+    "always_on_secure": "always-on secure pool",
+}
+COLORS = {
+    "community_scale_to_zero": "tab:green",
+    "secure_scale_to_zero": "tab:orange",
+    "serverless": "tab:blue",
+    "always_on_secure": "tab:red",
+}
 
 
 def report(out: dict[str, Any]) -> None:
-    jobs = out["jobs"]
+    jobs, p = out["jobs"], out["parameters"]
     frames = sum(j["frames"] for j in jobs)
-    hours = sum(j["segments"] for j in jobs) * out["parameters"]["segment_s"] / 3600
-    p = out["parameters"]
-    print(f"a night of jobs: {len(jobs)} jobs, {hours:.0f} h of recordings, {frames:,} frames, "
-          f"submitted {jobs[0]['submitted']}-{jobs[-1]['submitted']}; seed {p['seed']}, "
-          f"{p['preempt_per_pod_h']} spot preemptions per pod-hour, pods warm in "
-          f"{p['startup_s']:.0f} s")  # fmt: skip
+    hours = sum(j["segments"] for j in jobs) * p["segment_s"] / 3600
     print(
-        f"  {'plan':34s} {'cost':>8s} {'GPU-h':>7s} {'pods':>5s} {'preempted':>9s} "
-        f"{'redone frames':>13s} {'frames done':>12s} {'last job done':>13s} {'at end':>6s}"
+        f"a night of jobs: {len(jobs)} jobs, {hours:.0f} h of recordings, {frames:,} frames, "
+        f"submitted {jobs[0]['submitted']}-{jobs[-1]['submitted']}; seed {p['seed']}, "
+        f"{p['host_lost_per_pod_h']} community hosts lost per pod-hour, pods warm in "
+        f"{p['startup_s']:.0f} s, serverless workers in {p['serverless_start_s']:.0f} s"
+    )
+    print(
+        f"  {'plan':38s} {'$/GPU-h':>7s} {'cost':>8s} {'GPU-h':>6s} {'exec-h':>6s} "
+        f"{'peak':>4s} {'hosts lost':>10s} {'redone':>7s} {'frames done':>11s} {'last done':>9s}"
     )
     for key, row in out["plans"].items():
-        label = LABELS[key] + (f" x{out['always_on_workers']}" if key == "always_on" else "")
-        print(f"  {label:34s} ${row['usd']:7.2f} {row['gpu_hours']:7.1f} {row['peak_pods']:5d} "
-              f"{row['preemptions']:9d} {row['redone_frames']:13,d} "
-              f"{row['frames_processed']:12,d} {row['last_job_done'] or '-':>13s} "
-              f"{row['pods_at_end']:6d}")  # fmt: skip
+        label = LABELS[key] + (f" x{out['always_on_workers']}" if key == "always_on_secure" else "")
+        print(
+            f"  {label:38s} {row['usd_per_gpu_hr']:7.2f} ${row['usd']:7.2f} "
+            f"{row['gpu_hours']:6.1f} {row['execution_hours']:6.1f} {row['peak_pods']:4d} "
+            f"{row['hosts_lost']:10d} {row['redone_frames']:7,d} {row['frames_processed']:11,d} "
+            f"{row['last_job_done'] or '-':>9s}"
+        )
+    r = out["ratios"]
+    serverless = out["plans"]["serverless"]
     print(
-        f"  spot plan / on-demand scale-to-zero {out['ratio_spot_vs_ondemand']:.3f}; "
-        f"spot plan / always-on {out['ratio_spot_vs_always_on']:.3f}"
+        f"  community / secure {r['community_vs_secure']:.3f}; community / always-on "
+        f"{r['community_vs_always_on']:.3f}; serverless / community "
+        f"{r['serverless_vs_community']:.3f}; serverless / secure {r['serverless_vs_secure']:.3f}"
     )
-
-
-COLORS = {"spot_scale_to_zero": "tab:green", "ondemand_scale_to_zero": "tab:orange",
-          "always_on": "tab:red"}  # fmt: skip
+    print(
+        f"  serverless billed ${serverless['usd']:.2f}, of which execution "
+        f"${serverless['execution_usd']:.2f} (what RunPod's executionTime accounts); the rest "
+        f"is {serverless['workers_started']} worker starts and idle timeouts"
+    )
 
 
 def plot(fig: Figure, out: dict[str, Any]) -> None:
-    """Pods through the night per plan; the night's three bills."""
+    """Workers through the night per plan; the night's four bills."""
     pods, bills = fig.subplots(1, 2, width_ratios=(2, 1))
     for key, row in out["plans"].items():
         hours, counts = zip(*row["pods_over_time"], strict=True)
-        pods.step(hours, counts, where="post", label=LABELS[key], color=COLORS[key],
-                  linestyle="--" if key == "ondemand_scale_to_zero" else "-")  # fmt: skip
-    pods.set(xlabel=f"hours after {START:%H:%M} (Europe/Paris)", ylabel="pods",
-             title="the night's workers")  # fmt: skip
-    pods.set_ylim(0, out["always_on_workers"] * 1.4)
+        style = "--" if key == "secure_scale_to_zero" else "-"
+        pods.step(
+            hours, counts, where="post", label=LABELS[key], color=COLORS[key], linestyle=style
+        )
+    pods.set(
+        xlabel=f"hours after {START:%H:%M} (Europe/Paris)",
+        ylabel="workers",
+        title="the night's workers",
+    )
+    pods.set_ylim(0, out["always_on_workers"] * 1.5)
     pods.legend(loc="upper right")
     usd = [row["usd"] for row in out["plans"].values()]
-    bars = bills.barh([LABELS[k].replace(", ", ",\n") for k in out["plans"]], usd,
-                      color=[COLORS[k] for k in out["plans"]])  # fmt: skip
+    names = [LABELS[k].replace(" from", "\nfrom").replace(" (", "\n(") for k in out["plans"]]
+    bars = bills.barh(names, usd, color=[COLORS[k] for k in out["plans"]])
     bills.bar_label(bars, fmt="$%.2f", padding=2)
     bills.set_xlim(0, max(usd) * 1.3)
     bills.set(xlabel="USD for the night", title="the night's bill")

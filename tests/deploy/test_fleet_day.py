@@ -1,50 +1,68 @@
-"""Acceptance 4: a simulated day (schedule + 3 spot preemptions) through the real
-fleet logic, RunPod contract server and Redis: cost and saving vs on-demand,
-every stream placed when it may run, no critical stream ever on spot."""
+"""Acceptance: a simulated day on RunPod as it is (schedule, community hosts lost at
+10:00, 14:00 and 22:00) through the real fleet logic, the RunPod provider, the v2
+contract server and Redis: cost per camera-hour and saving vs all-secure on-demand, with
+every price the catalog's, and every stream placed when it may run."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import importlib
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from bench.rig.runpod_v2_contract import GPUS
 from tests.deploy.orch_support import REDIS_URL
 
 pytestmark = pytest.mark.integration
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_fleet", ROOT / "bench" / "fleet.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.fleet")
 
 
 def test_simulated_day_cost_and_policy() -> None:
-    # raises if a critical stream ever ran on spot
-    out = asyncio.run(_bench().run_day(REDIS_URL, step_s=1200))
-    spot, base = out["spot"], out["ondemand_same_schedule"]
+    bench = _bench()
+    out = asyncio.run(bench.run_day(REDIS_URL, step_s=1200))
+    run, base, plans = out["framerelay"], out["all_secure_same_schedule"], out["plans"]
+    shown = [
+        f"{k} ${p['usd']:.2f} (${p['usd_per_camera_hour']:.4f}/camera-h)" for k, p in plans.items()
+    ]
     print(
-        f"\nday: fleet ${spot['fleet_usd']:.2f} (spot) vs ${base['fleet_usd']:.2f} (same schedule, "
-        f"all on-demand) vs ${out['ondemand_always_on_usd']:.2f} (always-on peak on-demand); "
-        f"saving {out['saving_vs_ondemand_same_schedule']:.1%} / "
-        f"{out['saving_vs_ondemand_always_on']:.1%}; "
-        f"${spot['cost']['cost_per_stream_hour_usd']:.4f}/stream-h"
+        f"\nday: {'; '.join(shown)}; critical stream-steps on community pods: "
+        f"{run['critical_on_community_steps']}"
     )
-    assert spot["preemptions"] == 3 and spot["events"]["preempted"] == 3
-    assert spot["unplaced_stream_steps"] == 0 and base["unplaced_stream_steps"] == 0
-    assert spot["cost"]["stream_hours"] == pytest.approx(base["cost"]["stream_hours"], rel=0.02)
-    # the baselines are not padded: the same-schedule on-demand run rents no more pod-hours
-    # than the spot run, and the static fleet is the fewest workers for the peak (18 streams
+    offer = {g.id: g for g in GPUS}[out["gpu_type"]]
+    assert out["prices_usd_per_gpu_hr"] == {
+        g.id: {"secure": g.secure, "community": g.community, "serverless": g.serverless}
+        for g in GPUS
+    }
+    assert run["hosts_lost"] == 3 and run["events"]["vanished"] == 3
+    assert "preempted" not in run["events"] and "vanished" not in base["events"]
+    assert run["unplaced_stream_steps"] == 0 and base["unplaced_stream_steps"] == 0
+    assert run["cost"]["stream_hours"] == pytest.approx(base["cost"]["stream_hours"], rel=0.02)
+    # the baselines are not padded: the same-schedule all-secure run rents no more pod-hours
+    # than framerelay's, and the static fleet is the fewest workers for the peak (18 streams
     # at 3 per worker)
-    assert base["cost"]["pod_hours"] <= spot["cost"]["pod_hours"] + 0.5
-    assert out["ondemand_always_on_workers"] == 6
-    assert out["saving_vs_ondemand_same_schedule"] > 0.5
-    assert out["saving_vs_ondemand_always_on"] >= 0.6
-    ratios = [r["spot_ratio"] for r in out["price_sensitivity"]]
-    savings = [r["saving_vs_ondemand_always_on"] for r in out["price_sensitivity"]]
+    assert base["cost"]["pod_hours"] <= run["cost"]["pod_hours"] + 0.5
+    assert out["static_all_secure_workers"] == 6
+    assert plans["static_all_secure"]["usd"] == pytest.approx(6 * 24 * offer.secure)
+    # the community pod-hours are paid at the catalog's community price, the rest at secure
+    hours = run["pod_hours_by_cloud"]
+    paid = hours["secure"] * offer.secure + hours["community"] * offer.community
+    assert run["fleet_usd"] == pytest.approx(paid, rel=1e-3)
+    assert base["pod_hours_by_cloud"]["community"] == 0
+    usd = {k: p["usd"] for k, p in plans.items()}
+    assert usd["framerelay"] < usd["all_secure_same_schedule"] < usd["static_all_secure"]
+    assert usd["framerelay"] < usd["framerelay_batch_serverless"]  # steady batch: pods win
+    batch = out["batch"]
+    serverless = batch["serverless"]
+    assert serverless["usd_per_gpu_hr"] == offer.serverless
+    assert serverless["usd"] >= serverless["execution_usd"] > 0
+    assert batch["community_pods_usd"] < batch["secure_pods_usd"]
+    ratios = [r["community_over_secure"] for r in out["price_sensitivity"]]
+    savings = [r["saving_vs_all_secure_same_schedule"] for r in out["price_sensitivity"]]
     assert ratios == sorted(ratios) and savings == sorted(savings, reverse=True)
+    by_source = {r["source"]: r["community_over_secure"] for r in out["price_sensitivity"]}
+    for g in GPUS:
+        assert by_source[f"catalog: {g.id}"] == pytest.approx(g.community / g.secure, abs=1e-3)
