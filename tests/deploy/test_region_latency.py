@@ -138,7 +138,9 @@ def test_a_bad_region_name_is_refused(region: str) -> None:
 
 
 def test_existing_tier_configs_stay_valid() -> None:
-    tier = TierConfig.model_validate({"name": "spot", "interruptible": True, "data_centers": ["EU-RO-1"]})
+    tier = TierConfig.model_validate(
+        {"name": "spot", "interruptible": True, "data_centers": ["EU-RO-1"]}
+    )
     assert tier.region is None
 
 

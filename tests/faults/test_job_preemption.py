@@ -89,7 +89,9 @@ def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
     inputs = segments(tmp_path)
     expected = {p.name: decoded_pts(p) for p in inputs}
     prefix = f"test-job-ingest-{secrets.token_hex(4)}"
-    tiers = [TierConfig(name="batch", interruptible=True, batch_only=True, min_warm=0, max_workers=2)]
+    tiers = [
+        TierConfig(name="batch", interruptible=True, batch_only=True, min_warm=0, max_workers=2)
+    ]
     settings = settings_for(
         secret, tmp_path / "ca", tiers=tiers, jobs={"redis_prefix": prefix},
         local=LocalSettings(model=MODEL, threads=1, spot_price_per_hr=SPOT_USD_HR),
