@@ -137,11 +137,24 @@ def task_spec(rec: JobRecord, k: int) -> StreamSpec:
     """The stream that runs task ``k`` of ``rec``."""
     spec, task = rec.spec, rec.tasks[k]
     endpoint = rec.serverless.endpoint_id if rec.serverless is not None else None
+    urls = rec.serverless.urls if rec.serverless is not None else None
+    job = JobTask(
+        job_id=rec.id,
+        index=k,
+        sidecar=task.sidecar,
+        serverless_endpoint_id=endpoint,
+        serverless_urls=urls,
+    )
     return StreamSpec(
-        id=task_stream_id(rec.id, k), url=task.input, priority=spec.priority,
-        realtime=False, loop=False, fps=spec.fps or ALL_FRAMES_FPS, model=spec.model,
-        job=JobTask(job_id=rec.id, index=k, sidecar=task.sidecar, serverless_endpoint_id=endpoint),
-    )  # fmt: skip
+        id=task_stream_id(rec.id, k),
+        url=task.input,
+        priority=spec.priority,
+        realtime=False,
+        loop=False,
+        fps=spec.fps or ALL_FRAMES_FPS,
+        model=spec.model,
+        job=job,
+    )
 
 
 def is_task(spec: StreamSpec) -> bool:

@@ -49,7 +49,8 @@ async def new_job(orch: Orchestrator, spec: JobSpec) -> JobRecord:
         raise RequestValidationError([{"type": "unknown_model", "loc": ("body", "model"),
                                        "msg": problem}])  # fmt: skip
     try:
-        serverless = choose(orch.settings, spec)
+        endpoints = orch.serverless.ready if orch.serverless is not None else {}
+        serverless = choose(orch.settings, spec, endpoints)
     except NoServerlessTier as exc:
         raise RequestValidationError(
             [{"type": "no_serverless_tier", "loc": ("body", "serverless"), "msg": str(exc)}]

@@ -1,9 +1,12 @@
 """Jobs on serverless tiers (issue 18, serverless mode): the orchestrator's side.
 
-A tier with a ``serverless_endpoint_id`` is a RunPod serverless endpoint: batch capacity
-that RunPod scales from zero and back by itself, billed by the second of execution. The
-orchestrator rents no pod for it (:attr:`deploy.settings.TierConfig.rents_pods`): the
-scaler plans nothing there and placement has no worker of it.
+A serverless tier is a RunPod serverless endpoint: batch capacity that RunPod scales
+from zero and back by itself, billed by the second of execution. Either the
+orchestrator manages it (the tier's ``serverless`` settings: created or updated as
+``<fleet>-<tier>`` by :mod:`deploy.providers.runpod.endpoints`, whose answer gives the
+endpoint's id and request URLs) or it was made by hand (``serverless_endpoint_id``).
+The orchestrator rents no pod for it (:attr:`deploy.settings.TierConfig.rents_pods`):
+the scaler plans nothing there and placement has no worker of it.
 
 **Which jobs.** :func:`choose` decides once, when a job is submitted, and the job's
 record keeps the choice (:class:`ServerlessChoice`): a job with ``serverless`` null
@@ -13,13 +16,14 @@ before; ``true`` requires one (the submission is refused without); ``false`` kee
 job on pods.
 
 **How a task reaches the ingest.** Its stream spec carries the endpoint
-(``job.serverless_endpoint_id``); placement leaves it out (:func:`deploy.jobs.placement_view`)
-and the fleet gives the ingest its definition with ``POST /v1/streams``
-(:meth:`deploy.ingest_link.IngestLink.serve`), taken back with ``DELETE /v1/streams/{id}``:
-the ingest's hook (``ingest.serverless_task``) serves such a stream from the endpoint and
-never opens a tunnel. The ingest stores the definition, so a restarted ingest resumes the
-task from its checkpoint. The fleet remembers such a stream as acknowledged on
-:data:`SERVERLESS` (not a worker).
+(``job.serverless_endpoint_id``, and for a managed one ``job.serverless_urls``);
+placement leaves it out (:func:`deploy.jobs.placement_view`) and the fleet gives the
+ingest its definition with ``POST /v1/streams``
+(:meth:`deploy.ingest_link.IngestLink.serve`), taken back with
+``DELETE /v1/streams/{id}``: the ingest's hook (``ingest.serverless_task``) serves such
+a stream from the endpoint and never opens a tunnel. The ingest stores the definition,
+so a restarted ingest resumes the task from its checkpoint. The fleet remembers such a
+stream as acknowledged on :data:`SERVERLESS` (not a worker).
 
 **Cost.** The ingest adds up the executionTime RunPod reports for the task's jobs
 (``TaskProgress.execution_s``); the job is charged that many seconds at the tier's
@@ -28,14 +32,15 @@ task from its checkpoint. The fleet remembers such a stream as acknowledged on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.ingest_link import IngestLink
 from deploy.models import StreamSpec
 from deploy.settings import OrchestratorSettings, TierConfig
-from framerelay.jobs import JobSpec, TaskProgress
+from framerelay.jobs import EndpointUrls, JobSpec, TaskProgress
 
 SERVERLESS = "@serverless"
 """Where the fleet records a stream the ingest serves from an endpoint (no worker has
@@ -46,6 +51,17 @@ class NoServerlessTier(ValueError):
     """A job asked for a serverless tier (``serverless`` true) and none allows it."""
 
 
+class Reconciled(Protocol):
+    """A managed tier's endpoint as RunPod answered for it
+    (:class:`deploy.providers.runpod.endpoints.ManagedEndpoint`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def urls(self) -> EndpointUrls: ...
+
+
 class ServerlessChoice(BaseModel):
     """The serverless tier a job runs on, as chosen at submission."""
 
@@ -54,6 +70,11 @@ class ServerlessChoice(BaseModel):
     tier: str
     endpoint_id: str
     price_per_s: float = Field(0.0, ge=0)
+    urls: EndpointUrls | None = Field(
+        None,
+        description="A managed endpoint's request URLs (RunPod's answer); None: "
+        "one made by hand, reached at the ingest's base URL and its id.",
+    )
 
 
 def serverless_tiers(settings: OrchestratorSettings, spec: JobSpec) -> list[TierConfig]:
@@ -64,23 +85,50 @@ def serverless_tiers(settings: OrchestratorSettings, spec: JobSpec) -> list[Tier
     return sorted(ok, key=lambda t: t.serverless_price_per_s)
 
 
-def choose(settings: OrchestratorSettings, spec: JobSpec) -> ServerlessChoice | None:
-    """Where ``spec`` runs: a serverless tier, or None for pods. NoServerlessTier when the
-    job requires one and none allows it."""
+def choose(
+    settings: OrchestratorSettings,
+    spec: JobSpec,
+    endpoints: Mapping[str, Reconciled] | None = None,
+) -> ServerlessChoice | None:
+    """Where ``spec`` runs: a serverless tier, or None for pods. ``endpoints``: the managed
+    tiers' endpoints ready now (tier name -> endpoint); a managed tier without one takes
+    no job. NoServerlessTier when the job requires a serverless tier and none takes it."""
     if spec.serverless is False:
         return None
-    tiers = serverless_tiers(settings, spec)
+    ready = endpoints or {}
+    allowed = serverless_tiers(settings, spec)
+    tiers = [t for t in allowed if t.serverless is None or t.name in ready]
     if not tiers:
         if spec.serverless:
-            raise NoServerlessTier(
-                f"no serverless tier takes a {spec.priority} job: give a tier a "
-                "serverless_endpoint_id (a batch_only one takes batch jobs only)"
-            )
+            raise NoServerlessTier(_why_none(spec, allowed))
         return None
     tier = tiers[0]
+    managed = ready.get(tier.name) if tier.serverless is not None else None
+    if managed is not None:
+        return ServerlessChoice(
+            tier=tier.name,
+            endpoint_id=managed.id,
+            urls=managed.urls,
+            price_per_s=tier.serverless_price_per_s,
+        )
     assert tier.serverless_endpoint_id is not None  # noqa: S101 - serverless_tiers' filter
-    return ServerlessChoice(tier=tier.name, endpoint_id=tier.serverless_endpoint_id,
-                            price_per_s=tier.serverless_price_per_s)  # fmt: skip
+    return ServerlessChoice(
+        tier=tier.name,
+        endpoint_id=tier.serverless_endpoint_id,
+        price_per_s=tier.serverless_price_per_s,
+    )
+
+
+def _why_none(spec: JobSpec, allowed: Sequence[TierConfig]) -> str:
+    if allowed:  # managed tiers, none of them with its endpoint yet
+        return (
+            f"tier {allowed[0].name}'s serverless endpoint is not ready: the orchestrator "
+            "makes it at start (its log says why it could not); try again shortly"
+        )
+    return (
+        f"no serverless tier takes a {spec.priority} job: give a tier serverless settings "
+        "or a serverless_endpoint_id (a batch_only one takes batch jobs only)"
+    )
 
 
 def endpoint_of(spec: StreamSpec) -> str | None:

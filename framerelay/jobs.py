@@ -38,6 +38,29 @@ MAX_INPUTS = 1000
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 TaskState = Literal["pending", "running", "done", "failed"]
 _JOB_ID = re.compile(JOB_ID)
+_URL = r"^https?://[^\s]+$"
+
+
+class EndpointUrls(BaseModel):
+    """A queue-based RunPod serverless endpoint's request URLs, as RunPod's API v2 gives
+    them (the endpoint's ``requestUrls``), never built from its id: ``run`` takes a job,
+    ``status`` and ``cancel`` one job (a ``{job_id}`` in them stands for its id, else the
+    id is appended), ``health`` the endpoint's queue and workers. The ingest sends the
+    RunPod key only to URLs on the origin of its own setting of RunPod's endpoint API
+    (``ingest.serverless_link``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: str = Field(min_length=8, max_length=2000, pattern=_URL)
+    status: str = Field(min_length=8, max_length=2000, pattern=_URL)
+    cancel: str = Field(min_length=8, max_length=2000, pattern=_URL)
+    health: str = Field(min_length=8, max_length=2000, pattern=_URL)
+
+    def for_job(self, url: str, job_id: str) -> str:
+        """``url`` (``status`` or ``cancel``) for one job."""
+        if "{job_id}" in url:
+            return url.replace("{job_id}", job_id)
+        return f"{url.rstrip('/')}/{job_id}"
 
 
 class JobTask(BaseModel):
@@ -59,6 +82,11 @@ class JobTask(BaseModel):
         "serverless_endpoint_id; the ingest posts the frames to its /run API, "
         "ingest.serverless_task) instead of on a worker over a tunnel; null: a tunnel.",
     )  # fmt: skip
+    serverless_urls: EndpointUrls | None = Field(
+        None,
+        description="The endpoint's request URLs, as RunPod gave them to the orchestrator "
+        "(an endpoint it manages); null: the ingest's base URL and the endpoint's id.",
+    )
 
 
 class JobSpec(BaseModel):

@@ -1,7 +1,8 @@
 """The RunPod serverless handler: batches of job frames in, detections per frame out.
 
-A tier with a ``serverless_endpoint_id`` sends a job's frames to a RunPod *queue-based*
-serverless endpoint instead of over a tunnel (:mod:`ingest.serverless_link`). RunPod
+A serverless tier sends a job's frames to a RunPod *queue-based* serverless endpoint
+(one the orchestrator manages, started as ``worker --serverless``, or one made by hand)
+instead of over a tunnel (:mod:`ingest.serverless_link`). RunPod
 runs the worker image's handler function on each job: it is called with
 ``{"id": <job id>, "input": {...}}`` and what it returns becomes the job's ``output``;
 a returned dict with an ``"error"`` key marks the job ``FAILED`` with that error, and an

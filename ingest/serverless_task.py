@@ -32,10 +32,16 @@ from typing import Any
 
 from framerelay import wire
 from framerelay.errors import ConfigError, FramerelayError
+from framerelay.jobs import EndpointUrls
 from framerelay.results import ResultRecord
 from ingest.handoff import SlotClosed
 from ingest.job_task import JobRun
-from ingest.serverless_link import ServerlessError, ServerlessLink, ServerlessSettings
+from ingest.serverless_link import (
+    ServerlessError,
+    ServerlessLink,
+    ServerlessSettings,
+    endpoint_urls,
+)
 from ingest.serverless_sink import FrameResult, ServerlessSink, SinkFrame
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
@@ -162,12 +168,18 @@ class ServerlessRuns:
         return None if job is None else job.serverless_endpoint_id
 
     def check(self, config: StreamConfig) -> None:
-        """ConfigError if ``config`` names an endpoint and this ingest has no RunPod key."""
-        if self.endpoint_of(config) is not None and self.settings.api_key is None:
+        """ConfigError if ``config`` names an endpoint and this ingest has no RunPod key,
+        or its endpoint's request URLs are not on the RunPod endpoint API set here."""
+        endpoint = self.endpoint_of(config)
+        if endpoint is None:
+            return
+        if self.settings.api_key is None:
             raise ConfigError(
                 f"stream {config.id!r} runs on a RunPod serverless endpoint: set the RunPod "
                 "API key (FRAMERELAY_INGEST_SERVERLESS__API_KEY or ..._API_KEY_FILE)"
             )
+        if config.job is not None:
+            endpoint_urls(self.settings, endpoint, config.job.serverless_urls)
 
     def serves(self, config: StreamConfig) -> bool:
         return self.endpoint_of(config) is not None
@@ -181,8 +193,11 @@ class ServerlessRuns:
         old = self._tasks.pop(stream.id, None)
         if old is not None:
             old.cancel()
-        coro = serve_stream(stream, self.settings, endpoint, self.publish, self.batching,
-                            self.input_size)  # fmt: skip
+        job = stream.config.job
+        urls = job.serverless_urls if job is not None else None
+        coro = serve_stream(
+            stream, self.settings, endpoint, self.publish, self.batching, self.input_size, urls
+        )
         task = asyncio.create_task(self._guarded(stream, coro), name=f"serverless-{stream.id}")
         self._tasks[stream.id] = task
         task.add_done_callback(lambda t: self._forget(stream.id, t))
@@ -219,10 +234,12 @@ async def serve_stream(
     publish: Publish,
     batching: Batching = Batching(),
     input_size: tuple[int, int] = (416, 416),
+    urls: EndpointUrls | None = None,
 ) -> None:
     """Run ``stream`` on the endpoint until it stops: the model input size is set (the
-    endpoint's model; no HELLO tells it), its decode thread started, its frames sent."""
-    async with ServerlessLink(settings, endpoint_id) as link:
+    endpoint's model; no HELLO tells it), its decode thread started, its frames sent.
+    ``urls``: the endpoint's request URLs when the orchestrator manages it."""
+    async with ServerlessLink(settings, endpoint_id, urls=urls) as link:
         stream.start(*input_size)
         sender = ServerlessSender(stream, link, publish, batching)
         try:

@@ -8,7 +8,8 @@ serverless/endpoints/job-states):
 - ``POST /run`` ``{"input": {...}, "policy"?: {...}, "webhook"?: ...}`` answers
   ``{"id", "status": "IN_QUEUE"}``; a body over 10 MB is refused (the docs give the
   limit, not the answer: 400 here). ``POST /runsync`` waits for the job (20 MB).
-- ``GET /status/{id}``: ``IN_QUEUE`` -> ``IN_PROGRESS`` -> ``COMPLETED`` with ``output``,
+- ``GET /status/{id}``: ``IN_QUEUE`` -> ``IN_PROGRESS`` (or ``RUNNING``, as RunPod also
+  documents it: :attr:`Faults.shown_as`) -> ``COMPLETED`` with ``output``,
   ``delayTime`` and ``executionTime`` (ms); ``FAILED`` with ``error``; ``CANCELLED``;
   ``TIMED_OUT`` (``policy.executionTimeout``, ms, default 600000, or a fault). A job is
   kept 30 minutes after it ends (``/run``), then 404.
@@ -69,6 +70,10 @@ class Faults:
     """The next N jobs never report back: ``TIMED_OUT``."""
     job_delay_s: float = 0.0
     """Each job waits this long in the queue."""
+    shown_as: dict[str, str] = field(default_factory=dict)
+    """``/status`` shows a state under another name: RunPod documents both ``IN_PROGRESS``
+    and ``RUNNING`` for a job on a worker (``{"IN_PROGRESS": "RUNNING"}``), and may add
+    a state a client does not know yet."""
 
 
 @dataclass
@@ -318,7 +323,11 @@ def create_app(state: EndpointState) -> FastAPI:  # noqa: C901 - one route table
     @app.get(base + "/status/{job_id}")
     async def status(job_id: str) -> Any:
         job = state.get(job_id)
-        return _error(404, "job not found") if job is None else job.view()
+        if job is None:
+            return _error(404, "job not found")
+        view = job.view()
+        view["status"] = state.faults.shown_as.get(view["status"], view["status"])
+        return view
 
     @app.post(base + "/cancel/{job_id}")
     async def cancel(job_id: str) -> Any:
