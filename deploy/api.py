@@ -353,8 +353,13 @@ def _streams_router(orch: Orchestrator, auth: ApiAuth) -> APIRouter:
         rec = found[0] if found is not None else None
         if spec is None or rec is None:
             raise HTTPException(404, f"no stream {stream_id!r} or no worker {body.worker!r}")
-        if spec.priority == "critical" and rec.spot:
-            raise HTTPException(409, "critical streams never run on spot workers")
+        tier = orch.settings.tier(rec.tier)
+        if spec.priority == "critical" and (tier is None or not tier.takes_critical):
+            raise HTTPException(
+                409,
+                f"critical streams run only on tiers of the secure cloud that are not "
+                f"interruptible; {body.worker!r} is of tier {rec.tier!r}",
+            )
         await store.set_pin(stream_id, body.worker)
         return {"stream": stream_id, "worker": body.worker, "note": "moves on the next pass"}
 

@@ -499,7 +499,7 @@ def placement_view(
         tiers = [
             t
             for t in settings.tiers
-            if t.rents_pods and allowed(spec, t.interruptible, t.batch_only, pinned)
+            if t.rents_pods and allowed(spec, not t.takes_critical, t.batch_only, pinned)
         ]
         rooms = [per_worker(settings, t, pods.values(), expected_fps(settings, t, prices))
                  for t in tiers]  # fmt: skip

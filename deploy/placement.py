@@ -48,7 +48,8 @@ class Slot:
 
     name: str
     tier: str
-    spot: bool
+    no_critical: bool
+    """Its tier does not take critical streams (:attr:`TierConfig.takes_critical`)."""
     capacity: float
     cost_per_hr: float
     used: float = 0.0
@@ -185,10 +186,13 @@ class Placement:
         return {s: v for s, v in out.items() if v[0] != v[1]}
 
 
-def allowed(stream: StreamSpec, spot: bool, batch_only: bool, batch_pinned: bool = False) -> bool:
-    """Policy: critical never on spot; batch-only workers take batch streams only; with
+def allowed(
+    stream: StreamSpec, no_critical: bool, batch_only: bool, batch_pinned: bool = False
+) -> bool:
+    """Policy: critical streams only where a tier takes them (neither interruptible nor
+    community-cloud capacity); batch-only workers take batch streams only; with
     ``batch_pinned`` (a batch-only tier exists) batch streams run only there."""
-    if stream.priority == "critical" and spot:
+    if stream.priority == "critical" and no_critical:
         return False
     if batch_only:
         return stream.priority == "batch"
@@ -196,7 +200,7 @@ def allowed(stream: StreamSpec, spot: bool, batch_only: bool, batch_pinned: bool
 
 
 def _allowed(stream: StreamSpec, slot: Slot, batch_pinned: bool) -> bool:
-    return allowed(stream, slot.spot, slot.batch_only, batch_pinned)
+    return allowed(stream, slot.no_critical, slot.batch_only, batch_pinned)
 
 
 def demand(stream: StreamSpec, model_costs: Mapping[str, float]) -> float:

@@ -172,8 +172,8 @@ def plan_workers(
     for stream in by_priority(streams, settings.model_costs):
         need = demand(stream, settings.model_costs)
         late = functools.partial(_late, stream, expected or {})
-        ok = sorted((t for t in by_rank if allowed(stream, t.interruptible, t.batch_only, pinned)),
-                    key=lambda t: late(t.name))  # fmt: skip
+        may = (t for t in by_rank if allowed(stream, not t.takes_critical, t.batch_only, pinned))
+        ok = sorted(may, key=lambda t: late(t.name))
         names = {t.name for t in ok}
         model = stream.model
         fits = [p for p in planned if p.tier.name in names and p.fits(model, need, needs)]

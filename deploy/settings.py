@@ -256,6 +256,13 @@ class TierConfig(BaseModel):
     )
 
     @property
+    def takes_critical(self) -> bool:
+        """Whether critical streams may run on this tier's workers: only on capacity that
+        is neither interruptible nor possibly a community-cloud host (those fail more
+        often): ``cloud_types`` must be the secure cloud alone."""
+        return not self.interruptible and set(self.cloud_types) == {"SECURE"}
+
+    @property
     def rents_pods(self) -> bool:
         """False for a serverless tier: the scaler and placement leave it alone."""
         return self.serverless_endpoint_id is None and self.serverless is None

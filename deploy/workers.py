@@ -122,5 +122,9 @@ def pod_slots(rec: PodRecord, tier: TierConfig, default_fps: float, use: float) 
     for w in (w for w in rec.workers() if w.ready):
         cap = (tier.capacity_fps or w.capacity_fps or default_fps) * use
         models = slot_models(w.models)
-        slots.append(Slot(w.name, rec.tier, rec.spot, cap, usd, 0.0, tier.batch_only, **models))
+        slots.append(
+            Slot(
+                w.name, rec.tier, not tier.takes_critical, cap, usd, 0.0, tier.batch_only, **models
+            )
+        )
     return slots

@@ -40,6 +40,8 @@ def test_simulated_day_cost_and_policy() -> None:
     assert run["hosts_lost"] == 3 and run["events"]["vanished"] == 3
     assert "preempted" not in run["events"] and "vanished" not in base["events"]
     assert run["unplaced_stream_steps"] == 0 and base["unplaced_stream_steps"] == 0
+    # critical cameras run on the secure cloud only (community hosts fail more often)
+    assert run["critical_on_community_steps"] == 0
     assert run["cost"]["stream_hours"] == pytest.approx(base["cost"]["stream_hours"], rel=0.02)
     # the baselines are not padded: the same-schedule all-secure run rents no more pod-hours
     # than framerelay's, and the static fleet is the fewest workers for the peak (18 streams

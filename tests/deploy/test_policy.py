@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from deploy.cost import CostTotals, PaidPod, accrue, serverless_spend
 from deploy.models import StreamSpec, parse_pod_name, pod_name
-from deploy.placement import Slot, place
+from deploy.placement import Slot, allowed, place
 from deploy.providers.base import GpuPrice
 from deploy.scaling import tier_targets
 from deploy.schedule import may_run, warm_target
@@ -194,3 +194,22 @@ def test_fleet_status_names_the_serverless_part_of_the_spend() -> None:
     assert "serverless" not in render({**status, "cost": cost})  # an older orchestrator
     shown = render({**status, "cost": {**cost, "serverless_usd": 0.25}})
     assert "spent $0.5000 (serverless $0.2500) | 1.000 stream-h" in shown
+
+
+@pytest.mark.parametrize(
+    ("tier", "takes"),
+    [
+        (TierConfig(name="od"), True),
+        (TierConfig(name="community", cloud_types=("COMMUNITY",)), False),
+        (TierConfig(name="either", cloud_types=("COMMUNITY", "SECURE")), False),
+        (TierConfig(name="spot", interruptible=True), False),
+    ],
+)
+def test_critical_streams_only_on_secure_capacity_that_stays(tier: TierConfig, takes: bool) -> None:
+    """Issue 29: with no spot on RunPod, the cheap tier is the community cloud, whose hosts
+    fail more often: critical cameras never land there (nor on interruptible capacity)."""
+    critical = StreamSpec(id="c", url="rtsp://cam/c", priority="critical", fps=5)
+    standard = StreamSpec(id="s", url="rtsp://cam/s", priority="standard", fps=5)
+    assert tier.takes_critical is takes
+    assert allowed(critical, not tier.takes_critical, batch_only=False) is takes
+    assert allowed(standard, not tier.takes_critical, batch_only=False)

@@ -89,7 +89,7 @@ def test_no_churn_between_regions_within_the_slack() -> None:
 
 def test_critical_stream_still_never_on_spot_even_when_nearest() -> None:
     spot = _slot("spot", 1.0, cost=0.1)
-    spot.spot = True
+    spot.no_critical = True
     stream = StreamSpec(id="cam", url="rtsp://cam/x", priority="critical", latency_slo_ms=50)
     result = place([stream], [spot, _slot("od", 80.0)], {}, COSTS)
     assert result.assign == {"cam": "od"} and result.breaches["cam"].worker == "od"
