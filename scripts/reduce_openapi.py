@@ -197,7 +197,8 @@ def source_line(source: Path, data: bytes) -> str:
     found = re.search(r"commit ([0-9a-f]{40})", text)
     if found is None:
         raise ReduceError(f"{notes} names no 40-hex commit")
-    shown = Path(os.path.relpath(source.resolve(), ROOT)).as_posix()
+    # beside the checkout, as given (not through links: the shared folder may be one)
+    shown = Path(os.path.relpath(os.path.abspath(source), ROOT)).as_posix()
     digest = hashlib.sha256(data).hexdigest()
     return (
         f"{shown} (runpod/docs commit {found.group(1)}, api-reference-v2/openapi.json; "
