@@ -23,7 +23,12 @@ pytestmark = pytest.mark.integration
 PASSWORD = "s3cr3t:/@pw"  # needs quoting in a URL
 
 
-def _collect(cfg: StreamConfig, frames: int, timeout_s: float = 20) -> dict[str, Any]:
+def _collect(
+    cfg: StreamConfig, frames: int, timeout_s: float = 20, *, to_the_end: bool = False
+) -> dict[str, Any]:
+    """The figures once ``frames`` came (or the stream finished); ``to_the_end``: once it
+    finished too (a source whose last frame is the ``frames``-th still has its end to read)."""
+
     async def main() -> dict[str, Any]:
         started = time.monotonic()
         async with standalone(cfg) as (stream, got):
@@ -31,6 +36,8 @@ def _collect(cfg: StreamConfig, frames: int, timeout_s: float = 20) -> dict[str,
             await wait_for(
                 lambda: len(got) >= frames or stream.finished, timeout_s, f"{cfg.id}: frames"
             )
+            if to_the_end:
+                await wait_for(lambda: stream.finished, timeout_s, f"{cfg.id}: its end")
             return _figures(stream, list(got), first - started)
 
     return asyncio.run(main())
@@ -68,7 +75,8 @@ def test_http_progressive_file_and_hls(media: Media) -> None:  # noqa: F811
     media.hls()
     with http_server(media.root) as base:
         mp4 = _collect(StreamConfig(id="http", url=f"{base}/{clip.name}", fps=0), 250)
-        hls = _collect(StreamConfig(id="hls", url=f"{base}/hls/index.m3u8", fps=0), 250)
+        hls_cfg = StreamConfig(id="hls", url=f"{base}/hls/index.m3u8", fps=0)
+        hls = _collect(hls_cfg, 250, to_the_end=True)
     assert mp4["frames"] >= 250 and mp4["state"] is StreamState.RUNNING and not mp4["live"]
     assert hls["frames"] == 250 and hls["state"] is StreamState.STOPPED
     assert hls["format"] == "hls" and hls["wrap_bits"] == 33  # MPEG-TS segments: 33-bit PTS
