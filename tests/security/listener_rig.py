@@ -47,26 +47,39 @@ def api_process(kind: str, folder: Path, env: dict[str, str]) -> Iterator[Api]:
     base_env = {"FRAMERELAY_TOKEN_SECRETS": secret}
     with redis_prefix(f"listen-{kind}") as prefix:
         if kind == "ingest":
-            port = free_port()
+            # port 0: the port it binds is read from its ready line (a free port picked here
+            # could be taken by another test process before the ingest binds it)
             args = [
                 "ingest",
                 "--api-port",
-                str(port),
+                "0",
                 "--worker-url",
                 f"ws://127.0.0.1:{free_port()}/v1/tunnel",
             ]
-            base_env["FRAMERELAY_INGEST_STORE_PATH"] = str(folder / f"streams-{port}.json")
+            base_env["FRAMERELAY_INGEST_STORE_PATH"] = str(folder / f"streams-{prefix}.json")
         else:
             args = ["orchestrator", "--port", "0"]
             base_env["FRAMERELAY_ORCH_KEY_PREFIX"] = prefix
             base_env["FRAMERELAY_ORCH_TIERS"] = json.dumps([{"name": "ondemand", "max_workers": 0}])
         svc = spawn(f"{kind}-{time.monotonic_ns()}", args, {**base_env, **env}, folder)
         try:
-            base = f"http://127.0.0.1:{port}" if kind == "ingest" else ready_line(svc)["url"]
+            base = _listening(svc, "ingest API") if kind == "ingest" else ready_line(svc)["url"]
             wait_healthy(svc, base)
             yield Api(kind, svc, base, secret)
         finally:
             svc.stop()
+
+
+def _listening(svc: Service, what: str, timeout_s: float = 30.0) -> str:
+    """The URL a service's ready line says ``<what> listening on <url>; ...``."""
+    said = f"{what} listening on "
+    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
+    while time.monotonic() < deadline and svc.proc.poll() is None:
+        for line in svc.output().splitlines():
+            if said in line:
+                return line.split(said, 1)[1].split(";", 1)[0].strip()
+        time.sleep(0.05)
+    raise RuntimeError(f"{svc.name} did not say where it listens: {svc.output()[-2000:]}")
 
 
 async def closed(writer: asyncio.StreamWriter) -> None:
