@@ -86,9 +86,11 @@ class GpuTypeConfig(BaseModel):
         description="Measured fps of each model on one GPU of this type (e.g. bench/gpu.py).",
     )
     usd_per_hr: float | None = Field(
-        None, ge=0, le=1e6, description="List price of one GPU on demand, until the provider "
-        "reports one.",
-    )  # fmt: skip
+        None,
+        ge=0,
+        le=1e6,
+        description="List price of one GPU on demand, until the provider reports one.",
+    )
     interruptible_usd_per_hr: float | None = Field(
         None, ge=0, le=1e6, description="...on interruptible capacity (Kubernetes spot nodes)."
     )
@@ -115,23 +117,34 @@ class TierVolume(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     runpod_id: str | None = Field(
-        None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$",
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
         description="RunPod network volume id (networkVolumeId).",
-    )  # fmt: skip
+    )
     data_center: str | None = Field(
-        None, min_length=1, max_length=40, pattern=r"^[A-Za-z0-9-]+$",
+        None,
+        min_length=1,
+        max_length=40,
+        pattern=r"^[A-Za-z0-9-]+$",
         description="The RunPod volume's data centre: a network volume lives in one, and "
         "pods that mount it run there (the tier's data_centers must include it).",
-    )  # fmt: skip
+    )
     claim: str | None = Field(
-        None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="Kubernetes PersistentVolumeClaim (ReadWriteMany for several pods).",
-    )  # fmt: skip
+    )
     local_dir: Path | None = Field(None, description="local provider: a shared directory.")
     mount_path: str = Field(
-        "/workspace", pattern=r"^/[A-Za-z0-9._/-]*$", max_length=200,
+        "/workspace",
+        pattern=r"^/[A-Za-z0-9._/-]*$",
+        max_length=200,
         description="Where pods see the volume (RunPod's volumeMountPath; a PVC's mountPath).",
-    )  # fmt: skip
+    )
 
     def cache_dir(self, root: str | Path) -> str:
         return f"{str(root).rstrip('/')}/{VOLUME_CACHE}"
@@ -193,11 +206,14 @@ class TierConfig(BaseModel):
     cloud_types: tuple[CloudType, ...] = Field(("SECURE",), min_length=1)
     data_centers: tuple[str, ...] = Field((), description="Allowed data centres, in order.")
     region: str | None = Field(
-        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._-]+$",
         description="The region its data centres are in (e.g. eu-central): placement prefers "
         "the region with the lowest measured round trip to the ingest (deploy.latency); "
         "None: each worker counts as a region of its own.",
-    )  # fmt: skip
+    )
     min_warm: int = Field(0, ge=0, le=1000, description="Warm pods outside any window.")
     max_workers: int = Field(4, ge=0, le=1000, description="Most pods of the tier at once.")
     gpu_count: int = Field(
@@ -208,9 +224,10 @@ class TierConfig(BaseModel):
         "N'), each placed and health-checked on its own.",
     )
     models: tuple[str, ...] = Field(
-        (), description="Models the tier must host: its GPU types are then ranked by price per "
+        (),
+        description="Models the tier must host: its GPU types are then ranked by price per "
         "unit of measured capacity for them, within their VRAM (gpu_catalog).",
-    )  # fmt: skip
+    )
     template_id: str | None = Field(
         None,
         min_length=1,
@@ -220,9 +237,10 @@ class TierConfig(BaseModel):
         "its disk and shared env; see docs/deploy.md).",
     )
     volume: TierVolume | None = Field(
-        None, description="A network volume (RunPod) / PVC (Kubernetes) / shared directory "
+        None,
+        description="A network volume (RunPod) / PVC (Kubernetes) / shared directory "
         "(local) for model files and the workers' artefact and engine caches.",
-    )  # fmt: skip
+    )
     windows: tuple[Window, ...] = ()
     lead_s: float = Field(
         900.0, ge=0, le=86_400, description="Scale up this long before a window opens."
@@ -236,11 +254,14 @@ class TierConfig(BaseModel):
         "by each worker's warm-up benchmark (GET /info).",
     )
     serverless_endpoint_id: str | None = Field(
-        None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$",
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
         description="A RunPod serverless endpoint (queue-based, running the worker image's "
         "handler: docs/runpod.md#serverless-mode): job tasks on this tier go to its /run API, "
         "no pod is rented; the API key is the RunPod one (runpod.api_key).",
-    )  # fmt: skip
+    )
     serverless: ServerlessConfig | None = Field(
         None,
         description="A RunPod serverless endpoint the orchestrator creates and keeps "
@@ -328,29 +349,38 @@ class RunPodSettings(_TierVolumes):
     )
     image: str = Field(WORKER_IMAGE, description="Worker image.")
     registry: str | None = Field(
-        None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$",
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
         description="RunPod container registry credential id, for a private worker image "
         "(the create body's registry).",
-    )  # fmt: skip
+    )
     min_cuda_version: str | None = Field(
-        "12.8", pattern=_CUDA_VERSION,
+        "12.8",
+        pattern=_CUDA_VERSION,
         description="Lowest CUDA version of a pod's host (major.minor; the CUDA worker image "
         "is built on CUDA 12.8): sent as gpu.minCudaVersion and scopes the catalog's stock.",
-    )  # fmt: skip
+    )
     allowed_cuda_versions: tuple[Annotated[str, Field(pattern=_CUDA_VERSION)], ...] = Field(
-        (), description="Exact CUDA versions a host may have, instead of min_cuda_version "
+        (),
+        description="Exact CUDA versions a host may have, instead of min_cuda_version "
         "(gpu.allowedCudaVersions); empty: use min_cuda_version.",
-    )  # fmt: skip
+    )
     catalog_ttl_s: float = Field(
-        30.0, gt=0, le=3600,
+        30.0,
+        gt=0,
+        le=3600,
         description="How long the GPU catalog (stock, prices, CUDA versions) is reused "
         "before it is read again.",
-    )  # fmt: skip
+    )
     unreachable_grace_s: float = Field(
-        90.0, gt=0, le=3600,
+        90.0,
+        gt=0,
+        le=3600,
         description="A pod RUNNING this long with no public IP and port for a worker port "
         "(community hosts may have none) is terminated and replaced.",
-    )  # fmt: skip
+    )
     avoid_s: float = Field(
         1800.0,
         ge=0,
@@ -359,9 +389,10 @@ class RunPodSettings(_TierVolumes):
     )
     container_disk_gb: int = Field(20, ge=1, le=2000)
     network_volume_id: str | None = Field(
-        None, description="Network volume of every pod whose tier names none (a tier's "
+        None,
+        description="Network volume of every pod whose tier names none (a tier's "
         "volume.runpod_id wins); mounted at volume_mount_path.",
-    )  # fmt: skip
+    )
     volume_mount_path: str = Field("/workspace", pattern=r"^/[A-Za-z0-9._/-]*$")
     timeout_s: float = Field(30.0, gt=0, le=600)
     max_retries: int = Field(4, ge=0, le=20, description="Retries of 429/5xx per request.")
@@ -574,16 +605,20 @@ class OrchestratorSettings(ServiceSettings):
         20.0, gt=0, le=1_000_000, description="Per worker, before measured."
     )
     rtt_interval_s: float = Field(
-        30.0, gt=0, le=86_400,
+        30.0,
+        gt=0,
+        le=86_400,
         description="How often the ingest measures each ready worker's round trip (POST "
         "/v1/rtt); a worker is measured as soon as it is ready.",
-    )  # fmt: skip
+    )
     rtt_pings: int = Field(5, ge=1, le=20, description="Pings per measurement (their median).")
     region_slack_ms: float = Field(
-        10.0, ge=0, le=600_000,
+        10.0,
+        ge=0,
+        le=600_000,
         description="Regions whose round trips differ by at most this count as equally close "
         "(price decides between them).",
-    )  # fmt: skip
+    )
     model_costs: dict[str, Annotated[float, Field(gt=0, le=1000)]] = Field(
         default_factory=lambda: {"yolox_nano": 1.0},
         description="Demand weight of each model relative to the reference model.",

@@ -37,25 +37,68 @@ DEFAULT_OUT = ROOT / "bench" / "rig" / "runpod_openapi_v2.json"
 SCRIPT = "scripts/reduce_openapi.py"
 
 METHODS = ("get", "put", "post", "patch", "delete")
-KEPT_AS_IS = frozenset({
-    "type", "required", "enum", "const", "format", "$ref",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minLength", "maxLength", "pattern",
-    "minItems", "maxItems", "uniqueItems", "minContains", "maxContains",
-    "minProperties", "maxProperties", "dependentRequired", "nullable",
-})  # fmt: skip
+KEPT_AS_IS = frozenset(
+    {
+        "type",
+        "required",
+        "enum",
+        "const",
+        "format",
+        "$ref",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "minContains",
+        "maxContains",
+        "minProperties",
+        "maxProperties",
+        "dependentRequired",
+        "nullable",
+    }
+)
 """Keywords whose values are not schemas: kept unchanged."""
-ONE_SCHEMA = frozenset({
-    "items", "not", "if", "then", "else", "contains", "propertyNames",
-    "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
-})  # fmt: skip
+ONE_SCHEMA = frozenset(
+    {
+        "items",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)
 """Keywords whose value is a schema (or a boolean schema)."""
 SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "$defs"})
-DOCUMENTATION = frozenset({
-    "description", "examples", "example", "title", "default", "deprecated", "readOnly",
-    "writeOnly", "discriminator", "externalDocs", "xml", "$comment", "summary",
-})  # fmt: skip
+DOCUMENTATION = frozenset(
+    {
+        "description",
+        "examples",
+        "example",
+        "title",
+        "default",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "discriminator",
+        "externalDocs",
+        "xml",
+        "$comment",
+        "summary",
+    }
+)
 """Keywords that only document: dropped (``x-*`` extensions too)."""
 
 

@@ -123,9 +123,13 @@ class RunPodSchema:
             for status, r in op["responses"].items()
         }
         return Operation(
-            method.upper(), template, tuple(params.values()), media,
-            bool(body and body.get("required")), responses,
-        )  # fmt: skip
+            method.upper(),
+            template,
+            tuple(params.values()),
+            media,
+            bool(body and body.get("required")),
+            responses,
+        )
 
     def _validator(self, pointer: str) -> Draft202012Validator:
         validator = self._validators.get(pointer)

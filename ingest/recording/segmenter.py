@@ -201,8 +201,11 @@ class Segmenter:
         self.ended = not stop.is_set()
         if self.ended:
             how = f"failed ({self.last_error})" if self.last_error else "ended"
-            log.info("file %s %s: recorded once, not reopened (loop is off)",
-                     redact_url(self.settings.source), how)  # fmt: skip
+            log.info(
+                "file %s %s: recorded once, not reopened (loop is off)",
+                redact_url(self.settings.source),
+                how,
+            )
 
     def _record(self, stop: threading.Event) -> None:
         s = self.settings

@@ -151,9 +151,13 @@ def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
     async def main(url: str) -> tuple[JobView, float, set[str], dict[str, Any]]:
         serverless = {"base_url": url, "api_key": KEY, "poll_initial_s": 0.05,
                       "poll_max_s": 0.2, "backoff_s": 0.05}  # fmt: skip
-        over = {"redis_url": REDIS_URL, "results": ResultsSettings(redis_prefix=prefix),
-                "serverless": serverless, "store_key": f"{prefix}:streams",
-                "job_sidecar_dirs": (tmp_path,)}  # fmt: skip
+        over = {
+            "redis_url": REDIS_URL,
+            "results": ResultsSettings(redis_prefix=prefix),
+            "serverless": serverless,
+            "store_key": f"{prefix}:streams",
+            "job_sidecar_dirs": (tmp_path,),
+        }
         async with running_fleet(settings, ingest_over=over) as fleet:
             stop = asyncio.Event()
             watcher = asyncio.create_task(watch(fleet, stop))

@@ -264,10 +264,13 @@ def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     streams = tmp_path / "streams.json"
     streams.write_text(json.dumps([task("j4", clip, sidecar)]))
     env = service_env()
-    env |= {"FRAMERELAY_TOKEN_SECRETS": secret, "FRAMERELAY_REDIS_URL": REDIS_URL,
-            "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix,
-            "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "store.json"),
-            "FRAMERELAY_INGEST_JOB_SIDECAR_DIRS": json.dumps([str(tmp_path)])}  # fmt: skip
+    env |= {
+        "FRAMERELAY_TOKEN_SECRETS": secret,
+        "FRAMERELAY_REDIS_URL": REDIS_URL,
+        "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix,
+        "FRAMERELAY_INGEST_STORE_PATH": str(tmp_path / "store.json"),
+        "FRAMERELAY_INGEST_JOB_SIDECAR_DIRS": json.dumps([str(tmp_path)]),
+    }
     want = expected_pts(clip, FPS)
 
     async def first() -> int:
