@@ -33,7 +33,7 @@ from redis import Redis
 from bench.rig.runpod_v2_contract import Call, ContractServer, Reply, running_runpod_v2
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.support.auth import ed_keys, mint
-from tests.support.runpod import Stop, launch_worker
+from tests.support.runpod import Stop, launch_worker, start_orchestrator
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "V2Sc3nar10K3y" * 3
@@ -93,30 +93,10 @@ def orchestrator(tmp_path: Path, base: str, tiers: list[dict[str, Any]]) -> Iter
     Path(env["FRAMERELAY_SIGNING_KEYS_FILE"]).write_text(keys.to_json())
     log = tmp_path / "orchestrator.log"
     started = time.monotonic()
-    with log.open("a") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "framerelay",
-                "--log-level",
-                "DEBUG",
-                "orchestrator",
-                "--port",
-                "0",
-            ],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    proc, url = start_orchestrator(env, log)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("{"), log.read_text()[-3000:]
         headers = {"Authorization": f"Bearer {mint(keys, ['fleet:read'], 'orchestrator', ttl=600)}"}
-        yield Orchestrator(proc, str(json.loads(line)["url"]), headers, log, started)
+        yield Orchestrator(proc, url, headers, log, started)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

@@ -26,8 +26,6 @@ import contextlib
 import json
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -50,9 +48,10 @@ from gpu_worker.settings import WorkerSettings
 from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, ResultsSettings
-from tests.conftest import CLIP, MODEL, ROOT, TIMEOUT_FACTOR, service_env
+from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR, service_env
 from tests.support.auth import ed_keys, mint
 from tests.support.media import ffmpeg
+from tests.support.runpod import start_orchestrator
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "S3rv3rl3ssSc3n" * 3
@@ -186,28 +185,7 @@ class Orchestrator:
     """``framerelay orchestrator`` as a process; ``url`` once it serves."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
-        with log.open("a") as err:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "framerelay",
-                    "--log-level",
-                    "DEBUG",
-                    "orchestrator",
-                    "--port",
-                    "0",
-                ],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("{"), log.read_text()[-3000:]
-        self.url = str(json.loads(line)["url"])
+        self.proc, self.url = start_orchestrator(env, log)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

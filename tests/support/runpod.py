@@ -2,18 +2,22 @@
 (:mod:`bench.rig.runpod_v2_contract`): what an operator makes through the API before
 the orchestrator runs (a template, a network volume), and a pod's "container": a real
 ``framerelay worker`` started from the pod as RunPod shows it (its env, its ``args``,
-its ``N/tcp`` ports)."""
+its ``N/tcp`` ports); and ``framerelay orchestrator`` as a process."""
 
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from framerelay.launcher import LocalWorker
-from tests.conftest import MODEL, TIMEOUT_FACTOR
+from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
 
 Stop = Callable[[], None]
 
@@ -71,3 +75,22 @@ def launch_worker(
         worker.stop()
 
     return "127.0.0.1", dict(zip(exposed, ports, strict=True)), stop
+
+
+def start_orchestrator(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[str], str]:
+    """``framerelay --log-level DEBUG orchestrator --port 0`` with exactly ``env`` (its
+    stderr appended to ``log``); the process and the URL its ready line gives."""
+    args = [sys.executable, "-m", "framerelay", "--log-level", "DEBUG", "orchestrator"]
+    with log.open("a") as err:
+        proc = subprocess.Popen(
+            [*args, "--port", "0"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("{"), log.read_text()[-3000:]
+    return proc, str(json.loads(line)["url"])
