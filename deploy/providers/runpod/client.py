@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -33,6 +33,8 @@ from deploy.providers.base import ProviderError
 from deploy.settings import RunPodSettings
 from framerelay.backoff import Backoff
 
+Found = TypeVar("Found")
+"""What a create's lookup by name finds (a pod, an endpoint)."""
 log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 30.0
@@ -186,6 +188,37 @@ class RunPodHttp:
                 retry_after=_seconds(resp.headers.get("Retry-After")),
             )
         return resp
+
+    async def create_once(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        what: str,
+        find: Callable[[], Awaitable[Found | None]],
+    ) -> httpx.Response | Found:
+        """``POST path`` so that at most one thing is ever made: after a failure whose
+        answer may be lost (a 5xx, a timeout), ``find()`` looks the thing up by its unique
+        name and takes it before another POST is sent. The response (for the caller to
+        read), or what ``find`` found; :class:`ProviderError` once the retries are spent.
+        ``what`` names it in messages (``pod fr-x-0-g0``)."""
+        backoff = self.backoff()
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                return await self.send("POST", path, body=body)
+            except Transient as exc:
+                found = await find() if exc.maybe_done else None
+                if found is not None:
+                    log.warning(
+                        "create %s: %s, yet RunPod has it: taken, not created again", what, exc
+                    )
+                    return found
+                if attempt == self.settings.max_retries:
+                    raise ProviderError(
+                        f"RunPod could not create {what}: {exc} ({attempt + 1} attempts; none "
+                        "of that name exists)"
+                    ) from None
+                await self.pause(backoff, exc, f"create {what}")
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def call(
         self,

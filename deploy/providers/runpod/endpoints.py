@@ -50,7 +50,7 @@ import httpx
 from pydantic import ValidationError
 
 from deploy.providers.base import ProviderError
-from deploy.providers.runpod.client import RunPodHttp, Transient, check, json_body, refusal
+from deploy.providers.runpod.client import RunPodHttp, check, json_body, refusal
 from deploy.settings import VOLUME_ENV, RunPodSettings, ServerlessConfig, TierConfig, TierVolume
 from framerelay.errors import ConfigError
 from framerelay.jobs import EndpointUrls
@@ -363,36 +363,16 @@ class ServerlessEndpoints:
     async def _create(self, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """``POST /v2/serverless`` once at a time; after an answer that may be lost, the
         endpoint of that name is looked up and taken before another create is sent."""
-        backoff = self._http.backoff()
-        for attempt in range(self.settings.max_retries + 1):
-            try:
-                resp = await self._http.send("POST", "/serverless", body=body)
-            except Transient as exc:
-                found = await self._find(name) if exc.maybe_done else None
-                if found is not None:
-                    log.warning(
-                        "create serverless endpoint %s: %s, yet RunPod has it (%s): "
-                        "taken, not created again",
-                        name,
-                        exc,
-                        found["id"],
-                    )
-                    self.counters["created"] += 1
-                    return found
-                if attempt == self.settings.max_retries:
-                    raise ProviderError(
-                        f"RunPod could not create serverless endpoint {name}: {exc} "
-                        f"({attempt + 1} attempts; no endpoint of that name exists)"
-                    ) from None
-                await self._http.pause(backoff, exc, f"create serverless endpoint {name}")
-                continue
-            if resp.status_code not in (200, 201):
-                raise refusal(resp, f"create serverless endpoint {name}")
-            raw: Mapping[str, Any] = json_body(resp, "POST /serverless")
-            self.counters["created"] += 1
+        what = f"serverless endpoint {name}"
+        got = await self._http.create_once("/serverless", body, what, lambda: self._find(name))
+        raw: Mapping[str, Any] = got if not isinstance(got, httpx.Response) else {}
+        if isinstance(got, httpx.Response):
+            if got.status_code not in (200, 201):
+                raise refusal(got, f"create {what}")
+            raw = json_body(got, "POST /serverless")
             log.info("created RunPod serverless endpoint %s (%s)", name, raw.get("id"))
-            return raw
-        raise AssertionError("unreachable")  # pragma: no cover
+        self.counters["created"] += 1
+        return raw
 
     async def _find(self, name: str) -> Mapping[str, Any] | None:
         endpoints = await self._http.pages("/serverless", "endpoints", f"look up {name}")

@@ -45,7 +45,6 @@ from deploy.providers.runpod.catalog import Candidate, Catalog
 from deploy.providers.runpod.client import (
     Problem,
     RunPodHttp,
-    Transient,
     check,
     json_body,
     one_line,
@@ -162,29 +161,9 @@ class RunPodProvider:
     async def _create_on(self, spec: PodSpec, cand: Candidate) -> PodInfo | Refused:
         """One candidate: the created (or found) pod, or why RunPod refused it."""
         body = create_body(spec, cand, self.settings, self._volume(spec))
-        backoff = self._http.backoff()
-        for attempt in range(self.settings.max_retries + 1):
-            try:
-                resp = await self._http.send("POST", "/pods", body=body)
-            except Transient as exc:
-                found = await self._find(spec.name) if exc.maybe_done else None
-                if found is not None:
-                    log.warning(
-                        "create %s: %s, yet RunPod has the pod (%s): taken, not created again",
-                        spec.name,
-                        exc,
-                        found.id,
-                    )
-                    return found
-                if attempt == self.settings.max_retries:
-                    raise ProviderError(
-                        f"RunPod could not create pod {spec.name} on {cand.where}: {exc} "
-                        f"({attempt + 1} attempts; no pod of that name exists)"
-                    ) from None
-                await self._http.pause(backoff, exc, f"create pod {spec.name}")
-                continue
-            return self._created(resp, spec, cand)
-        raise AssertionError("unreachable")  # pragma: no cover
+        what = f"pod {spec.name} on {cand.where}"
+        got = await self._http.create_once("/pods", body, what, lambda: self._find(spec.name))
+        return got if isinstance(got, PodInfo) else self._created(got, spec, cand)
 
     def _created(self, resp: httpx.Response, spec: PodSpec, cand: Candidate) -> PodInfo | Refused:
         if resp.status_code in (200, 201):
