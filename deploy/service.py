@@ -51,7 +51,7 @@ def make_provider(settings: OrchestratorSettings) -> Provider:
         from deploy.providers.runpod.provider import RunPodProvider
 
         return RunPodProvider(settings.runpod)
-    from deploy.providers.kubernetes import KubernetesProvider
+    from deploy.providers.kubernetes.provider import KubernetesProvider
 
     return KubernetesProvider(settings.kubernetes)
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from deploy.providers import kubernetes as provider
+from deploy.providers.kubernetes import render as provider
 from deploy.settings import WORKER_IMAGE, OrchestratorSettings
 from framerelay import __version__
 from framerelay.settings import ServiceSettings

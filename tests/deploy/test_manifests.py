@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from deploy.ca import PodCA
 from deploy.models import PodSpec
-from deploy.providers.kubernetes import render_tls_secret, render_worker
+from deploy.providers.kubernetes.render import render_tls_secret, render_worker
 from deploy.settings import KubernetesSettings
 from tests.conftest import ROOT
 from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems

@@ -14,7 +14,8 @@ from deploy.fleet import Fleet
 from deploy.health import Probe
 from deploy.models import Endpoint, PodInfo, PodRecord, PodSpec, PodStatus, StreamSpec
 from deploy.providers.base import GpuPrice
-from deploy.providers.kubernetes import KubernetesProvider, render_worker
+from deploy.providers.kubernetes.provider import KubernetesProvider
+from deploy.providers.kubernetes.render import render_worker
 from deploy.scaling import tier_targets
 from deploy.settings import KubernetesSettings, OrchestratorSettings, TierConfig
 from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems

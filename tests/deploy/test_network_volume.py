@@ -21,7 +21,7 @@ from pydantic import SecretStr, ValidationError
 from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.models import PodSpec, PodStatus
 from deploy.providers.base import ProviderError
-from deploy.providers.kubernetes import render_worker
+from deploy.providers.kubernetes.render import render_worker
 from deploy.providers.local import LocalProvider
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import (

@@ -25,7 +25,7 @@ from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
 from deploy.models import PodRecord
 from deploy.pod_trust import PodTrust
-from deploy.providers.kubernetes import KubernetesProvider
+from deploy.providers.kubernetes.provider import KubernetesProvider
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.service import Orchestrator
 from deploy.settings import KubernetesSettings, LocalSettings, RunPodSettings, TierConfig

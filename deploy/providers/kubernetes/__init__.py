@@ -1,0 +1,1 @@
+"""Kubernetes GPU pods: rendering (``render``) and the provider (``provider``)."""
