@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyNetwork,
     PrivateAttr,
     SecretStr,
     field_validator,
@@ -29,6 +30,7 @@ from pydantic_settings import SettingsConfigDict
 
 from deploy.job_inputs import JobsSettings
 from deploy.models import MAX_GPUS, check_name_part
+from deploy.providers.kubernetes.profiles import SPOT_PROFILES, SchedulingProfile, profile_for
 from framerelay import __version__
 from framerelay.listeners import ListenerSettings
 from framerelay.net import plain_http_problem
@@ -479,10 +481,109 @@ class KubernetesSettings(_TierVolumes):
     secret_name: str = Field(
         "framerelay-worker-env", description="Secret holding any other secret env of worker pods."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    kubectl: str = "kubectl"
+    profiles: dict[str, SchedulingProfile] = Field(
+        default_factory=dict,
+        description="Scheduling profile of each tier's pods, by tier name (JSON): "
+        "tolerations, node selectors, GPU resource, CPU and memory per GPU...; a tier with "
+        "none gets the ready-made 'gpu' profile (docs/kubernetes.md#scheduling-profiles).",
+    )
+    peer_cidrs: tuple[IPvAnyNetwork, ...] = Field(
+        (),
+        description="Networks (CIDR) of an ingest or orchestrator outside the cluster (address "
+        "'pod-ip'): each pod's NetworkPolicy admits them to its workers' ports, as it admits "
+        "the in-cluster ingest and orchestrator pods.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Deprecated, read with a warning until the next release: a node "
+        "selector under every tier's profile; give a tier's profile its node_selector.",
+    )
+    kubeconfig: Path | None = Field(
+        None,
+        description="Kubeconfig file of the cluster; unset: in-cluster (the orchestrator's "
+        "service account) when run in a pod, else $KUBECONFIG or ~/.kube/config.",
+    )
+    context: str | None = Field(
+        None, min_length=1, description="Context of the kubeconfig (unset: its current one)."
+    )
+    field_manager: str = Field(
+        "framerelay-orchestrator",
+        min_length=1,
+        max_length=128,
+        description="Field manager of the orchestrator's server-side applies (force: it owns "
+        "every field it sets).",
+    )
+    unschedulable_grace_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="A pod the scheduler cannot place for this long means no capacity: it is "
+        "deleted and the tier's demand goes to the next allowed tier.",
+    )
+    address: Literal["service", "pod-ip"] = Field(
+        "service",
+        description="How the orchestrator reaches a pod's workers: 'service', its Service's "
+        "DNS name <pod>.<namespace>.svc (the orchestrator runs in the cluster); 'pod-ip', the "
+        "pod's status.podIP (an orchestrator that reaches pod IPs directly).",
+    )
     tls: bool = Field(True, description="Pods serve wss:// (a kubernetes.io/tls Secret per pod).")
     allow_insecure: bool = Field(False, description="Allow tls=false; logged as a warning.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_kubectl(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kubectl" in data:
+            raise ValueError(
+                "kubectl is no longer used: the provider talks to the API server itself; "
+                "remove FRAMERELAY_ORCH_KUBERNETES__KUBECTL (set __KUBECONFIG and __CONTEXT "
+                "to pick a cluster)"
+            )
+        return data
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, v: dict[str, SchedulingProfile]) -> dict[str, SchedulingProfile]:
+        for tier, profile in v.items():
+            try:
+                profile.resolved()
+            except ValueError as exc:
+                raise ValueError(f"the profile of tier {tier}: {exc}") from None
+        return v
+
+    @field_validator("node_selector")
+    @classmethod
+    def _old_selector(cls, v: dict[str, str]) -> dict[str, str]:
+        if v:
+            log.warning(
+                "kubernetes.node_selector is deprecated (read until the next release): give "
+                "each tier's profile its node_selector (FRAMERELAY_ORCH_KUBERNETES__PROFILES)"
+            )
+        return v
+
+    def tier_problem(self, tiers: list[TierConfig]) -> str | None:
+        """Why these tiers' profiles cannot be (None: they can): a profile of no tier, an
+        interruptible tier off spot nodes, or spot nodes under a tier that takes critical
+        streams."""
+        names = [t.name for t in tiers]
+        unknown = sorted(set(self.profiles) - set(names))
+        if unknown:
+            return f"kubernetes.profiles: {unknown[0]!r} is no tier (the tiers: {names})"
+        for t in (t for t in tiers if t.rents_pods):
+            spot = profile_for(self, t.name).selects_spot
+            if t.interruptible and not spot:
+                return (
+                    f"tier {t.name} is interruptible but its Kubernetes profile selects no "
+                    f"spot nodes: give it one of the spot profiles ({', '.join(SPOT_PROFILES)}"
+                    f'), e.g. FRAMERELAY_ORCH_KUBERNETES__PROFILES=\'{{"{t.name}": '
+                    '{"base": "gke-spot"}}\', or "spot_nodes": true on a profile of your own'
+                )
+            if spot and not t.interruptible:
+                return (
+                    f"tier {t.name}'s Kubernetes profile selects spot nodes, which the cluster "
+                    'takes back at any time: give the tier "interruptible": true (it then takes '
+                    "no critical stream) or a profile without spot nodes"
+                )
+        return None
 
 
 class OrchestratorSettings(ServiceSettings):
@@ -711,8 +812,9 @@ class OrchestratorSettings(ServiceSettings):
         return self
 
     @model_validator(mode="after")
-    def _runpod_tiers(self) -> OrchestratorSettings:
-        problem = self.runpod.tier_problem(self.tiers) if self.provider == "runpod" else None
+    def _provider_tiers(self) -> OrchestratorSettings:
+        check = {"runpod": self.runpod.tier_problem, "kubernetes": self.kubernetes.tier_problem}
+        problem = check[self.provider](self.tiers) if self.provider in check else None
         if problem is not None:
             raise ValueError(problem)
         return self

@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from deploy.providers.kubernetes import render as provider
-from deploy.settings import WORKER_IMAGE, OrchestratorSettings
+from deploy.models import PodSpec
+from deploy.providers.kubernetes import render
+from deploy.settings import WORKER_IMAGE, KubernetesSettings, OrchestratorSettings
 from framerelay import __version__
 from framerelay.settings import ServiceSettings
 from gpu_worker.settings import WorkerSettings
@@ -21,26 +22,30 @@ from ingest.settings import IngestSettings
 from tests.deploy.k8s_checks import (
     KIND_CHECKS,
     Obj,
+    admitted_ports,
     containers,
     env,
+    pod_labels,
     pod_spec,
-    render,
     schema_problems,
     selects,
 )
+from tests.deploy.k8s_checks import render as kustomize
 
 OVERLAYS = ("dev", "prod")
 APPS = ("redis", "framerelay-worker", "framerelay-ingest", "framerelay-orchestrator")
 SETTINGS: dict[str, type[ServiceSettings]] = {
-    "worker": WorkerSettings, "ingest": IngestSettings, "orchestrator": OrchestratorSettings,
-}  # fmt: skip
+    "worker": WorkerSettings,
+    "ingest": IngestSettings,
+    "orchestrator": OrchestratorSettings,
+}
 SERVICE_IMAGE = f"framerelay/service:{__version__}"
 WORKER_IMAGES = {"dev": f"{WORKER_IMAGE}-cpu", "prod": WORKER_IMAGE}
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[Obj]]:
-    return {overlay: render(overlay) for overlay in OVERLAYS}
+    return {overlay: kustomize(overlay) for overlay in OVERLAYS}
 
 
 def _of(docs: list[Obj], kind: str) -> dict[str, Obj]:
@@ -92,7 +97,11 @@ def _redis_url(c: Obj, name: str) -> None:
     assert names.index("REDIS_PASSWORD") < names.index(name)  # $(...) sees earlier vars only
     url = urlsplit(variables[name]["value"])
     assert (url.scheme, url.password, url.hostname, url.port) == (
-        "redis", "$(REDIS_PASSWORD)", "redis", 6379)  # fmt: skip
+        "redis",
+        "$(REDIS_PASSWORD)",
+        "redis",
+        6379,
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -103,8 +112,11 @@ def test_redis_on_its_pvc_and_the_services_with_its_url(
     _kind_none(docs)
     redis = _of(docs, "Deployment")["redis"]
     mounts = {m["name"]: m["mountPath"] for m in _container(docs, "redis")["volumeMounts"]}
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
-              for v in pod_spec(redis)["volumes"] if "persistentVolumeClaim" in v}  # fmt: skip
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod_spec(redis)["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claims == {"data": "redis-data"} and mounts["data"] == "/data"
     assert "--appendonly" in _container(docs, "redis")["args"]
     assert _of(docs, "Service")["redis"]["spec"]["ports"][0]["port"] == 6379
@@ -142,13 +154,18 @@ def test_network_policies(overlay: str, rendered: dict[str, list[Obj]]) -> None:
     policies = list(_of(docs, "NetworkPolicy").values())
     deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
     assert deny and deny[0]["spec"]["policyTypes"] == ["Ingress"]
-    by_app = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]: p
-              for p in policies if "matchLabels" in p["spec"]["podSelector"]}  # fmt: skip
+    by_app = {
+        p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]: p
+        for p in policies
+        if "matchLabels" in p["spec"]["podSelector"]
+    }
     assert set(by_app) == set(APPS)
     metrics = _of(docs, "NetworkPolicy")["framerelay-metrics"]
     (rule,) = metrics["spec"]["ingress"]
-    assert all(p["podSelector"]["matchLabels"] == {"framerelay.io/metrics-scraper": "true"}
-               for p in rule["from"])  # fmt: skip
+    assert all(
+        p["podSelector"]["matchLabels"] == {"framerelay.io/metrics-scraper": "true"}
+        for p in rule["from"]
+    )
     assert not selects(metrics, {"app.kubernetes.io/name": "redis"})
     for app in ("redis", "framerelay-worker"):  # from the ingest and the orchestrator only
         (rule,) = by_app[app]["spec"]["ingress"]
@@ -159,8 +176,17 @@ def test_network_policies(overlay: str, rendered: dict[str, list[Obj]]) -> None:
         spec = by_app[app]["spec"]
         assert spec["egress"] == [] and "Egress" in spec["policyTypes"]  # they call no one
     # the orchestrator's own worker pods fall under the workers' policy
-    labels = {**provider.MANAGED, "app.kubernetes.io/name": "framerelay-worker"}
-    assert selects(by_app["framerelay-worker"], labels)
+    spec = PodSpec(name="fr-x-0-g0", tier="x", gpu_types=("L4",), spot=False, gpu_count=2)
+    policy, _service, pod = render.render_pod_objects(spec, KubernetesSettings())
+    assert selects(by_app["framerelay-worker"], pod["metadata"]["labels"])
+    # and each brings its own policy: the same peers, on every worker's port
+    for app in ("framerelay-ingest", "framerelay-orchestrator"):
+        peer = pod_labels(_of(docs, "Deployment")[app])
+        assert (
+            admitted_ports(policy, peer)
+            == {8443, 8444}
+            >= admitted_ports(by_app["framerelay-worker"], peer)
+        )
 
 
 def test_orchestrator_rbac_covers_its_kubernetes_provider(rendered: dict[str, list[Obj]]) -> None:
@@ -173,15 +199,27 @@ def test_orchestrator_rbac_covers_its_kubernetes_provider(rendered: dict[str, li
         {"kind": "ServiceAccount", "name": account, "namespace": "framerelay"}
     ]
     role = _of(docs, "Role")[binding["roleRef"]["name"]]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
-               for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
-    needed = {("apps", "deployments", v) for v in ("get", "list", "create", "patch", "delete")}
-    needed |= {("apps", "deployments/scale", v) for v in ("get", "patch")}
-    needed |= {("", r, v) for r in ("services", "secrets")
-               for v in ("get", "create", "patch", "delete")}  # fmt: skip
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    # server-side apply is a PATCH that creates what is not there yet: patch and create
+    applied = {
+        ("", "pods"),
+        ("", "services"),
+        ("", "secrets"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("policy", "poddisruptionbudgets"),
+    }
+    needed = {(g, r, v) for g, r in applied for v in ("get", "create", "patch", "delete")}
+    needed |= {("", "pods", "list"), ("", "pods", "watch")}
     assert needed <= granted, needed - granted
     assert not any(v in ("*", "escalate", "bind", "impersonate") for _, _, v in granted)
-    assert ("", "secrets", "list") not in granted  # reads only the Secrets it names
+    assert {("", "secrets", v) for v in ("list", "watch")}.isdisjoint(granted)  # by name only
+    assert not {g for g, _, _ in granted} & {"apps", "batch"}  # no controller but itself
     variables = env(containers(orch)[0])
     assert variables["FRAMERELAY_ORCH_PROVIDER"]["value"] == "kubernetes"
     namespace = variables["FRAMERELAY_ORCH_KUBERNETES__NAMESPACE"]["valueFrom"]["fieldRef"]
@@ -197,17 +235,24 @@ def test_images_and_gpus_per_overlay(overlay: str, rendered: dict[str, list[Obj]
         assert _container(docs, name)["image"] == SERVICE_IMAGE
     orch = env(_container(docs, "framerelay-orchestrator"))
     assert orch["FRAMERELAY_ORCH_KUBERNETES__IMAGE"]["value"] == worker["image"]
-    gpus = {c["name"]: c["resources"]["limits"].get("nvidia.com/gpu") for d in docs
-            if d["kind"] == "Deployment" for c in containers(d)}  # fmt: skip
-    assert gpus == {"redis": None, "worker": {"dev": None, "prod": 1}[overlay],
-                    "ingest": None, "orchestrator": None}  # fmt: skip
-    if overlay == "prod":  # the orchestrator's GPU pods are sized as the static pool
-        assert worker["resources"]["requests"] == provider.WORKER_REQUESTS
-        assert worker["resources"]["limits"] == {**provider.WORKER_LIMITS, "nvidia.com/gpu": 1}
+    gpus = {
+        c["name"]: c["resources"]["limits"].get("nvidia.com/gpu")
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in containers(d)
+    }
+    assert gpus == {
+        "redis": None,
+        "worker": {"dev": None, "prod": 1}[overlay],
+        "ingest": None,
+        "orchestrator": None,
+    }
+    if overlay == "prod":  # the orchestrator's 1-GPU pods are sized and placed as the pool
+        spec = PodSpec(name="fr-x-0-g0", tier="x", gpu_types=("L4",), spot=False)
+        made = render.render_pod(spec, KubernetesSettings())
+        assert worker["resources"] == made["spec"]["containers"][0]["resources"]
         tolerations = pod_spec(_of(docs, "Deployment")["framerelay-worker"])["tolerations"]
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
-            tolerations
-        )
+        assert tolerations == made["spec"]["tolerations"]
 
 
 Check = Callable[[dict[str, str]], str | None]

@@ -12,16 +12,21 @@ import base64
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml  # type: ignore[import-untyped]
 from pydantic import SecretStr
 
 from deploy.ca import PodCA
 from deploy.models import PodSpec
-from deploy.providers.kubernetes.render import render_tls_secret, render_worker
+from deploy.providers.kubernetes.render import render_pod_objects
 from deploy.settings import KubernetesSettings
 from tests.conftest import ROOT
-from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems
+from tests.deploy.k8s_checks import (
+    K8S_VERSIONS,
+    deployment_problems,
+    key_leaks,
+    schema_problems,
+    service_problems,
+)
 
 DEPLOY = ROOT / "deploy"
 
@@ -89,52 +94,97 @@ def test_compose_file() -> None:
     assert set(doc["secrets"]) == {"signing_keys", "tunnel_keys"}
 
 
-def _pod_spec(spot: bool, folder: Path) -> PodSpec:
+def _pod_spec(folder: Path, tier: str = "ondemand") -> PodSpec:
     ca = PodCA.load_or_create(folder / "ca")
-    cert, key = ca.issue("fr-spot-0-g3", ["fr-spot-0-g3.pods.framerelay"])
+    name = f"fr-{tier}-0-g3"
+    cert, key = ca.issue(name, [f"{name}.pods.framerelay"])
     return PodSpec(
-        name="fr-spot-0-g3", tier="spot", gpu_types=("L4",), spot=spot,
-        env={"FRAMERELAY_WORKER_WORKER_ID": "fr-spot-0-g3", TUNNEL_KEYS: '{"keys": []}'},
-        secret_env={"FRAMERELAY_WORKER_TLS_CERT_PEM": SecretStr(cert),
-                    "FRAMERELAY_WORKER_TLS_KEY_PEM": SecretStr(key),
-                    "FRAMERELAY_EXTRA_SECRET": SecretStr("never-in-a-manifest-" * 2)},
-        tls_server_name="fr-spot-0-g3.pods.framerelay",
-    )  # fmt: skip
+        name=name,
+        tier=tier,
+        gpu_types=("L4",),
+        spot=False,
+        env={"FRAMERELAY_WORKER_WORKER_ID": name, TUNNEL_KEYS: '{"keys": []}'},
+        secret_env={
+            "FRAMERELAY_WORKER_TLS_CERT_PEM": SecretStr(cert),
+            "FRAMERELAY_WORKER_TLS_KEY_PEM": SecretStr(key),
+            "FRAMERELAY_EXTRA_SECRET": SecretStr("never-in-a-manifest-" * 2),
+        },
+        tls_server_name=f"{name}.pods.framerelay",
+    )
 
 
-@pytest.mark.parametrize("spot", [False, True])
-def test_kubernetes_provider_renders_a_gpu_worker(spot: bool, tmp_path: Path) -> None:
-    spec = _pod_spec(spot, tmp_path)
+def test_kubernetes_provider_renders_a_gpu_worker(tmp_path: Path) -> None:
+    spec = _pod_spec(tmp_path)
     settings = KubernetesSettings(image="reg/worker:1")
-    deployment, service = render_worker(spec, settings)
-    text = yaml.safe_dump_all([deployment, service])
-    key_pem = spec.secret_env["FRAMERELAY_WORKER_TLS_KEY_PEM"].get_secret_value()
-    assert "never-in-a-manifest" not in text and "PRIVATE KEY" not in text
-    assert base64.b64encode(key_pem.encode()).decode()[:40] not in text
-    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] == 1
-    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "fr-spot-0-g3"
-    (container,) = _containers(deployment)
+    objects = render_pod_objects(spec, settings)
+    assert [o["kind"] for o in objects] == ["Secret", "NetworkPolicy", "Service", "Pod"]
+    secret, _policy, service, pod = objects
+    assert {o["metadata"]["name"] for o in objects} == {spec.name}
+    for obj in objects:
+        assert (
+            obj["metadata"]["labels"].items()
+            >= {
+                "app.kubernetes.io/managed-by": "framerelay-orchestrator",
+                "framerelay/pod": spec.name,
+                "framerelay/tier": "ondemand",
+            }.items()
+        )
+    (container,) = pod["spec"]["containers"]
     _check_worker_container(container)
     extra = _env_names(container)["FRAMERELAY_EXTRA_SECRET"]
     assert extra["valueFrom"]["secretKeyRef"]["name"] == settings.secret_name
     assert container["image"] == "reg/worker:1"
-    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    pod = deployment["spec"]["template"]["spec"]
-    assert bool(pod.get("tolerations")) is spot
-    assert pod["volumes"][0] == {"name": "tls", "secret": {"secretName": "fr-spot-0-g3",
-                                                           "defaultMode": 0o440}}  # fmt: skip
+    assert service["spec"]["selector"] == {"framerelay/pod": spec.name}
+    assert pod["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]  # the GPU taint of GKE, EKS, most clusters: the pod would stay Pending without it
+    tls = {"name": "tls", "secret": {"secretName": spec.name, "defaultMode": 0o440}}
+    assert pod["spec"]["volumes"][0] == tls
     # as deploy/k8s's own Deployments: the namespace enforces the restricted standard
-    assert [p for d in (deployment, service) for p in schema_problems(d)] == []
-    assert deployment_problems(deployment) == []
-    assert service_problems(service, [deployment]) == []
+    for version in K8S_VERSIONS:
+        assert [p for o in objects for p in schema_problems(o, version)] == []
+    assert deployment_problems(pod) == [] and service_problems(service, [pod]) == []
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     assert writable == {"/tmp", "/var/cache/framerelay/trt"}
-    secret = render_tls_secret(spec, settings)
-    assert secret is not None and secret["type"] == "kubernetes.io/tls"
-    assert secret["metadata"]["name"] == "fr-spot-0-g3"
+    assert secret["type"] == "kubernetes.io/tls" and set(secret) == {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "type",
+        "data",
+    }
+    key_pem = spec.secret_env["FRAMERELAY_WORKER_TLS_KEY_PEM"].get_secret_value()
     assert base64.b64decode(secret["data"]["tls.key"]).decode() == key_pem
     plain = PodSpec(name="fr-x-0-g0", tier="x", gpu_types=("L4",), spot=False)
-    assert render_tls_secret(plain, settings) is None
+    assert [o["kind"] for o in render_pod_objects(plain, settings)] == [
+        "NetworkPolicy",
+        "Service",
+        "Pod",
+    ]
+
+
+def test_no_object_carries_the_private_key_outside_its_secret_data(tmp_path: Path) -> None:
+    """Every string of every object (keys, values, annotations, env) is scanned for the
+    PEM, its body and its base64: only the Secret's ``data`` holds it. Server-side apply
+    keeps no last-applied annotation, so nothing else carries a copy to the API server."""
+    spec = _pod_spec(tmp_path)
+    key_pem = spec.secret_env["FRAMERELAY_WORKER_TLS_KEY_PEM"].get_secret_value()
+    objects = render_pod_objects(spec, KubernetesSettings())
+    assert key_leaks(objects, key_pem) == []
+    assert "never-in-a-manifest" not in yaml.safe_dump_all(objects)
+    # the scan sees a key where it must not be (as client-side apply's annotation held it)
+    secret = objects[0]
+    leaked = {**secret, "metadata": {**secret["metadata"], "annotations": {"x": repr(secret)}}}
+    assert key_leaks([leaked], key_pem) == [
+        "Secret/fr-ondemand-0-g3/metadata/annotations/x: holds the private key"
+    ]
+    pod = objects[-1]
+    env = [{"name": "K", "value": key_pem}]
+    leaked_pod = {
+        **pod,
+        "spec": {**pod["spec"], "containers": [{**pod["spec"]["containers"][0], "env": env}]},
+    }
+    assert len(key_leaks([leaked_pod], key_pem)) == 1
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:

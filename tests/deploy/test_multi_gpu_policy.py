@@ -14,8 +14,7 @@ from deploy.fleet import Fleet
 from deploy.health import Probe
 from deploy.models import Endpoint, PodInfo, PodRecord, PodSpec, PodStatus, StreamSpec
 from deploy.providers.base import GpuPrice
-from deploy.providers.kubernetes.provider import KubernetesProvider
-from deploy.providers.kubernetes.render import render_worker
+from deploy.providers.kubernetes.render import render_pod_objects, worker_ports
 from deploy.scaling import tier_targets
 from deploy.settings import KubernetesSettings, OrchestratorSettings, TierConfig
 from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems
@@ -31,9 +30,16 @@ def _streams(n: int, fps: float = 5.0) -> list[StreamSpec]:
 
 def _pod(gpus: int = 2, **over: Any) -> PodRecord:
     base: dict[str, Any] = {
-        "name": "fr-big-0-g0", "tier": "big", "slot": 0, "gen": 0, "spot": False,
-        "state": "running", "provider_id": "p", "gpu_count": gpus, "cost_per_hr": 0.64,
-    }  # fmt: skip
+        "name": "fr-big-0-g0",
+        "tier": "big",
+        "slot": 0,
+        "gen": 0,
+        "spot": False,
+        "state": "running",
+        "provider_id": "p",
+        "gpu_count": gpus,
+        "cost_per_hr": 0.64,
+    }
     return PodRecord(**{**base, **over})
 
 
@@ -135,20 +141,19 @@ def test_pod_specs_and_tiers_carry_gpus_and_template() -> None:
 
 
 def test_kubernetes_renders_a_two_gpu_pod_with_a_port_per_worker() -> None:
-    spec = PodSpec(name="fr-big-0-g0", tier="big", gpu_types=("L4",), spot=False, gpu_count=2,
-                   env={"FRAMERELAY_WORKER_WORKER_ID": "fr-big-0-g0"})  # fmt: skip
+    """A pod's workers, its Service's ports and its policy's (the endpoints the provider
+    makes of them: tests/deploy/test_k8s_provider*.py against the contract API server)."""
+    env = {"FRAMERELAY_WORKER_WORKER_ID": "fr-big-0-g0"}
+    spec = PodSpec(
+        name="fr-big-0-g0", tier="big", gpu_types=("L4",), spot=False, gpu_count=2, env=env
+    )
     settings = KubernetesSettings(image="reg/worker:1")
-    deployment, service = render_worker(spec, settings)
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    policy, service, pod = render_pod_objects(spec, settings)
+    (container,) = pod["spec"]["containers"]
     assert container["args"][:3] == ["worker", "--gpus", "2"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert [p["containerPort"] for p in container["ports"]] == [8443, 8444]
+    assert worker_ports(pod) == [8443, 8444]
     assert [p["port"] for p in service["spec"]["ports"]] == [8443, 8444]
-    assert [p for d in (deployment, service) for p in schema_problems(d)] == []
-    assert deployment_problems(deployment) == [] and service_problems(service, [deployment]) == []
-    provider = KubernetesProvider(settings)
-    info = provider._info({**deployment, "status": {"readyReplicas": 1}})
-    assert [e.tunnel_url for e in info.endpoints] == [
-        "wss://fr-big-0-g0.framerelay.svc:8443/v1/tunnel",
-        "wss://fr-big-0-g0.framerelay.svc:8444/v1/tunnel",
-    ]
+    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [8443, 8444]
+    assert [p for d in (policy, service, pod) for p in schema_problems(d)] == []
+    assert deployment_problems(pod) == [] and service_problems(service, [pod]) == []

@@ -21,7 +21,7 @@ from pydantic import SecretStr, ValidationError
 from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
 from deploy.models import PodSpec, PodStatus
 from deploy.providers.base import ProviderError
-from deploy.providers.kubernetes.render import render_worker
+from deploy.providers.kubernetes.render import render_pod
 from deploy.providers.local import LocalProvider
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import (
@@ -162,16 +162,14 @@ def test_a_volume_the_provider_cannot_use_is_refused(
 def test_kubernetes_pod_mounts_the_tier_claim() -> None:
     settings = KubernetesSettings()
     settings.set_volumes({"vol": TierVolume(claim="framerelay-models", mount_path="/models")})
-    deployment = render_worker(_spec(), settings)[0]
-    pod = deployment["spec"]["template"]["spec"]
+    pod = render_pod(_spec(), settings)["spec"]
     claim = {"name": "models", "persistentVolumeClaim": {"claimName": "framerelay-models"}}
     assert claim in pod["volumes"]
     container = pod["containers"][0]
     assert {"name": "models", "mountPath": "/models"} in container["volumeMounts"]
     assert {"name": CACHE_ENV, "value": "/models/framerelay/cache"} in container["env"]
     assert {"name": VOLUME_ENV, "value": "/models"} in container["env"]
-    plain = render_worker(PodSpec(name="fr-a-0-g0", tier="a", gpu_types=("x",), spot=False),
-                          settings)[0]  # fmt: skip
+    plain = render_pod(PodSpec(name="fr-a-0-g0", tier="a", gpu_types=("x",), spot=False), settings)
     assert "persistentVolumeClaim" not in str(plain)
 
 
