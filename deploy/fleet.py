@@ -17,10 +17,12 @@ moment:
   with no public address past the provider's grace) is terminated and replaced at
   once, its reason in a ``failed`` event.
 * A failed create is retried after ``create_backoff_s``, doubling per failure
-  in a row. "No capacity anywhere allowed" also holds the whole tier at the
-  pods it has for that long, so the scaler sends its demand to the next
-  allowed tier (spot gone: on-demand carries the standard streams until spot
-  can be had again, then placement moves them back and the extra drains).
+  in a row. "No capacity anywhere allowed" (or a pod the provider says has no
+  capacity, :attr:`PodStatus.NO_CAPACITY`: on Kubernetes, unschedulable past its
+  grace; the pod is deleted) also holds the whole tier at the pods it has for
+  that long, so the scaler sends its demand to the next allowed tier (spot
+  gone: on-demand carries the standard streams until spot can be had again,
+  then placement moves them back and the extra drains).
 * A pod of ``gpu_count`` > 1 runs one worker per GPU (:mod:`deploy.workers`): each
   is probed, canaried and placed on its own; the pod goes when one of them fails.
 * Placement is model-aware: the workers' models (their ``/info``, read by every probe)
@@ -177,9 +179,15 @@ class Fleet:
             await self._terminate(info.id, rec.name, "failed", why)
             await self._lose(pods, rec, now, "failed", why, count_failure=True)
             return
+        if info.status is PodStatus.NO_CAPACITY:  # nowhere to run it: as a create refused
+            why = info.reason or "the provider has no capacity for it"
+            await self._terminate(info.id, rec.name, "no_capacity", why)
+            await self._no_capacity(pods, rec, now, why)
+            return
         if info.status in (PodStatus.EXITED, PodStatus.TERMINATED):
             kind = "preempted" if rec.spot and info.status is PodStatus.EXITED else "exited"
             why = f"the provider says {info.status.value}{' (spot)' if rec.spot else ''}"
+            why += f": {info.reason}" if info.reason else ""
             await self._terminate(info.id, rec.name, kind, why)
             await self._lose(pods, rec, now, kind, why, count_failure=kind == "exited")
             return
@@ -189,6 +197,7 @@ class Fleet:
         rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type or rec.gpu_type
         rec.ondemand_per_hr = self._ondemand(rec)
         rec.set_endpoint(info)
+        rec.provider_reason = info.reason
         if rec.state == "creating":
             rec.state = "running"
         await self.store.put_pod(rec)
@@ -281,7 +290,7 @@ class Fleet:
                 why = f"{self.settings.max_replacements} replacements in the window already"
                 self.event("budget_exhausted", rec.name, why, tier=rec.tier)
             return
-        why = rec.last_error or "not ready within startup_grace_s"
+        why = rec.last_error or rec.provider_reason or "not ready within startup_grace_s"
         if rec.provider_id is not None:
             await self._terminate(rec.provider_id, rec.name, "unhealthy", why)
         await self._lose(pods, rec, now, "replaced", why, count_failure=True)
@@ -401,7 +410,7 @@ class Fleet:
         try:
             info = await self.provider.create(self._spec(rec))
         except NoCapacityError as exc:
-            await self._no_capacity(pods, rec, now, exc)
+            await self._no_capacity(pods, rec, now, str(exc))
             return
         except ProviderError as exc:  # the pod may exist: keep the intent, retry later
             rec.create_failures += 1
@@ -417,6 +426,7 @@ class Fleet:
         rec.cost_per_hr, rec.gpu_type = info.cost_per_hr, info.gpu_type
         rec.ondemand_per_hr = self._ondemand(rec)
         rec.set_endpoint(info)
+        rec.provider_reason = info.reason
         await self.store.put_pod(rec)
         why = f"tier {rec.tier} needs {self.targets.get(rec.tier, 0)} workers"
         gpu_why = why_chosen(self.settings, rec.tier, rec.gpu_type, self.prices)
@@ -428,14 +438,16 @@ class Fleet:
         return sizing_report(self.settings, self.prices)
 
     async def _no_capacity(
-        self, pods: dict[str, PodRecord], rec: PodRecord, now: float, exc: NoCapacityError
+        self, pods: dict[str, PodRecord], rec: PodRecord, now: float, reason: str
     ) -> None:
-        """Every allowed option said "no capacity", so no pod exists: drop the intent and hold
-        the tier at what it has for a while (its demand goes to the next allowed tier)."""
+        """Every allowed option said "no capacity" (or the provider found no place for the pod
+        it took: :attr:`PodStatus.NO_CAPACITY`, deleted by then), so no pod exists: drop the
+        intent and hold the tier at what it has for a while (its demand goes to the next
+        allowed tier)."""
         failures = self.blocked.get(rec.tier, (0.0, 0))[1] + 1
         wait = self._backoff(failures)
         self.blocked[rec.tier] = (now + wait, failures)
-        error = str(exc)[:500]
+        error = reason[:500]
         self.event("no_capacity", rec.name, error, tier=rec.tier, error=error, retry_in_s=wait)
         await self.store.del_pod(rec.name)
         pods.pop(rec.name, None)

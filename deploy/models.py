@@ -1,7 +1,7 @@
 """The orchestrator's values: stream specs, pod intents, pod records.
 
 A *pod* here is one GPU worker rented from a provider (a RunPod pod, a
-Kubernetes Deployment of one replica, or a local process). Its name is derived
+Kubernetes Pod, or a local process). Its name is derived
 from intent - ``<fleet>-<tier>-<slot>-<generation>`` - so a restarted
 orchestrator finds the pods it created (or was creating) by name and never
 creates a second one for the same intent.
@@ -104,6 +104,10 @@ class PodStatus(enum.StrEnum):
     ERROR = "ERROR"
     """The pod will never serve (RunPod's ERROR, or running with no public address after
     the provider's grace): the fleet terminates and replaces it at once, with its reason."""
+    NO_CAPACITY = "NO_CAPACITY"
+    """No node can take the pod (Kubernetes: unschedulable for longer than the provider's
+    grace): the fleet deletes it and treats the tier as on a "no capacity" answer to a
+    create (held; its demand goes to the next allowed tier)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +306,13 @@ class PodRecord(WorkerState):
     ondemand_per_hr: float = 0.0
     gpu_type: str = ""
     draining_since: float | None = None
+    provider_reason: str | None = Field(
+        None,
+        max_length=500,
+        description="What the provider says of the pod while it is not simply serving, one "
+        "line (Kubernetes: 'Unschedulable: 0/3 nodes are available: ...', 'ErrImagePull: "
+        "...', 'not Ready: ...'); None: nothing to say.",
+    )
     create_failures: int = Field(0, ge=0)
     retry_at: float | None = None
     gpu_count: int = Field(1, ge=1, le=MAX_GPUS)

@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 CANARY_TOKEN_TTL_S = 300.0
 
 
-def make_provider(settings: OrchestratorSettings) -> Provider:
+def make_provider(settings: OrchestratorSettings, clock: Clock | None = None) -> Provider:
+    """The provider the settings name (``clock``: the orchestrator's, for the provider's
+    own graces)."""
     if settings.provider == "local":
         from deploy.providers.local import LocalProvider
 
@@ -53,7 +55,7 @@ def make_provider(settings: OrchestratorSettings) -> Provider:
         return RunPodProvider(settings.runpod)
     from deploy.providers.kubernetes.provider import KubernetesProvider
 
-    return KubernetesProvider(settings.kubernetes)
+    return KubernetesProvider(settings.kubernetes, clock, settings.tiers)
 
 
 def make_endpoints(settings: OrchestratorSettings, keys: KeySet) -> ServerlessEndpoints | None:
@@ -110,7 +112,8 @@ class Orchestrator:
     ) -> None:
         self.settings = settings
         self.keys = orchestrator_keys(settings)
-        self.provider = provider or make_provider(settings)
+        clock = clock or SystemClock()
+        self.provider = provider or make_provider(settings, clock)
         self.serverless = make_endpoints(settings, self.keys)
         self.trust = make_trust(settings, self.keys, self.provider)
         self.registry = load_registry(settings.model_registry)  # a bad file: ConfigError
@@ -119,10 +122,16 @@ class Orchestrator:
         self.redis = redis or Redis.from_url(settings.redis_url.get_secret_value())
         self.store = Store(self.redis, settings.key_prefix)
         self.fleet = Fleet(
-            settings, self.provider, self.store, self._prober, link, clock or SystemClock(),
-            trust=self.trust, registry=self.registry,
+            settings,
+            self.provider,
+            self.store,
+            self._prober,
+            link,
+            clock,
+            trust=self.trust,
+            registry=self.registry,
             latency=Latency(rtt_source(settings, TokenIssuer(self.keys)), settings.rtt_interval_s),
-        )  # fmt: skip
+        )
         jobs = settings.jobs
         self.jobs_redis = (
             Redis.from_url(jobs.redis_url.get_secret_value()) if jobs.redis_url else self.redis

@@ -63,6 +63,7 @@ class _Pod(_Upstream):
     uptime_s: float | None = None
     streams: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
     last_error: str | None = None
+    provider_reason: str | None = None
 
 
 class _Cost(_Upstream):
@@ -123,7 +124,10 @@ class FleetPod(BaseModel):
     uptime_s: float | None = Field(description="Since the orchestrator created it.")
     usd_per_hr: float = Field(description="What it costs per hour.")
     streams: list[str] = Field(description="The streams placed on it.")
-    error: str | None = Field(description="Its last health problem, if any.")
+    error: str | None = Field(
+        description="Its last health problem, else why its provider has not started it "
+        "(e.g. Kubernetes' 'Unschedulable: ...'), if any."
+    )
 
 
 class FleetCost(BaseModel):
@@ -190,13 +194,21 @@ def _text(value: str | None) -> str:
 
 
 def _pod(pod: _Pod, provider: str) -> FleetPod:
+    problem = pod.last_error or pod.provider_reason
     return FleetPod(
-        name=_text(pod.name), provider=provider, tier=_text(pod.tier), spot=pod.spot,
-        gpu=_text(pod.gpu_type), state=_text(pod.state), ready=pod.ready,
-        canary_ms=pod.canary_ms, uptime_s=pod.uptime_s, usd_per_hr=round(pod.cost_per_hr, 4),
+        name=_text(pod.name),
+        provider=provider,
+        tier=_text(pod.tier),
+        spot=pod.spot,
+        gpu=_text(pod.gpu_type),
+        state=_text(pod.state),
+        ready=pod.ready,
+        canary_ms=pod.canary_ms,
+        uptime_s=pod.uptime_s,
+        usd_per_hr=round(pod.cost_per_hr, 4),
         streams=[_text(s) for s in pod.streams],
-        error=_text(pod.last_error) if pod.last_error else None,
-    )  # fmt: skip
+        error=_text(problem) if problem else None,
+    )
 
 
 def _pct(part: float, whole: float) -> float | None:

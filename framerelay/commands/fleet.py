@@ -23,6 +23,14 @@ def _held(tier: dict[str, Any]) -> str:
     return f"no capacity: next try in {wait:.0f} s" if wait else "-"
 
 
+def _why(pod: dict[str, Any]) -> str:
+    """What the provider says of a pod that is not serving yet (Kubernetes: why it is
+    Pending, e.g. the scheduler's message), else its last health problem."""
+    if pod["ready"]:
+        return "-"
+    return str(pod.get("provider_reason") or pod.get("last_error") or "-")
+
+
 def render(status: dict[str, Any]) -> str:
     tiers = table(
         [(t["name"], "spot" if t["spot"] else "on-demand", t["target"], t["pods"], t["ready"],
@@ -30,10 +38,19 @@ def render(status: dict[str, Any]) -> str:
         ("TIER", "KIND", "TARGET", "PODS", "READY", "DRAINING", "NOTE"),
     )  # fmt: skip
     pods = table(
-        [(p["name"], p["state"], "yes" if p["ready"] else "no", f"{p['cost_per_hr']:.3f}",
-          ",".join(p["streams"]) or "-") for p in status["pods"]],
-        ("POD", "STATE", "READY", "$/H", "STREAMS"),
-    )  # fmt: skip
+        [
+            (
+                p["name"],
+                p["state"],
+                "yes" if p["ready"] else "no",
+                f"{p['cost_per_hr']:.3f}",
+                ",".join(p["streams"]) or "-",
+                _why(p),
+            )
+            for p in status["pods"]
+        ],
+        ("POD", "STATE", "READY", "$/H", "STREAMS", "WHY"),
+    )
     c = status["cost"]
     spent = f"spent ${c['fleet_usd']:.4f}"
     if c.get("serverless_usd"):  # older orchestrators do not say

@@ -35,6 +35,7 @@ from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.deploy.orch_support import orch_settings
 from tests.deploy.test_ca import handshake, sans, tls_server
 from tests.support.auth import ed_keys
+from tests.support.k8s_api import K8sContractServer
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "Tru5tT3stK3y" * 3
@@ -143,19 +144,25 @@ def test_remote_providers_refuse_hs256_only_keys(
     remote: Any = (
         runpod("http://127.0.0.1:9/v2")
         if provider == "runpod"
-        else KubernetesProvider(KubernetesSettings(kubectl="true"))
+        else KubernetesProvider(KubernetesSettings(kubeconfig=kubeconfig(tmp_path)))
     )
     with pytest.raises(ConfigError, match="asymmetric signing keys"):
         Orchestrator(settings, provider=remote, prober=StatusProber(20))
-    if provider == "runpod":
-        asyncio.run(remote.aclose())
+    asyncio.run(remote.aclose())
+
+
+def kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig of a contract API server (stopped: these tests never call it)."""
+    with K8sContractServer() as k8s:
+        return k8s.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 def test_kubernetes_tls_off_needs_allow_insecure(tmp_path: Path) -> None:
     settings = orch_settings(tmp_path, provider="kubernetes")
-    plain = KubernetesProvider(KubernetesSettings(kubectl="true", tls=False))
+    plain = KubernetesProvider(KubernetesSettings(kubeconfig=kubeconfig(tmp_path), tls=False))
     with pytest.raises(ConfigError, match="FRAMERELAY_ORCH_KUBERNETES__ALLOW_INSECURE"):
         Orchestrator(settings, provider=plain, prober=StatusProber(20))
+    asyncio.run(plain.aclose())
 
 
 def test_only_local_pods_with_only_shared_secrets_get_the_secret(

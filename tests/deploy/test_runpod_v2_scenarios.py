@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,12 +27,11 @@ from typing import Any
 
 import httpx
 import pytest
-from redis import Redis
 
 from bench.rig.runpod_v2_contract import Call, ContractServer, Reply, running_runpod_v2
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.support.auth import ed_keys, mint
-from tests.support.runpod import Stop, launch_worker, start_orchestrator
+from tests.support.runpod import Stop, launch_worker, running_orchestrator
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "V2Sc3nar10K3y" * 3
@@ -93,17 +91,9 @@ def orchestrator(tmp_path: Path, base: str, tiers: list[dict[str, Any]]) -> Iter
     Path(env["FRAMERELAY_SIGNING_KEYS_FILE"]).write_text(keys.to_json())
     log = tmp_path / "orchestrator.log"
     started = time.monotonic()
-    proc, url = start_orchestrator(env, log)
-    try:
+    with running_orchestrator(env, log) as (proc, url):
         headers = {"Authorization": f"Bearer {mint(keys, ['fleet:read'], 'orchestrator', ttl=600)}"}
         yield Orchestrator(proc, url, headers, log, started)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
-        redis = Redis()
-        for key in redis.scan_iter(match=env["FRAMERELAY_ORCH_KEY_PREFIX"] + "*"):
-            redis.delete(key)
-        redis.close()
     assert KEY not in log.read_text()
 
 

@@ -2,19 +2,23 @@
 (:mod:`bench.rig.runpod_v2_contract`): what an operator makes through the API before
 the orchestrator runs (a template, a network volume), and a pod's "container": a real
 ``framerelay worker`` started from the pod as RunPod shows it (its env, its ``args``,
-its ``N/tcp`` ports); and ``framerelay orchestrator`` as a process."""
+its ``N/tcp`` ports); and ``framerelay orchestrator`` as a process (the Kubernetes
+scenarios start it here too)."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+from redis import Redis
 
 from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
@@ -94,3 +98,21 @@ def start_orchestrator(env: dict[str, str], log: Path) -> tuple[subprocess.Popen
     line = proc.stdout.readline()
     assert line.startswith("{"), log.read_text()[-3000:]
     return proc, str(json.loads(line)["url"])
+
+
+@contextmanager
+def running_orchestrator(
+    env: dict[str, str], log: Path
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """:func:`start_orchestrator`; on the way out SIGTERM (it stops within 30 s) and its
+    Redis keys (``FRAMERELAY_ORCH_KEY_PREFIX``) removed."""
+    proc, url = start_orchestrator(env, log)
+    try:
+        yield proc, url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        redis = Redis()
+        for key in redis.scan_iter(match=env["FRAMERELAY_ORCH_KEY_PREFIX"] + "*"):
+            redis.delete(key)
+        redis.close()
