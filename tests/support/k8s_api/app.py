@@ -32,7 +32,19 @@ def _line(kind: str, obj: Obj) -> bytes:
 
 
 async def watch_stream(rest: Rest, spec: WatchSpec, bookmark_s: float) -> AsyncIterator[bytes]:
-    """The events of one watch, as lines."""
+    """The events of one watch, as lines (counted in :attr:`Store.watching` while open)."""
+    store = rest.store
+    with store.lock:
+        store.watching += 1
+    try:
+        async for line in _events(rest, spec, bookmark_s):
+            yield line
+    finally:
+        with store.lock:
+            store.watching -= 1
+
+
+async def _events(rest: Rest, spec: WatchSpec, bookmark_s: float) -> AsyncIterator[bytes]:
     store, resource = rest.store, spec.target.resource
     epoch = store.watch_epoch
     with store.lock:

@@ -79,6 +79,15 @@ RETURNS_DELETED = ("pods", "services")
 """Resources whose DELETE answers the deleted object (others answer a Status)."""
 
 
+@dataclass(frozen=True)
+class Incoming:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: Mapping[str, str]
+    raw: bytes
+
+
 @dataclass
 class Target:
     resource: Resource
@@ -141,21 +150,15 @@ class Rest:
         raw: bytes,
     ) -> Reply:
         try:
-            reply = self._answer(method, path, query, headers, raw)
+            reply = self._answer(Incoming(method, path, query, headers, raw))
         except ApiStatus as status:
             reply = Reply(status.code, status.body())
         with self._lock:
             self.requests.append((method, path, reply.status))
         return reply
 
-    def _answer(
-        self,
-        method: str,
-        path: str,
-        query: dict[str, list[str]],
-        headers: Mapping[str, str],
-        raw: bytes,
-    ) -> Reply:
+    def _answer(self, req: Incoming) -> Reply:
+        method, path, query, headers, raw = req.method, req.path, req.query, req.headers, req.raw
         given = headers.get("authorization") or ""
         if not secrets.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
             raise ApiStatus(401, "Unauthorized", "Unauthorized")

@@ -181,6 +181,11 @@ class K8sContractServer:
         """End every open watch stream (the client resumes from its last version)."""
         self.store.drop_watches()
 
+    @property
+    def open_watches(self) -> int:
+        """Watch streams open now (0 once :meth:`drop_watches` took effect)."""
+        return self.store.watching
+
     def set_pullable(self, images: Iterable[str]) -> None:
         self.knobs.pullable = set(images)
 

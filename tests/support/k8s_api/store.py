@@ -56,6 +56,8 @@ class Store:
     oldest: int = 1
     """The oldest version a watch may start from."""
     watch_epoch: int = 0
+    watching: int = 0
+    """Watch streams open now."""
     closing: bool = False
     creates: Counter[str] = field(default_factory=Counter)
     """Creates per pod name (``namespace/name``)."""
