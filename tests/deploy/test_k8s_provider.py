@@ -24,7 +24,7 @@ from deploy.models import PodInfo, PodSpec, PodStatus
 from deploy.pod_trust import PodTrust
 from deploy.providers.base import NoCapacityError, ProviderError
 from deploy.providers.kubernetes.client import KubeApi, api_error
-from deploy.providers.kubernetes.provider import KubernetesProvider
+from deploy.providers.kubernetes.provider import STALE_S, KubernetesProvider
 from deploy.providers.kubernetes.render import MANAGED, render_pod_objects
 from deploy.providers.kubernetes.watch import PodWatch
 from deploy.settings import KubernetesSettings, TierConfig
@@ -225,6 +225,32 @@ def test_the_watch_resumes_from_its_version_and_lists_again_after_410(tmp_path: 
     with cluster() as k8s:
         asyncio.run(main(k8s))
         assert k8s.creates == {"framerelay/fr-gpu-0-g0": 1, "framerelay/fr-gpu-1-g0": 1}
+
+
+def test_a_watch_failing_for_long_fails_the_pass_instead_of_a_stale_cache(
+    tmp_path: Path,
+) -> None:
+    """The API server goes away: the pods last seen are listed while the watch retries,
+    until it has failed for STALE_S on the orchestrator's clock."""
+
+    async def main() -> str:
+        clock = FakeClock(0)
+        with cluster() as k8s:
+            made = KubernetesProvider(settings(k8s, tmp_path), clock)
+            await made.create(spec(tmp_path, "fr-gpu-0-g0"))
+            await listed(made, "fr-gpu-0-g0", PodStatus.RUNNING)
+        try:
+            await wait_for(lambda: made.watch.broken is not None, 10, "the watch broken")
+            assert [p.name for p in await made.list()] == ["fr-gpu-0-g0"]
+            clock.advance(STALE_S + 1)
+            with pytest.raises(ProviderError) as stale:
+                await made.list()
+        finally:
+            await made.aclose()
+        return str(stale.value)
+
+    said = asyncio.run(main())
+    assert said.startswith(f"the pod watch has failed for {STALE_S + 1:.0f} s: "), said
 
 
 def test_a_broken_api_fails_the_pass_in_one_line(tmp_path: Path) -> None:

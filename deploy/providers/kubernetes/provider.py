@@ -165,15 +165,14 @@ class KubernetesProvider:
                 f"no pod list from the Kubernetes API at {self.api.server} within "
                 f"{SYNC_TIMEOUT_S:.0f} s: {why}"
             ) from None
-        now = self.clock.now()
-        if self.watch.failing is None:
+        now, broken = self.clock.now(), self.watch.broken
+        if broken is None:
             self._failing_since = None
         elif self._failing_since is None:
             self._failing_since = now
         elif now - self._failing_since > STALE_S:
             raise ProviderError(
-                f"the pod watch has failed for {now - self._failing_since:.0f} s: "
-                f"{self.watch.failing}"
+                f"the pod watch has failed for {now - self._failing_since:.0f} s: {broken}"
             )
         return self.watch.pods
 

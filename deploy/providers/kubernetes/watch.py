@@ -34,6 +34,9 @@ from framerelay.backoff import Backoff
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 10.0
+SETTLE_S = 2.0
+"""A watch resumed after a failure that has stayed open this long, with no event yet,
+counts as working again."""
 
 
 def pod_name(pod: Pod) -> str:
@@ -57,7 +60,8 @@ class PodWatch:
         self.synced = asyncio.Event()
         """Set once the first list is in."""
         self.failing: str | None = None
-        """Why the last attempt to list or watch failed (None: the last one is going)."""
+        """Why the last attempt to list or watch failed; None again after a list or an
+        event (see :attr:`broken`)."""
         self.lists = 0
         """Lists so far: 1 + one per ``410 Gone``."""
         self.resumes = 0
@@ -65,6 +69,19 @@ class PodWatch:
         self._on_deleted = on_deleted
         self._fresh: dict[str, Pod] = {}
         self._task: asyncio.Task[None] | None = None
+        self._open_since: float | None = None
+
+    @property
+    def broken(self) -> str | None:
+        """Why the cache may be out of date now (None: the watch works, as far as is
+        known): the last failure, until a list, an event, or a watch open for
+        :data:`SETTLE_S` since."""
+        if self.failing is None:
+            return None
+        opened = self._open_since
+        if opened is not None and asyncio.get_running_loop().time() - opened >= SETTLE_S:
+            return None
+        return self.failing
 
     def start(self) -> None:
         if self._task is None:
@@ -96,9 +113,10 @@ class PodWatch:
                     await self._list()
                 else:
                     self.resumes += 1
-                self.failing = None
+                self._open_since = asyncio.get_running_loop().time()
                 await self._follow(backoff)
             except Exception as exc:  # the task must not die: anything else is retried too
+                self._open_since = None
                 if is_gone(exc):  # history compacted: list again, at once
                     log.info("pod watch: %s; listing again", exc)
                     self.resource_version = None
@@ -117,6 +135,7 @@ class PodWatch:
         self.pods = {**self._fresh, **listed}
         self.resource_version = version
         self.lists += 1
+        self.failing = None
         self.synced.set()
 
     async def _follow(self, backoff: Backoff) -> None:
@@ -124,6 +143,7 @@ class PodWatch:
         assert self.resource_version is not None  # noqa: S101 - set by a list first
         async for kind, pod in self.api.watch_pods(self.labels, self.resource_version):
             backoff.reset()
+            self.failing = None
             self._event(kind, pod)
 
     def _event(self, kind: str, pod: Pod) -> None:
