@@ -1,6 +1,6 @@
 # Services image: the ingest, the orchestrator and the recorder (same wheel, one command
-# each), with kubectl for the orchestrator's Kubernetes provider and ONNX Runtime (CPU)
-# for its local provider (workers as child processes).
+# each), with ONNX Runtime (CPU) for the orchestrator's local provider (workers as child
+# processes). No kubectl: the Kubernetes provider talks to the API server itself (lightkube).
 #   docker build -f deploy/docker/service.Dockerfile -t framerelay/service:0.1.0 .
 #   docker run framerelay/service:0.1.0 ingest ... | orchestrator | record ...
 # Runs as uid 65534 on a read-only root: writable only /var/lib/framerelay (its working
@@ -12,17 +12,6 @@ COPY . .
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
-# kubectl: the official release binary, pinned, checked against its published SHA-256
-# (Debian 12's kubernetes-client package is 1.20, too old for current clusters).
-ARG KUBECTL_VERSION=v1.32.4
-ARG TARGETARCH=amd64
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends curl ca-certificates \
-    && base="https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/${TARGETARCH}" \
-    && curl -fsSLo /usr/local/bin/kubectl "$base/kubectl" \
-    && echo "$(curl -fsSL "$base/kubectl.sha256")  /usr/local/bin/kubectl" | sha256sum -c - \
-    && chmod 0755 /usr/local/bin/kubectl \
-    && apt-get purge -y curl && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir "$(echo /wheels/framerelay-*.whl)[cpu]" && rm -rf /wheels \
     && mkdir -p /var/lib/framerelay/ca /var/lib/framerelay/worker-tls \

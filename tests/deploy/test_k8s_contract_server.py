@@ -27,7 +27,7 @@ from lightkube.models.core_v1 import PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from tests.conftest import TIMEOUT_FACTOR
+from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.support.k8s_api import (
     GPU_TAINT,
     ContainerStart,
@@ -35,6 +35,7 @@ from tests.support.k8s_api import (
     NodeSpec,
 )
 from tests.support.k8s_api.networkpolicy import Client, admitted
+from tests.support.k8s_api.rbac import role_rules
 from tests.support.k8s_api.scheduler import choose, node_object
 
 NS = "framerelay"
@@ -163,6 +164,28 @@ def api(k8s: K8sContractServer) -> Iterator[Api]:
 def test_a_request_without_the_bearer_token_gets_401_as_a_status(k8s: K8sContractServer) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         status_of(httpx.get(f"{k8s.url}{PODS}", headers=headers), 401, "Unauthorized")
+
+
+def test_rbac_refuses_what_the_orchestrators_role_does_not_allow() -> None:
+    """With the Role of deploy/k8s the orchestrator may get, create, patch and delete a
+    Secret by name but not list Secrets (the namespace's CA and signing keys): 403 in the
+    API server's words, recorded as a client error."""
+    manifest = ROOT / "deploy" / "k8s" / "base" / "orchestrator.yaml"
+    rules = role_rules(manifest, "framerelay-orchestrator")
+    with K8sContractServer(nodes=nodes(), rules=rules) as k8s:
+        headers = {"Authorization": f"Bearer {k8s.token}"}
+        base = f"{k8s.url}/api/v1/namespaces/framerelay"
+        assert httpx.get(f"{base}/pods", headers=headers).status_code == 200
+        assert httpx.get(f"{base}/secrets/any", headers=headers).status_code == 404
+        status_of(httpx.get(f"{base}/secrets", headers=headers), 403, "Forbidden")
+        refused = httpx.get(f"{base}/secrets", headers=headers).json()["message"]
+        assert refused == (
+            'secrets is forbidden: User "system:serviceaccount:framerelay:'
+            'framerelay-orchestrator" cannot list resource "secrets" in API group "" in the '
+            'namespace "framerelay"'
+        )
+        assert len(k8s.client_errors) == 2
+        k8s.rest.client_errors.clear()
 
 
 def test_version_and_discovery(api: Api) -> None:

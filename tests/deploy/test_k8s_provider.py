@@ -29,11 +29,15 @@ from deploy.providers.kubernetes.render import MANAGED, render_pod_objects
 from deploy.providers.kubernetes.watch import PodWatch
 from deploy.settings import KubernetesSettings, TierConfig
 from framerelay.errors import ConfigError
+from tests.conftest import ROOT
 from tests.support.auth import ed_keys
 from tests.support.harness import wait_for
 from tests.support.k8s_api import GPU_TAINT, K8sContractServer, NodeSpec
+from tests.support.k8s_api.rbac import role_rules
 
 pytestmark = pytest.mark.integration
+ROLE = role_rules(ROOT / "deploy" / "k8s" / "base" / "orchestrator.yaml", "framerelay-orchestrator")
+"""The orchestrator's Role in deploy/k8s: the server refuses (403) what it does not allow."""
 GPU_NODE = NodeSpec(
     "gpu-a",
     taints=(GPU_TAINT,),
@@ -45,7 +49,7 @@ SECRET_KINDS = ("Pod", "Service", "NetworkPolicy", "Secret")
 
 @contextmanager
 def cluster(*nodes: NodeSpec) -> Iterator[K8sContractServer]:
-    with K8sContractServer(nodes=nodes or (GPU_NODE,)) as k8s:
+    with K8sContractServer(nodes=nodes or (GPU_NODE,), rules=ROLE) as k8s:
         yield k8s
         assert k8s.violations() == [], k8s.violations()
         assert k8s.client_errors == [], k8s.client_errors
@@ -212,7 +216,7 @@ def test_the_watch_resumes_from_its_version_and_lists_again_after_410(tmp_path: 
             await wait_for(lambda: "fr-gpu-1-g0" in watch.pods, 10, "after a drop")
             assert watch.lists == 1
             await watch.aclose()
-            await api.delete_labelled({"framerelay/pod": "fr-gpu-0-g0"})
+            await api.delete_pod_objects("fr-gpu-0-g0")
             k8s.compact()
             watch.start()
             await wait_for(lambda: watch.lists == 2, 10, "listed again")

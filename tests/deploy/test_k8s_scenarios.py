@@ -36,9 +36,12 @@ from tests.conftest import MODEL, ROOT
 from tests.deploy.test_runpod_v2_scenarios import Orchestrator, wait
 from tests.support.auth import ed_keys, mint
 from tests.support.k8s_api import GPU_TAINT, K8sContractServer, NodeSpec, worker_launcher
+from tests.support.k8s_api.rbac import role_rules
 from tests.support.runpod import running_orchestrator
 
 pytestmark = pytest.mark.integration
+ROLE = role_rules(ROOT / "deploy" / "k8s" / "base" / "orchestrator.yaml", "framerelay-orchestrator")
+"""The orchestrator's Role in deploy/k8s: the server refuses (403) what it does not allow."""
 TICK_S = 0.5
 UNTOLERATED = "Unschedulable: 0/1 nodes are available: 1 node(s) had untolerated taint"
 
@@ -54,7 +57,7 @@ def gpu_node(gpus: int, name: str = "gpu-a") -> NodeSpec:
 @contextmanager
 def cluster(*nodes: NodeSpec) -> Iterator[K8sContractServer]:
     """The contract API server with real worker processes behind its pods."""
-    with K8sContractServer(nodes=nodes, launcher=worker_launcher(MODEL)) as k8s:
+    with K8sContractServer(nodes=nodes, launcher=worker_launcher(MODEL), rules=ROLE) as k8s:
         yield k8s
         assert k8s.violations() == [], k8s.violations()  # no private key outside a Secret
         assert k8s.client_errors == [], k8s.client_errors

@@ -154,28 +154,23 @@ class KubeApi:
         except httpx2.HTTPError as exc:
             raise api_error(f"apply {kind.__name__}/{name}", exc) from None
 
-    async def delete_labelled(self, labels: Mapping[str, str]) -> list[str]:
-        """Delete every object of a pod (:data:`POD_OBJECTS`) with ``labels``; what was
-        deleted (``Kind/name``). Objects already gone are not an error."""
+    async def delete_pod_objects(self, name: str) -> list[str]:
+        """Delete every object of pod ``name`` (:data:`POD_OBJECTS`, each named after the
+        pod: no list needed, and the orchestrator's Role may not list Secrets, which would
+        show it the CA and signing keys); what was deleted (``Kind/name``). Objects already
+        gone are not an error."""
         deleted: list[str] = []
         for kind in POD_OBJECTS:
-            for name in await self._names(kind, labels):
-                try:
-                    await self._client.delete(kind, name, namespace=self.namespace)
-                except ApiError as exc:
-                    if exc.status.code != 404:
-                        raise api_error(f"delete {kind.__name__}/{name}", exc) from None
-                except httpx2.HTTPError as exc:
-                    raise api_error(f"delete {kind.__name__}/{name}", exc) from None
-                deleted.append(f"{kind.__name__}/{name}")
+            try:
+                await self._client.delete(kind, name, namespace=self.namespace)
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    continue
+                raise api_error(f"delete {kind.__name__}/{name}", exc) from None
+            except httpx2.HTTPError as exc:
+                raise api_error(f"delete {kind.__name__}/{name}", exc) from None
+            deleted.append(f"{kind.__name__}/{name}")
         return deleted
-
-    async def _names(self, kind: type[NamespacedResource], labels: Mapping[str, str]) -> list[str]:
-        try:
-            found: Any = self._client.list(kind, namespace=self.namespace, labels=dict(labels))
-            return [str(o.metadata.name) async for o in found]  # every listed object has one
-        except httpx2.HTTPError as exc:
-            raise api_error(f"list {kind.__name__}", exc) from None
 
     async def list_pods(self, labels: Mapping[str, str]) -> tuple[list[Pod], str]:
         """The pods with ``labels`` and the list's resourceVersion (where a watch starts)."""

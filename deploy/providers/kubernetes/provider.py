@@ -31,7 +31,6 @@ from deploy.providers.kubernetes.client import KubeApi
 from deploy.providers.kubernetes.pod_state import one_line, pod_state
 from deploy.providers.kubernetes.render import (
     MANAGED,
-    POD_LABEL,
     render_disruption_budget,
     render_pod_objects,
     worker_ports,
@@ -138,7 +137,7 @@ class KubernetesProvider:
         self._deleting.add(pod_id)
         self.watch.forget(pod_id)
         self._unschedulable.pop(pod_id, None)
-        await self.api.delete_labelled({POD_LABEL: pod_id})
+        await self.api.delete_pod_objects(pod_id)
 
     async def prices(self) -> dict[str, GpuPrice]:
         return {}
@@ -224,7 +223,7 @@ class KubernetesProvider:
 
     async def _sweep(self, name: str) -> None:
         try:
-            deleted = await self.api.delete_labelled({POD_LABEL: name})
+            deleted = await self.api.delete_pod_objects(name)
         except ProviderError as exc:
             log.warning("the objects of gone pod %s were not deleted: %s", name, exc)
             return

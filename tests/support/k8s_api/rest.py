@@ -40,6 +40,7 @@ from tests.support.k8s_api.apply import (
     merge_patch,
     remove,
 )
+from tests.support.k8s_api.rbac import Access, allowed, forbidden_message, request_verb
 from tests.support.k8s_api.resources import (
     BY_PATH,
     ApiStatus,
@@ -137,6 +138,8 @@ class Rest:
     """Watches asked from a version older than the history reaches."""
     requests: list[tuple[str, str, int]] = field(default_factory=list)
     """(method, path, status) of every request."""
+    rules: list[Obj] | None = None
+    """The client's RBAC rules (a Role's PolicyRules); None: everything is allowed."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- one request ------------------------------------------------------------------
@@ -170,6 +173,7 @@ class Rest:
         for name in unknown:
             self._client_error(f"{method} {path}: query parameter {name!r} is not declared")
         verb = self._verb(method, target, query)
+        self._authorise(method, target, query)
         with self.store.lock:
             reply = verb(target, query, headers, raw)
         if method != "GET":
@@ -196,6 +200,24 @@ class Rest:
                 "the server does not allow this method on the requested resource",
             )
         return verb
+
+    def _authorise(self, method: str, target: Target, query: dict[str, list[str]]) -> None:
+        """RBAC: a request its rules do not allow is 403 (and a client error: the
+        orchestrator's Role must cover what it does)."""
+        if self.rules is None:
+            return
+        watch = _flag(query, "watch")
+        access = Access(
+            request_verb(method, target.name is not None, watch),
+            target.resource.group,
+            target.resource.plural,
+            target.namespace,
+            target.name,
+        )
+        if not allowed(self.rules, access):
+            message = forbidden_message(access)
+            self._client_error(f"{method} {target.resource.plural}: {message}")
+            raise ApiStatus(403, "Forbidden", message)
 
     def _target(self, path: str) -> Target:
         parts = [p for p in path.split("/") if p]

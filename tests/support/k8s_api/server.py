@@ -48,10 +48,13 @@ class K8sContractServer:
         client: Client | None = None,
         extended_resource_toleration: bool = False,
         token: str | None = None,
+        rules: Iterable[Obj] | None = None,
     ) -> None:
         """``launcher``: runs each pod's container (``worker_launcher(model)`` for
         ``framerelay worker``); None: containers without a process, running and
-        ready at once. ``client``: who connects to pods' ports (NetworkPolicy)."""
+        ready at once. ``client``: who connects to pods' ports (NetworkPolicy).
+        ``rules``: the RBAC rules of the token (e.g. the orchestrator's Role in
+        deploy/k8s, :func:`tests.support.k8s_api.rbac.role_rules`); None: all allowed."""
         self.token = token or "k8s-" + secrets.token_urlsafe(24)
         self.version = version
         self.store = Store()
@@ -66,6 +69,7 @@ class K8sContractServer:
             set(namespaces),
             extended_resource_toleration=extended_resource_toleration,
             hooks=Hooks(changed=self.cluster.schedule, delete_pod=self._delete_pod),
+            rules=None if rules is None else list(rules),
         )
         for node in nodes:
             self.cluster.add_node(node)
