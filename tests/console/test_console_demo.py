@@ -60,8 +60,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args = [sys.executable, "-m", "framerelay", "demo", "--realtime", "--loop", "--quiet",
             "--console-port", "0"]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the worker goes with it
+    )
     lines: list[str] = []
     found: list[re.Match[str]] = []
     ready = threading.Event()
@@ -87,16 +94,25 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         assert token not in "".join(lines)  # the token is in the file, never in the output
         yield Demo(proc, url, token, lines)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stopped = _interrupt(proc)
         reader.join(10)
         if proc.stderr is not None:
             proc.stderr.close()
+    assert stopped, "the demo did not exit on Ctrl-C; its output ends:\n" + "".join(lines[-30:])
     assert not Path(found[0].group(2)).exists() if found else True  # removed at exit
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> bool:
+    """Ctrl-C, as a user stops the demo; True if it exited by itself. Else its whole
+    process group (its worker too) is killed, so no process outlives the test."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60 * TIMEOUT_FACTOR)  # about a second on an idle machine
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        return False
+    return True
 
 
 def sign_in(driver: Any, demo: Demo, token: str | None = None) -> None:

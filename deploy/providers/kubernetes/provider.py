@@ -10,7 +10,7 @@ scheduler cannot place for ``unschedulable_grace_s`` (the orchestrator's clock) 
 demand elsewhere, as on a "no capacity" answer to a create. A worker is reached at its
 Service (``<pod>.<namespace>.svc:8443+k``) or, with ``address: pod-ip``, at the pod's IP.
 
-Terminating a pod deletes all its objects (by its ``framerelay/pod`` label); a pod that
+Terminating a pod deletes all its objects (each named after the pod); a pod that
 goes by itself (evicted, its node lost and collected) has its other objects deleted when
 the watch reports it gone, so no pod's TLS Secret outlives it.
 """
