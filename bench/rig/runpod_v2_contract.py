@@ -46,7 +46,6 @@ import asyncio
 import http
 import json
 import secrets
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -61,6 +60,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from bench.rig.common import free_port
 from bench.rig.runpod_schema import RunPodSchema, default_schema
 from bench.rig.serving import serve_in_thread
 
@@ -274,12 +274,6 @@ def _now() -> str:
 def _new_id() -> str:
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
     return "".join(secrets.choice(alphabet) for _ in range(10))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cuda_key(version: str) -> tuple[int, ...]:
@@ -707,7 +701,7 @@ class ContractServer:
             self._enter(pod, "ERROR")
             pod.log("system", reason)
         elif self.launcher is None:
-            self._running(pod, "127.0.0.1", {p: _free_port() for p in pod.tcp_ports()})
+            self._running(pod, "127.0.0.1", {p: free_port() for p in pod.tcp_ports()})
         elif pod.launched is not None:
             self._running(pod, pod.launched[0], pod.launched[1])
 

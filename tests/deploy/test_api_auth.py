@@ -31,7 +31,7 @@ from deploy.service import Orchestrator
 from framerelay.auth import KeySet
 from framerelay.auth.web import route_scopes
 from tests.deploy.orch_support import orch_settings, serving_here
-from tests.support.auth import ed_keys, mint
+from tests.support.auth import b64url, ed_keys, mint
 
 pytestmark = pytest.mark.integration
 READ, WRITE = "fleet:read", "fleet:write"
@@ -93,16 +93,12 @@ async def state_of(orch: Orchestrator) -> tuple[Any, ...]:
             await s.assignments())  # fmt: skip
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _hs256(claims: dict[str, Any], secret: bytes, kid: str) -> str:
     """HS256 by hand (PyJWT rightly refuses to HMAC with a public key)."""
-    head = _b64(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
-    signing_input = f"{head}.{_b64(json.dumps(claims).encode())}"
+    head = b64url(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
+    signing_input = f"{head}.{b64url(json.dumps(claims).encode())}"
     sig = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
-    return f"{signing_input}.{_b64(sig)}"
+    return f"{signing_input}.{b64url(sig)}"
 
 
 def forged_tokens(keys: KeySet, tmp_path: Path) -> dict[str, str]:
@@ -117,12 +113,12 @@ def forged_tokens(keys: KeySet, tmp_path: Path) -> dict[str, str]:
     _cert, key_pem = PodCA.load_or_create(tmp_path / "pod-ca").issue("fr-x-0-g0", ["x.pods"])
     tls_key = serialization.load_pem_private_key(key_pem.encode(), None)
     assert isinstance(tls_key, ec.EllipticCurvePrivateKey)  # PodCA's keys are P-256
-    header = _b64(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
+    header = b64url(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
     return {
         "hs256 with the public key": _hs256(claims, x, kid),
         "hs256 with the public jwks": _hs256(claims, keys.public().to_json().encode(), kid),
         "es256 with a pod's tls key": jwt.encode(claims, tls_key, "ES256", headers={"kid": kid}),
-        "alg none": f"{header}.{_b64(json.dumps(claims).encode())}.",
+        "alg none": f"{header}.{b64url(json.dumps(claims).encode())}.",
     }
 
 

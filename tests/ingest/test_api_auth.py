@@ -29,7 +29,7 @@ from framerelay.auth import KeySet
 from framerelay.auth.web import route_scopes
 from ingest.app import create_app
 from tests.ingest.api_rig import Ingest, client, running_ingest
-from tests.support.auth import ed_keys, mint
+from tests.support.auth import b64url, ed_keys, mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
 from tests.support.media import Media
 
@@ -82,10 +82,6 @@ def _tampered(ingest: Ingest) -> str:
     return f"{head}.{edited}.{sig}"
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _public_as_secret(keys: KeySet) -> str:
     """HS256 "signed" with the public key set (what a worker holds) under the real kid: the
     algorithm-confusion attack (built by hand: PyJWT itself refuses to do it)."""
@@ -94,10 +90,10 @@ def _public_as_secret(keys: KeySet) -> str:
     claims = {"iss": "framerelay", "sub": "pod", "aud": "framerelay-ingest", "iat": now,
               "nbf": now, "exp": now + 60, "scope": "streams:read streams:write routing:write "
               "results:*"}  # fmt: skip
-    signing_input = f"{_b64(json.dumps(head).encode())}.{_b64(json.dumps(claims).encode())}"
+    signing_input = f"{b64url(json.dumps(head).encode())}.{b64url(json.dumps(claims).encode())}"
     public = json.dumps(keys.public().to_jwks()).encode()
     sig = hmac.new(public, signing_input.encode(), hashlib.sha256).digest()
-    return f"{signing_input}.{_b64(sig)}"
+    return f"{signing_input}.{b64url(sig)}"
 
 
 Case = tuple[str, Callable[[Ingest, str], str | None], int]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from websockets.exceptions import InvalidStatus
 from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
 from tests.support.auth import mint
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

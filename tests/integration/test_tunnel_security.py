@@ -11,7 +11,6 @@ the primary's tokens (old and new key while both are listed) work.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import hmac
 import json
@@ -34,7 +33,7 @@ from framerelay import wire
 from framerelay.protocol.negotiation import offer
 from gpu_worker.server import Worker
 from tests.integration.worker_harness import running_worker, token
-from tests.support.auth import ed_keys, mint
+from tests.support.auth import b64url, ed_keys, mint
 
 pytestmark = pytest.mark.integration
 PRIMARY = ed_keys("primary-2026")
@@ -45,10 +44,6 @@ Attack = tuple[str | None, int, str]
 """Authorization header (None: none sent), expected status, a phrase of the reason."""
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _claims(scope: str) -> dict[str, object]:
     now = int(time.time())
     return {"iss": "framerelay", "sub": "mallory", "aud": "framerelay-worker", "scope": scope,
@@ -57,20 +52,20 @@ def _claims(scope: str) -> dict[str, object]:
 
 def _hmac_token(secret: bytes, kid: str, scope: str) -> str:
     """HS256 by hand (PyJWT refuses asymmetric keys as HMAC secrets; an attacker would not)."""
-    head = _b64(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
-    body = _b64(json.dumps(_claims(scope)).encode())
+    head = b64url(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
+    body = b64url(json.dumps(_claims(scope)).encode())
     sig = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
-    return f"{head}.{body}.{_b64(sig)}"
+    return f"{head}.{body}.{b64url(sig)}"
 
 
 def _unsigned(kid: str, scope: str) -> str:
-    head = _b64(json.dumps({"alg": "none", "kid": kid}).encode())
-    return f"{head}.{_b64(json.dumps(_claims(scope)).encode())}."
+    head = b64url(json.dumps({"alg": "none", "kid": kid}).encode())
+    return f"{head}.{b64url(json.dumps(_claims(scope)).encode())}."
 
 
 def _tampered(good: str, scope: str) -> str:
     head, _, sig = good.split(".")
-    return f"{head}.{_b64(json.dumps(_claims(scope)).encode())}.{sig}"
+    return f"{head}.{b64url(json.dumps(_claims(scope)).encode())}.{sig}"
 
 
 def _swapped_signature(good: str, other: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import socket
 import subprocess
 import tempfile
 import time
@@ -43,12 +42,6 @@ for v in $VOLUMES; do mount -t tmpfs -o "mode=0755,uid=$UID_,gid=$GID_,size=64m"
 cd "$WORKDIR"
 exec setpriv --reuid "$UID_" --regid "$GID_" --clear-groups env -i "$@"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

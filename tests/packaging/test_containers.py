@@ -28,6 +28,7 @@ from tests.conftest import TIMEOUT_FACTOR
 from tests.packaging import containers
 from tests.packaging.dockerfile import DockerIgnore, Stage, parse
 from tests.packaging.wheel_env import ROOT, InstalledWheel
+from tests.support.servers import free_port
 
 DOCKER = ROOT / "deploy" / "docker"
 IMAGES = ("worker-cpu", "worker-cuda", "service")
@@ -150,8 +151,7 @@ def test_worker_image_runs_and_its_healthcheck_passes(
     installed_wheel: InstalledWheel, name: str, tls: bool
 ) -> None:
     s = stage(name)
-    extra = {"FRAMERELAY_TOKEN_SECRETS": SECRET,
-             "FRAMERELAY_WORKER_PORT": str(containers.free_port())}  # fmt: skip
+    extra = {"FRAMERELAY_TOKEN_SECRETS": SECRET, "FRAMERELAY_WORKER_PORT": str(free_port())}
     ca = trustme.CA()
     if tls:
         cert = ca.issue_cert("worker")
@@ -197,7 +197,7 @@ def test_services_image_ingest_stores_streams_added_over_the_api(
     installed_wheel: InstalledWheel,
 ) -> None:
     s = stage("service")
-    port = containers.free_port()
+    port = free_port()
     env = containers.container_env(
         s, installed_wheel, FRAMERELAY_TOKEN_SECRETS=SECRET, FRAMERELAY_INGEST_API_PORT=str(port)
     )
@@ -225,7 +225,7 @@ def test_services_image_orchestrator_runs_with_the_local_provider(
     env = containers.container_env(
         s, installed_wheel,
         FRAMERELAY_TOKEN_SECRETS=SECRET,
-        FRAMERELAY_ORCH_PORT=str(containers.free_port()),
+        FRAMERELAY_ORCH_PORT=str(free_port()),
         FRAMERELAY_ORCH_REDIS_URL=REDIS_URL,
         FRAMERELAY_ORCH_KEY_PREFIX=f"{redis_prefix}:",
         FRAMERELAY_ORCH_TIERS=json.dumps(tiers),

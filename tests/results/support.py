@@ -23,12 +23,7 @@ from ingest.hub import ResultHub, results_router
 from ingest.server import api_server
 from ingest.settings import IngestSettings
 from tests.conftest import TIMEOUT_FACTOR, service_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.servers import free_port
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -30,7 +30,8 @@ from ingest.recording.hold import BoxHold, default_hold_s
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import RedisServer, child_env, free_port, kill_all
+from tests.results.support import RedisServer, child_env, kill_all
+from tests.support.servers import free_port
 
 STREAM = "stream-1"
 FILE_FRAMES = 179

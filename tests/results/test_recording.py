@@ -35,7 +35,8 @@ from ingest.recording.draw import box_pixels, label_area, label_of
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import RedisServer, child_env, free_port, kill_all, wait_until
+from tests.results.support import RedisServer, child_env, kill_all, wait_until
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STREAM = "stream-1"

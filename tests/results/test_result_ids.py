@@ -22,7 +22,8 @@ from framerelay.results import ResultId, ResultRecord
 from framerelay.schemas import ResultMessage, SharedResultMessage, SidecarLine
 from ingest.bus import DetectionFilter, IdAllocator, Published, ResultBus
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.results.support import free_port, redis_server, result_record, wait_async
+from tests.results.support import redis_server, result_record, wait_async
+from tests.support.servers import free_port
 
 KEYS = RedisKeys("t")
 STREAM = "cam-1"

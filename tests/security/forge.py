@@ -33,6 +33,7 @@ from jwt import PyJWK
 
 from framerelay.auth.keys import secret_kid
 from framerelay.auth.tokens import AUD_INGEST, AUD_ORCHESTRATOR, AUD_WORKER
+from tests.support.auth import b64url
 
 AUDIENCES = (AUD_INGEST, AUD_ORCHESTRATOR, AUD_WORKER)
 EVERY_SCOPE = "streams:* routing:* results:* fleet:* worker:* metrics:*"
@@ -99,10 +100,6 @@ def memory_tokens(pid: int) -> set[str]:
     return found
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
@@ -111,18 +108,18 @@ def hs256(secret: bytes, kid: str) -> Sign:
     """HS256 by hand: PyJWT rightly refuses to HMAC with PEM-looking keys."""
 
     def sign(claims: dict[str, Any]) -> str:
-        head = _b64(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
-        signing_input = f"{head}.{_b64(json.dumps(claims).encode())}"
+        head = b64url(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
+        signing_input = f"{head}.{b64url(json.dumps(claims).encode())}"
         mac = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
-        return f"{signing_input}.{_b64(mac)}"
+        return f"{signing_input}.{b64url(mac)}"
 
     return sign
 
 
 def unsigned(kid: str) -> Sign:
     def sign(claims: dict[str, Any]) -> str:
-        head = _b64(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
-        return f"{head}.{_b64(json.dumps(claims).encode())}."
+        head = b64url(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
+        return f"{head}.{b64url(json.dumps(claims).encode())}."
 
     return sign
 

@@ -46,7 +46,7 @@ from gpu_worker.detectors.base import acceleration_of
 from gpu_worker.model_pool import ServedModel, detector_loader
 from gpu_worker.volume import SharedVolume
 from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
-from tests.support.auth import ed_keys, mint
+from tests.support.auth import b64url, ed_keys, mint
 from tests.support.models import KITTI_STILL, write_registry
 
 KEYS = ed_keys("vol-2026-12")
@@ -204,18 +204,14 @@ def _forged(files: dict[str, Any]) -> dict[str, str]:
 def _hs256(claims: dict[str, Any], head: dict[str, str], secret: str) -> str:
     """HMAC with the public key as the secret (algorithm confusion); built by hand, as
     PyJWT refuses to use what looks like a public key as an HMAC secret."""
-    import base64
     import hashlib
     import hmac
     import json
 
-    def b64(data: bytes) -> str:
-        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-    header = b64(json.dumps({**head, "alg": "HS256"}).encode())
-    signing = f"{header}.{b64(json.dumps(claims).encode())}"
+    header = b64url(json.dumps({**head, "alg": "HS256"}).encode())
+    signing = f"{header}.{b64url(json.dumps(claims).encode())}"
     mac = hmac.new(secret.encode(), signing.encode(), hashlib.sha256).digest()
-    return f"{signing}.{b64(mac)}"
+    return f"{signing}.{b64url(mac)}"
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 
 from framerelay.auth import KeySet, TokenIssuer
 from framerelay.auth.keys import generate
+
+
+def b64url(data: bytes) -> str:
+    """Base64url without padding, as in a JWT's header, claims and signature."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def hs_keys(secret: str) -> KeySet:
