@@ -74,6 +74,12 @@ class WorkItem:
     lane: int = 0
     jpeg: bytes | memoryview | None = None
     """The payload, until the decode stage turns it into ``image``."""
+    taken_before: int = 0
+    """The frames the batcher had taken from the lanes when this one was queued."""
+    frames_ahead: int = 0
+    """The frames it took between this one's queueing and this one (other tunnels' and
+    this tunnel's own earlier ones; the ``frames_ahead`` timing): the round-robin lanes
+    keep it small for one tunnel whatever another floods."""
 
 
 Decoded = tuple[list[WorkItem], list[Failure | None]]
@@ -155,6 +161,7 @@ class Batcher:
         """Queue a frame; False when its lane is full (the caller replies 'capacity')."""
         if not self._lanes.put(item.lane, item, item.frame.stream_id):
             return False
+        item.taken_before = self._lanes.taken
         self.metrics.queue_depth.set(len(self._lanes))
         return True
 
@@ -237,9 +244,18 @@ class Batcher:
                 except Exception as exc:  # one connection's bug must not end the loop
                     self.errors.report("delivering a result", exc)
 
+    def _take(self, n: int) -> list[WorkItem]:
+        """Up to ``n`` frames from the lanes, each stamped with the frames taken before it
+        since it was queued."""
+        first = self._lanes.taken
+        taken = self._lanes.take(n)
+        for i, item in enumerate(taken):
+            item.frames_ahead = first + i - item.taken_before
+        return taken
+
     async def _collect(self) -> list[WorkItem]:
         await self._lanes.wait()
-        batch = self._lanes.take(self.max_batch)
+        batch = self._take(self.max_batch)
         deadline = time.monotonic() + self.batch_wait_s
         while len(batch) < self.max_batch:
             remaining = deadline - time.monotonic()
@@ -250,7 +266,7 @@ class Batcher:
                     await self._lanes.wait()
             except TimeoutError:
                 break
-            batch += self._lanes.take(self.max_batch - len(batch))
+            batch += self._take(self.max_batch - len(batch))
         self.metrics.queue_depth.set(len(self._lanes))
         return batch
 
@@ -331,6 +347,7 @@ class Batcher:
                 "infer_ms": infer_ms,
                 "track_ms": track_ms,
                 "batch": float(len(batch)),
+                "frames_ahead": float(item.frames_ahead),
                 "worker_ms": (time.monotonic() - item.received_at) * 1000,
             }
             model = item.session.model

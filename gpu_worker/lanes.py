@@ -13,8 +13,9 @@ many as it has streams waiting (items are ``put`` with their stream as
 tunnel carries it: an ingest's tunnel with two streams is not starved by a
 flooder's tunnel with one, and a round holds one item per waiting stream
 (a tunnel opens at most ``max_streams_per_connection`` streams, each with its
-credits). Order within a lane (and so within a stream) is kept. Event-loop
-only: not thread-safe.
+credits). Order within a lane (and so within a stream) is kept. ``taken``
+counts the items ever taken, so a caller can tell how many were served
+between an item's ``put`` and its own turn. Event-loop only: not thread-safe.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class Lanes(Generic[T]):
         self._next_key = 0
         self._size = 0
         self._busy = 0  # lanes holding at least one item
+        self.taken = 0
+        """Items taken since the lanes were made (every lane together)."""
         self._nonempty = asyncio.Event()
 
     def __len__(self) -> int:
@@ -101,6 +104,7 @@ class Lanes(Generic[T]):
                     break
         if not self._size:
             self._nonempty.clear()
+        self.taken += len(out)
         return out
 
     def _turn(self, key: int, most: int) -> list[T]:
