@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app as orch_app
 from deploy.api import fleet_status
-from deploy.clock import FakeClock
+from deploy.clock import Clock, FakeClock
 from deploy.health import StatusProber
 from deploy.ingest_link import NullIngestLink
 from deploy.service import Orchestrator
@@ -65,10 +65,14 @@ def counted(app: FastAPI) -> collections.Counter[str]:
 
 
 @asynccontextmanager
-async def plain_orchestrator(tmp_path: Path, keys: KeySet) -> AsyncIterator[Orchestrator]:
-    """An orchestrator with no pods (tiers of 0 workers), not served yet."""
-    orch = Orchestrator(orch_settings(tmp_path, keys), prober=StatusProber(20),
-                        ingest=NullIngestLink())  # fmt: skip
+async def plain_orchestrator(
+    tmp_path: Path, keys: KeySet, clock: Clock | None = None
+) -> AsyncIterator[Orchestrator]:
+    """An orchestrator with no pods (tiers of 0 workers), not served yet; on ``clock`` when
+    one is given (the system's otherwise)."""
+    orch = Orchestrator(
+        orch_settings(tmp_path, keys), prober=StatusProber(20), ingest=NullIngestLink(), clock=clock
+    )
     try:
         yield orch
     finally:
