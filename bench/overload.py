@@ -4,13 +4,16 @@
 
 Issue 2's acceptance, measured as it reads: a 1-thread ``framerelay worker``
 process's capacity is measured (one file as fast as credits allow); one
-real-time stream alone gives the unloaded p99; then enough real-time streams
-(the sample clip at 25 fps, every frame) to offer ``--overload`` x capacity
-share the worker for 60 s. Per run it prints the p99 of the first and the last
-20 s and their ratio (target <= 1.2), the bound 1.5 x streams x unloaded p99,
-and beside them the frames in the system (results/s x mean latency) and the
-worker's own speed in each window, so a ratio moved by the CPU's speed can be
-told from one moved by a queue.
+real-time stream alone (every frame, or half the capacity where that is below
+25 fps) gives the unloaded p99; then enough real-time streams (the sample clip
+at 25 fps, every frame) to offer ``--overload`` x capacity share the worker for
+60 s. Per run it prints the p99 of the first and the last 20 s and their ratio
+(target <= 1.2), each over the unloaded p99 against the bound 1.5 x streams,
+the share of frames replaced alone and loaded, and beside them the frames in
+the system (results/s x mean latency) and the worker's own speed in each
+window, so a ratio moved by the CPU's speed can be told from one moved by a
+queue. ``tests/integration/test_overload.py`` judges the same rig in frames
+only; these milliseconds are this bench's.
 
 By default the worker is pinned to the last core and the ingest (this
 process) to the others, as across clouds they never share cores. Writes
@@ -59,6 +62,8 @@ def _summary(o: Overload) -> dict[str, object]:
         "p99_ratio": la.p99_ms / f.p99_ms, "in_flight_ratio": la.in_flight / f.in_flight,
         "p99_frames_ratio": la.p99_frames / f.p99_frames, "speed_ratio": la.rate / f.rate,
         "bound_ms": o.bound_ms, "under_bound": max(f.p99_ms, la.p99_ms) < o.bound_ms,
+        "alone_fps": o.alone_fps, "alone_replaced": o.alone_replaced,
+        "loaded_replaced": o.loaded_replaced,
         "replaced": sum(c["replaced"] for c in o.loaded.counts.values()),
         "sent": sum(c["sent"] for c in o.loaded.counts.values()),
         "results": sum(c["results"] for c in o.loaded.counts.values()),
