@@ -33,6 +33,7 @@ import httpx
 
 from bench.rig.common import CLIP, MODEL, ROOT, TIMEOUT_FACTOR, free_port, mint
 from bench.rig.matrix_results import (
+    KEPT_MIN_PCT,
     RSS_SLACK_MB,
     Figures,
     HealthyFigures,
@@ -85,8 +86,9 @@ class Rig:
     """Extra ``FRAMERELAY_*`` settings for the ingest process (the soak's experiments)."""
     _token: str = ""
     quiet_since: float = 0.0
-    """``time.time()`` when the last scenario's fault was over and its outcome taken: the
-    healthy streams' results since then are a clean baseline for the next one."""
+    """``time.time()`` when the last scenario's fault was over and its outcome taken (or the
+    rig's healthy streams first answered): the healthy streams' results since then are a
+    clean baseline for the next one."""
 
     @property
     def token(self) -> str:
@@ -113,6 +115,7 @@ class Rig:
         except BaseException:
             self.close()
             raise
+        self.quiet_since = time.time()  # the first scenario's baseline: after the start-up
         return self
 
     def _all_healthy_flow(self) -> bool:
@@ -269,9 +272,11 @@ def run_scenario(
     baseline_s: float = 5.0,
     min_window_s: float = 7.0,
     rss_settle_s: float = 12.0,
+    latency_factor: float = 2.0,
+    kept_min_pct: float = KEPT_MIN_PCT,
 ) -> Figures:
     """``setup``, a baseline, the fault, then the windows compared and RSS awaited (see
-    :class:`Figures`)."""
+    :class:`Figures`; ``latency_factor`` and ``kept_min_pct``: :class:`HealthyFigures`)."""
     assert rig.subscriber is not None
     if setup is not None:
         setup(rig)
@@ -284,8 +289,9 @@ def run_scenario(
     time.sleep(max(0.0, t1 - time.time()) + 1.5)  # the last results in the window arrive
     seen = rig.subscriber.snapshot()
     healthy = [
-        HealthyFigures(sid, window(seen, sid, t0 - baseline_s, t0), window(seen, sid, t0, t1))
+        HealthyFigures(sid, before, window(seen, sid, t0, t1), latency_factor, kept_min_pct)
         for sid in rig.healthy_ids
+        for before in [window(seen, sid, t0 - baseline_s, t0)]
     ]
     rss1, settle = _settled_rss(rig, rss0, rss_settle_s)
     rig.quiet_since = t1  # the fault was over (and cleaned up) by the end of its window

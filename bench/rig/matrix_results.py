@@ -47,6 +47,9 @@ class Seen:
     stream: str
     captured_at: float
     received_at: float
+    frames_ahead: float = math.nan
+    """The worker's ``frames_ahead`` timing: frames it served between this one's queueing
+    and this one (NaN where the result has none)."""
 
     @property
     def latency_ms(self) -> float:
@@ -117,7 +120,8 @@ class Subscriber:
         msg = json.loads(raw)
         if msg.get("type") == "result":
             with self._lock:
-                self.seen.append(Seen(msg["stream_id"], float(msg["captured_at"]), at))
+                ahead = float(msg.get("timings", {}).get("frames_ahead", math.nan))
+                self.seen.append(Seen(msg["stream_id"], float(msg["captured_at"]), at, ahead))
 
 
 # -- windows and figures ---------------------------------------------------------------
@@ -149,6 +153,8 @@ class Window:
     """Seconds from ``t0`` to the last result's capture."""
     worst_ms: float = math.nan
     """The window's highest latency."""
+    most_ahead: float = math.nan
+    """The most frames the worker served ahead of one of the window's results."""
 
     @property
     def rate(self) -> float:
@@ -170,8 +176,10 @@ def window(seen: list[Seen], stream: str, t0: float, t1: float) -> Window:
     if not mine:
         return Window(0, t1 - t0, math.nan)
     times, latencies = [s.captured_at for s in mine], [s.latency_ms for s in mine]
-    return Window(len(mine), t1 - t0, p99(latencies),
-                  min(times) - t0, max(times) - t0, max(latencies))  # fmt: skip
+    ahead = max((s.frames_ahead for s in mine if not math.isnan(s.frames_ahead)), default=math.nan)
+    return Window(
+        len(mine), t1 - t0, p99(latencies), min(times) - t0, max(times) - t0, max(latencies), ahead
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +187,10 @@ class HealthyFigures:
     stream: str
     before: Window
     during: Window
+    latency_factor: float = 2.0
+    """p99 during the fault may be this many times the p99 before (or that + the floor)."""
+    kept_min_pct: float = KEPT_MIN_PCT
+    """The result rate during the fault must be at least this share of the rate before."""
 
     @property
     def kept_pct(self) -> float:
@@ -186,22 +198,28 @@ class HealthyFigures:
 
     @property
     def bound_ms(self) -> float:
-        return max(2 * self.before.p99_ms, self.before.p99_ms + LATENCY_FLOOR_MS)
+        return max(self.latency_factor * self.before.p99_ms, self.before.p99_ms + LATENCY_FLOOR_MS)
 
     def problems(self) -> list[str]:
         out = []
-        if not self.kept_pct >= KEPT_MIN_PCT:
-            out.append(f"{self.stream}: kept {self.kept_pct:.1f} % of its results (< 95 %)")
+        if not self.kept_pct >= self.kept_min_pct:
+            out.append(
+                f"{self.stream}: kept {self.kept_pct:.1f} % of its results "
+                f"(< {self.kept_min_pct:.0f} %)"
+            )
         if not self.during.p99_ms <= self.bound_ms:
             out.append(f"{self.stream}: p99 {self.during.p99_ms:.0f} ms > {self.bound_ms:.0f} ms")
         return out
 
     def line(self) -> str:
         b, d = self.before, self.during
-        return (f"  {self.stream}: kept {self.kept_pct:.1f} % ({b.rate:.2f} -> {d.rate:.2f}/s, "
-                f"{d.results} results), p99 {b.p99_ms:.0f} -> {d.p99_ms:.0f} ms "
-                f"(bound {self.bound_ms:.0f}; worst {b.worst_ms:.0f} -> "
-                f"{d.worst_ms:.0f})")  # fmt: skip
+        return (
+            f"  {self.stream}: kept {self.kept_pct:.1f} % ({b.rate:.2f} -> {d.rate:.2f}/s, "
+            f"{d.results} results), p99 {b.p99_ms:.0f} -> {d.p99_ms:.0f} ms "
+            f"(bound {self.bound_ms:.0f}; worst {b.worst_ms:.0f} -> "
+            f"{d.worst_ms:.0f}), frames ahead at most {b.most_ahead:.0f} -> "
+            f"{d.most_ahead:.0f}"
+        )
 
 
 @dataclass

@@ -10,7 +10,9 @@ of the results WebSocket. Each test injects one fault
   fault (results counted by their frame's ``captured_at``), and its p99 latency
   (subscriber's clock - ``captured_at``; interpolated as ``numpy.percentile`` does, the
   worst result printed beside it) stays <= max(2 x p99 before, p99 before + 50 ms x
-  TIMEOUT_FACTOR): the floor keeps a tiny baseline on a noisy 2-core box from flaking;
+  TIMEOUT_FACTOR): the floor keeps a tiny baseline on a noisy 2-core box from flaking
+  (4 x and 75 % for the garbage flood, whose flooder shares the machine's CPU: see its
+  test);
 * the bad stream ends in a state with a clear reason;
 * no process exits; every process's RSS comes back within 20 MB of its level
   before the fault (waited for up to 12 s).
@@ -32,11 +34,16 @@ import pytest
 from bench.rig import matrix_faults as faults
 from bench.rig.matrix_harness import Rig, run_scenario
 from bench.rig.matrix_results import Figures
+from ingest.metrics import FLIGHT_DROPS
 from tests.conftest import TIMEOUT_FACTOR
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CLIP_S = 7.0
 """Length of the sample clip (179 frames at 25 fps)."""
+FLOOD_LATENCY_FACTOR = 4.0
+"""The garbage flood's healthy p99 bound: this many times the p99 before (else 2)."""
+FLOOD_KEPT_MIN_PCT = 75.0
+"""The garbage flood's healthy streams keep at least this share of their rate (else 95)."""
 LONG_FREEZE = os.environ.get("FRAMERELAY_FAULT_LONG_FREEZE") == "1" or not os.environ.get("CI")
 
 
@@ -146,7 +153,29 @@ def test_non_finite_wire_fields_from_a_worker_hit_only_its_stream(rig: Rig) -> N
 
 
 def test_garbage_flooding_tunnel_leaves_other_streams_alone(rig: Rig) -> None:
-    bad = _checked(run_scenario(rig, "garbage-flooding tunnel", faults.flood), rig)
+    """Every healthy frame sent is answered (none lost in flight, none refused by the
+    worker), the healthy streams keep running, and the flooder's tunnels are closed.
+
+    Their rate and p99 latency are judged with wider margins than the other faults':
+    the flooder runs in this process beside the ingest and the worker, and on a machine
+    without spare CPU what it costs them shows as latency and as frames the ingest
+    replaces at the sender (a 4 fps stream replaces a frame when a round trip passes
+    250 ms), not as anything the worker refuses or loses. Under two CPU hogs: p99 193 ->
+    293 ms (past 2x) in one run, kept 87 % (p99 240 -> 621 ms) in another, with the
+    worker serving at most 2 frames ahead of a healthy one (printed)."""
+    before = {sid: rig.stream(sid) for sid in rig.healthy_ids}
+    figures = run_scenario(
+        rig,
+        "garbage-flooding tunnel",
+        faults.flood,
+        latency_factor=FLOOD_LATENCY_FACTOR,
+        kept_min_pct=FLOOD_KEPT_MIN_PCT,
+    )
+    bad = _checked(figures, rig)
+    for sid, was in before.items():
+        now = rig.stream(sid)
+        lost = {k: now[k] - was[k] for k in FLIGHT_DROPS}
+        assert now["state"] == "RUNNING" and not any(lost.values()), (sid, lost, now)
     assert bad["worker_readyz"] == 200, bad
     assert bad["flooder"].get("closed:1002", 0) > 0, bad
 
