@@ -68,7 +68,16 @@ the tracker does and is allowed; two would not be. Before the worker's snapshot 
 got its slack (an interval of one frame period skipped every other frame, so a takeover
 resumed from a snapshot one frame older than A's last result: young tracks with one
 observation less to estimate their velocity over a 5 s gap) the same runs gave 50-100 %
-kept, 0-3 of 6 ids on another person."""
+kept, 0-3 of 6 ids on another person.
+
+The judgement depends on the machine only through the gap the bridge must cross: the kill
+is placed by clip time, and B resumes the file where a live camera would be, so a slower
+takeover is a longer motion-only gap (here 4.7 s of clip plain, 5.5 s beside two CPU
+hogs: 6/6 kept both times). It is not loosened for that: 4 of 6 (the issue's busy-laptop
+run) is two of the six people followed lost, against 1 of 23 offline over 5.3 s
+(tracker/README.md, Outages). A verdict free of the gap would compare with the tracker's
+own offline bridge over the gap measured in the same run; until then it runs in the slow
+phase."""
 JUDGED = 5
 """Results after the takeover judged per stream (one second at 5 fps)."""
 Arrival = tuple[float, ResultRecord]
