@@ -2,14 +2,19 @@
 
 Two tiers, each one region of one local worker process; each worker is behind its own
 TCP proxy on 127.0.0.1 that delays each direction (``tests.support.delay_proxy``): 2.5 ms
-each way for region ``near-1`` (5 ms round trip), 40 ms each way for ``far-1`` (80 ms).
+each way for region ``near-1`` (5 ms round trip), 350 ms each way for ``far-1`` (700 ms).
 The real orchestrator (real Redis) probes, canaries and places; the real ingest measures
 each worker's round trip with pings on a tunnel (``POST /v1/rtt``), and its processing
 with probe frames, and runs the streams. The workers batch as a GPU worker does (up to 2
-frames, waiting up to 15 ms to fill a batch), so a frame takes 15 ms plus its inference
-there: the 80 ms region cannot meet a 100 ms budget however idle this machine is.
+frames, waiting up to 15 ms to fill a batch).
 
-1. A stream with ``latency_slo_ms`` 100 goes to the near region, no breach.
+The margins are structural, so the verdict holds whatever the machine's speed: the far
+region's round trip alone (700 ms, a floor the proxy sets) is over the 600 ms budget
+however fast its worker is, and the near region meets it unless a frame's processing
+takes 12 times what it does on an idle machine (about 50 ms; with two CPU hogs beside the
+test the near worker's round trip and processing measured 160-210 ms together).
+
+1. A stream with ``latency_slo_ms`` 600 goes to the near region, no breach.
 2. The near worker is full (another stream took its capacity): the same stream goes to
    the far region, and the breach is reported (event, stream view, metric).
 3. The near worker has room again: the stream moves back, ``slo_met``.
@@ -32,11 +37,15 @@ from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_
 from tests.support.delay_proxy import ProxiedProvider
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ONE_WAY_S = {"near": 0.0025, "far": 0.040}
+ONE_WAY_S = {"near": 0.0025, "far": 0.35}
 BATCHING = {"FRAMERELAY_WORKER_MAX_BATCH": "2", "FRAMERELAY_WORKER_BATCH_WAIT_MS": "15"}
-SLO_MS = 100.0
+SLO_MS = 600.0
+"""Under the far round trip's floor (700 ms); 12 x an idle near worker's processing."""
 CAPACITY_FPS = 6.0  # per worker; x 0.8 target utilisation = 4.8 fps of room
 FPS = 3.0  # two such streams do not fit one worker
+MEASURING: dict[str, Any] = {"rtt_interval_s": 15.0, "rtt_pings": 3}
+"""A measurement of the far worker takes about 8 of its round trips (6 s): measured again
+every 2 s, it would keep every reconcile pass waiting for it (``deploy.latency.WAIT_S``)."""
 
 
 def _tiers() -> list[TierConfig]:
@@ -113,7 +122,7 @@ async def _gone(fleet: Fleet, sid: str) -> bool:
 
 
 def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> None:
-    settings = settings_for(secret, tmp_path / "ca", tiers=_tiers(), rtt_interval_s=2.0)
+    settings = settings_for(secret, tmp_path / "ca", tiers=_tiers(), **MEASURING)
 
     async def main() -> dict[str, Any]:
         local = LocalProvider(settings.local, env_hook=lambda spec: BATCHING)
@@ -135,9 +144,9 @@ def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> N
     print(f"near full: cam-slo2 placed on {out['second']}, breach {out['second_breach']}")
     for e in out["events_after"]:
         print(f"event {e['kind']}: {e['stream']} on {e['pod']}: {e['reason']}")
-    assert 4.5 <= rtt["near"] < 40, rtt
-    assert 79.5 <= rtt["far"] < 200, rtt
-    assert rtt["near"] + proc["near"] <= SLO_MS < rtt["far"] + proc["far"], (rtt, proc)
+    floor_ms = {tier: 2000 * one_way for tier, one_way in ONE_WAY_S.items()}  # the proxies'
+    assert all(rtt[tier] >= ms - 0.5 for tier, ms in floor_ms.items()), (rtt, floor_ms)
+    assert rtt["near"] + proc["near"] <= SLO_MS < rtt["far"], (rtt, proc)
     assert out["regions"] == {"near": "near-1", "far": "far-1"}
     assert out["first"] == out["near"]
     assert out["first_breach"] == {"cam-slo": None}
