@@ -10,6 +10,7 @@ the live view's pixels, the add form against the real API. Screenshots at
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -57,7 +58,7 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     cwd = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     args = [sys.executable, "-m", "framerelay", "demo", "--realtime", "--loop", "--quiet",
             "--console-port", "0"]  # fmt: skip
     proc = subprocess.Popen(
@@ -98,17 +99,22 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         reader.join(10)
         if proc.stderr is not None:
             proc.stderr.close()
-    assert stopped, "the demo did not exit on Ctrl-C; its output ends:\n" + "".join(lines[-30:])
+    assert stopped, "the demo did not exit on Ctrl-C; its output ends:\n" + "".join(lines[-120:])
     assert not Path(found[0].group(2)).exists() if found else True  # removed at exit
 
 
 def _interrupt(proc: subprocess.Popen[str]) -> bool:
-    """Ctrl-C, as a user stops the demo; True if it exited by itself. Else its whole
-    process group (its worker too) is killed, so no process outlives the test."""
+    """Ctrl-C, as a user stops the demo; True if it exited by itself. Else it is sent
+    SIGABRT, which makes Python's fault handler (PYTHONFAULTHANDLER) write every thread's
+    stack to its stderr (in the failure message: where it hung), then its whole process
+    group (its worker too) is killed, so no process outlives the test."""
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(60 * TIMEOUT_FACTOR)  # about a second on an idle machine
     except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         return False
