@@ -197,7 +197,7 @@ def _cpu_s(path: Path, repeat: int = 5) -> float:
     """The least CPU time of ``repeat`` loads of ``path``: CPU time, so that other processes
     on the machine do not count; the garbage collector off while timing, so that this
     process's heap (every earlier test's) does not either."""
-    least = float("inf")
+    least, collecting = float("inf"), gc.isenabled()
     for _ in range(repeat):
         gc.collect()
         gc.disable()
@@ -206,7 +206,8 @@ def _cpu_s(path: Path, repeat: int = 5) -> float:
             load_streams(path, ENV)
             least = min(least, time.process_time() - started)
         finally:
-            gc.enable()
+            if collecting:
+                gc.enable()
     return least
 
 
