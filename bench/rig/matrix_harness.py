@@ -272,7 +272,7 @@ def run_scenario(
     baseline_s: float = 5.0,
     min_window_s: float = 7.0,
     rss_settle_s: float = 12.0,
-    latency_factor: float = 2.0,
+    latency_factor: float | None = 2.0,
     kept_min_pct: float = KEPT_MIN_PCT,
 ) -> Figures:
     """``setup``, a baseline, the fault, then the windows compared and RSS awaited (see

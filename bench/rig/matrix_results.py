@@ -187,8 +187,9 @@ class HealthyFigures:
     stream: str
     before: Window
     during: Window
-    latency_factor: float = 2.0
-    """p99 during the fault may be this many times the p99 before (or that + the floor)."""
+    latency_factor: float | None = 2.0
+    """p99 during the fault may be this many times the p99 before (or that + the floor);
+    None: printed, not judged."""
     kept_min_pct: float = KEPT_MIN_PCT
     """The result rate during the fault must be at least this share of the rate before."""
 
@@ -198,6 +199,9 @@ class HealthyFigures:
 
     @property
     def bound_ms(self) -> float:
+        """The p99 bound (infinite where latency is not judged)."""
+        if self.latency_factor is None:
+            return math.inf
         return max(self.latency_factor * self.before.p99_ms, self.before.p99_ms + LATENCY_FLOOR_MS)
 
     def problems(self) -> list[str]:
