@@ -27,8 +27,9 @@ import pytest
 from deploy.models import PodSpec, StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import Fleet, running_fleet, settings_for
 from tests.support.models import KITTI_STILL, write_registry
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration  # functional (no timing figure asserted): runs in parallel
 TRUCKS = f"""
@@ -56,7 +57,7 @@ async def _ready_workers(fleet: Fleet, n: int) -> list[str]:
         pods = (await fleet.orch.store.pods()).values()
         return sum(p.ready and p.models is not None for p in pods) == n
 
-    await wait_for(ready, 120, f"{n} ready workers whose models are known")
+    await wait_until_async(ready, 120, f"{n} ready workers whose models are known")
     return sorted(await fleet.orch.store.pods())
 
 
@@ -68,7 +69,7 @@ async def _served(fleet: Fleet, spec: StreamSpec) -> tuple[str, float]:
     def flowing() -> bool:
         return sum(r.model == spec.model for r in fleet.results_for(spec.id)) >= RESULTS
 
-    await wait_for(flowing, 90, f"{RESULTS} results of the {spec.model} stream")
+    await wait_until_async(flowing, 90, f"{RESULTS} results of the {spec.model} stream")
     took = time.monotonic() - t0
     worker = (await fleet.orch.store.assignments())[spec.id]
     assert {r.worker_id for r in fleet.results_for(spec.id)} == {worker}
@@ -82,7 +83,7 @@ async def _loaded(fleet: Fleet, worker: str, model: str) -> None:
         models = (await fleet.orch.store.pods())[worker].models
         return models is not None and model in models.loaded
 
-    await wait_for(there, 30, f"{model} loaded on {worker} in the fleet's records")
+    await wait_until_async(there, 30, f"{model} loaded on {worker} in the fleet's records")
 
 
 def test_a_streams_model_is_loaded_on_a_warm_worker_with_room_not_on_a_new_pod(

@@ -57,11 +57,12 @@ from ingest.job_ledger import Figures
 from ingest.job_task import JobRun
 from ingest.settings import ResultsSettings, StreamConfig
 from ingest.stream import IngestStream
-from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.conftest import CLIP, MODEL
 from tests.deploy.orch_support import serving
 from tests.faults.fleet_harness import REDIS_URL, clear_prefix, running_fleet, settings_for
 from tests.support.auth import ed_keys
 from tests.support.media import ffmpeg
+from tests.support.waiting import wait_until_async
 
 KEY = "rp_fleet_" + "k" * 24
 ENDPOINT = "ep-night"
@@ -111,16 +112,6 @@ async def status(fleet: Any, job_id: str) -> JobView:
     return job_view(rec, await fleet.orch.jobs.progress(rec), time.time())
 
 
-async def until(what: str, check: Any, limit_s: float) -> Any:
-    deadline = time.monotonic() + limit_s * TIMEOUT_FACTOR
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {limit_s * TIMEOUT_FACTOR:.0f} s")
-
-
 def billed_s(state: EndpointState) -> float:
     """What the endpoint billed: every ended job's executionTime."""
     ms = sum(int(j.view().get("executionTime", 0)) for j in list(state.jobs.values()))
@@ -164,9 +155,13 @@ def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
             spec = JobSpec(id="night", inputs=[str(p) for p in inputs], max_parallel=2)
             t0 = time.monotonic()
             assert await fleet.orch.jobs.submit(await new_job(fleet.orch, spec))
-            ended = await until("job finished", lambda: _ended(fleet), JOB_LIMIT_S)
+            ended = await wait_until_async(
+                lambda: _ended(fleet), JOB_LIMIT_S, "job finished", every_s=0.1
+            )
             took = time.monotonic() - t0
-            await until("task streams gone from the ingest", lambda: _no_tasks(fleet), 10)
+            await wait_until_async(
+                lambda: _no_tasks(fleet), 10, "task streams gone from the ingest", every_s=0.1
+            )
             await asyncio.sleep(1.0)  # a few more passes: still no pod
             stop.set()
             await watcher

@@ -37,13 +37,16 @@ from tests.support.k8s_api import (
 from tests.support.k8s_api.networkpolicy import Client, admitted
 from tests.support.k8s_api.rbac import role_rules
 from tests.support.k8s_api.scheduler import choose, node_object
+from tests.support.waiting import wait_until
 
 NS = "framerelay"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 APPLY = {"Content-Type": "application/apply-patch+yaml"}
 GPU_NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "1"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-WAIT_S = 20 * TIMEOUT_FACTOR
+UNTIL_S = 20.0
+"""How long a condition may take (x TIMEOUT_FACTOR in wait_until)."""
+WAIT_S = UNTIL_S * TIMEOUT_FACTOR
 KEY_PEM = (
     "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n"
     "-----END PRIVATE KEY-----\n"
@@ -109,16 +112,6 @@ class Api:
         with self.http.stream("GET", path, params={"watch": "true", **params}) as resp:
             assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
             return [json.loads(line) for line in resp.iter_lines() if line]
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
@@ -290,10 +283,14 @@ def test_a_private_key_outside_a_secrets_data_is_refused_and_recorded(api: Api) 
 
 def test_delete_answers_the_pod_then_it_is_gone_and_other_kinds_answer_a_status(api: Api) -> None:
     assert api.apply(PODS, pod("w-0")).status_code == 201
-    wait_for(lambda: condition(api.server.pod("w-0"), "Ready").get("status") == "True", "w-0 Ready")
+    wait_until(
+        lambda: condition(api.server.pod("w-0"), "Ready").get("status") == "True",
+        UNTIL_S,
+        "w-0 Ready",
+    )
     deleted = api.http.delete(f"{PODS}/w-0")
     assert deleted.status_code == 202 and deleted.json()["metadata"]["deletionTimestamp"]
-    wait_for(lambda: api.server.pod("w-0") is None, "w-0 gone")
+    wait_until(lambda: api.server.pod("w-0") is None, UNTIL_S, "w-0 gone")
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "b"}}
     assert api.http.post(f"/api/v1/namespaces/{NS}/configmaps", json=cm).status_code == 201
     gone = api.http.delete(f"/api/v1/namespaces/{NS}/configmaps/c").json()
@@ -350,7 +347,7 @@ def test_dropping_watches_ends_the_streams(api: Api) -> None:
     reader.start()
     time.sleep(0.3)
     api.apply(PODS, pod("w-0", tolerate=False))
-    wait_for(lambda: api.server.pod("w-0"), "w-0 stored")
+    wait_until(lambda: api.server.pod("w-0"), UNTIL_S, "w-0 stored")
     api.server.drop_watches()
     reader.join(WAIT_S)
     assert not reader.is_alive() and any(e["object"]["metadata"]["name"] == "w-0" for e in got[0])
@@ -363,7 +360,9 @@ def test_an_untolerated_gpu_taint_leaves_the_pod_pending_with_the_schedulers_mes
     api: Api,
 ) -> None:
     assert api.apply(PODS, pod("plain", tolerate=False)).status_code == 201
-    scheduled = wait_for(lambda: condition(api.server.pod("plain"), "PodScheduled"), "a verdict")
+    scheduled = wait_until(
+        lambda: condition(api.server.pod("plain"), "PodScheduled"), UNTIL_S, "a verdict"
+    )
     assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
     assert scheduled["message"] == (
         "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint "
@@ -372,8 +371,10 @@ def test_an_untolerated_gpu_taint_leaves_the_pod_pending_with_the_schedulers_mes
     )
     assert api.server.pod("plain")["status"]["phase"] == "Pending"  # type: ignore[index]
     assert api.apply(PODS, pod("tolerant")).status_code == 201
-    ready = wait_for(
-        lambda: condition(api.server.pod("tolerant"), "Ready").get("status") == "True", "Ready"
+    ready = wait_until(
+        lambda: condition(api.server.pod("tolerant"), "Ready").get("status") == "True",
+        UNTIL_S,
+        "Ready",
     )
     tolerant = api.server.pod("tolerant")
     assert ready and tolerant is not None and tolerant["spec"]["nodeName"] in ("gpu-a", "gpu-b")
@@ -385,25 +386,31 @@ def test_an_untolerated_gpu_taint_leaves_the_pod_pending_with_the_schedulers_mes
 def test_a_pending_pod_is_bound_once_a_gpu_is_freed_or_a_node_added(api: Api) -> None:
     for name in ("a", "b", "c"):
         api.apply(PODS, pod(name))
-    wait_for(
+    wait_until(
         lambda: condition(api.server.pod("c"), "PodScheduled").get("reason") == "Unschedulable",
+        UNTIL_S,
         "c waits",
     )
     assert (
         "3 Insufficient nvidia.com/gpu" in condition(api.server.pod("c"), "PodScheduled")["message"]
     )
     api.http.delete(f"{PODS}/a")
-    wait_for(
-        lambda: condition(api.server.pod("c"), "PodScheduled").get("status") == "True", "c bound"
+    wait_until(
+        lambda: condition(api.server.pod("c"), "PodScheduled").get("status") == "True",
+        UNTIL_S,
+        "c bound",
     )
     api.apply(PODS, pod("d"))
-    wait_for(
+    wait_until(
         lambda: condition(api.server.pod("d"), "PodScheduled").get("reason") == "Unschedulable",
+        UNTIL_S,
         "d waits",
     )
     api.server.add_node(NodeSpec("gpu-c", taints=(GPU_TAINT,), allocatable=dict(GPU_NODE)))
-    wait_for(
-        lambda: (api.server.pod("d") or {}).get("spec", {}).get("nodeName") == "gpu-c", "d on gpu-c"
+    wait_until(
+        lambda: (api.server.pod("d") or {}).get("spec", {}).get("nodeName") == "gpu-c",
+        UNTIL_S,
+        "d on gpu-c",
     )
 
 
@@ -509,7 +516,7 @@ def test_an_image_that_does_not_pull_waits_in_image_pull_backoff(api: Api) -> No
         statuses = (api.server.pod("typo") or {}).get("status", {}).get("containerStatuses", [{}])
         return str(statuses[0].get("state", {}).get("waiting", {}).get("reason", ""))
 
-    wait_for(lambda: waiting() == "ImagePullBackOff", "ImagePullBackOff")
+    wait_until(lambda: waiting() == "ImagePullBackOff", UNTIL_S, "ImagePullBackOff")
     events = api.watch(PODS, resourceVersion="1", timeoutSeconds="0.5")
     states = [
         c["state"] for e in events for c in e["object"]["status"].get("containerStatuses", [])
@@ -523,14 +530,20 @@ def test_an_image_that_does_not_pull_waits_in_image_pull_backoff(api: Api) -> No
     )
     assert api.server.pod("typo")["status"]["phase"] == "Pending"  # type: ignore[index]
     api.server.set_pullable({"framerelay/wroker:0.1.0"})
-    wait_for(
-        lambda: condition(api.server.pod("typo"), "Ready").get("status") == "True", "pulled at last"
+    wait_until(
+        lambda: condition(api.server.pod("typo"), "Ready").get("status") == "True",
+        UNTIL_S,
+        "pulled at last",
     )
 
 
 def test_a_lost_node_makes_its_pods_unready_then_terminating_then_gone(api: Api) -> None:
     api.apply(PODS, pod("w-0", nodeSelector={"kubernetes.io/hostname": "gpu-a"}))
-    wait_for(lambda: condition(api.server.pod("w-0"), "Ready").get("status") == "True", "w-0 Ready")
+    wait_until(
+        lambda: condition(api.server.pod("w-0"), "Ready").get("status") == "True",
+        UNTIL_S,
+        "w-0 Ready",
+    )
     api.server.lose_node("gpu-a", "terminating")
     lost = api.server.pod("w-0")
     assert condition(lost, "Ready")["status"] == "False" and lost is not None
@@ -672,8 +685,10 @@ def reach(ip: str, port: int) -> int | str:
 
 def test_a_network_policy_admitting_8443_only_blocks_8444(procs: Api) -> None:
     procs.apply(PODS, probed("w-0", gpus=2))
-    ready = wait_for(
-        lambda: condition(procs.server.pod("w-0"), "Ready").get("status") == "True", "Ready"
+    ready = wait_until(
+        lambda: condition(procs.server.pod("w-0"), "Ready").get("status") == "True",
+        UNTIL_S,
+        "Ready",
     )
     ip = procs.server.pod("w-0")["status"]["podIP"]  # type: ignore[index]
     assert ready and reach(ip, 8443) == 200 and reach(ip, 8444) == 200  # no policy: all open
@@ -718,7 +733,7 @@ def test_an_exiting_container_crash_loops_with_its_exit_code(
         statuses = (procs.server.pod("crashy") or {}).get("status", {}).get("containerStatuses", [])
         return statuses[0] if statuses and statuses[0]["restartCount"] >= 2 else None
 
-    status = wait_for(restarted, "two restarts")
+    status = wait_until(restarted, UNTIL_S, "two restarts")
     assert status["lastState"]["terminated"]["exitCode"] == 3
     assert status["lastState"]["terminated"]["reason"] == "Error"
     assert status["state"].get("waiting", {}).get("reason") in ("CrashLoopBackOff", None)
@@ -729,7 +744,7 @@ def test_oom_kill_and_eviction(procs: Api) -> None:
     procs.apply(PODS, probed("w-0"))
     procs.apply(PODS, probed("w-1"))
     for name in ("w-0", "w-1"):
-        wait_for(ready(procs.server, name), f"{name} Ready")
+        wait_until(ready(procs.server, name), UNTIL_S, f"{name} Ready")
     procs.server.oom("w-0")
 
     def oom_killed() -> bool:
@@ -738,9 +753,11 @@ def test_oom_kill_and_eviction(procs: Api) -> None:
             cs["restartCount"] == 1 and cs["lastState"]["terminated"]["reason"] == "OOMKilled"
         )
 
-    wait_for(oom_killed, "OOMKilled, restarted")
-    wait_for(
-        lambda: condition(procs.server.pod("w-0"), "Ready").get("status") == "True", "w-0 back"
+    wait_until(oom_killed, UNTIL_S, "OOMKilled, restarted")
+    wait_until(
+        lambda: condition(procs.server.pod("w-0"), "Ready").get("status") == "True",
+        UNTIL_S,
+        "w-0 back",
     )
     procs.server.evict("w-1")
     evicted = procs.server.pod("w-1")
@@ -825,7 +842,9 @@ def test_lightkube_resumes_after_a_dropped_watch_and_relists_after_410(
 
             task = asyncio.create_task(follow())
             await client.apply(lightkube_pod("w-1"), force=True)
-            await asyncio.to_thread(wait_for, lambda: any(n == "w-1" for _, n, _ in seen), "w-1")
+            await asyncio.to_thread(
+                wait_until, lambda: any(n == "w-1" for _, n, _ in seen), UNTIL_S, "w-1"
+            )
             k8s.drop_watches()
             await client.apply(lightkube_pod("w-2"), force=True)
             await asyncio.wait_for(away.wait(), WAIT_S)
@@ -833,7 +852,9 @@ def test_lightkube_resumes_after_a_dropped_watch_and_relists_after_410(
             assert len(versions) == len(set(versions)) and versions == sorted(versions, key=int)
             assert [n for kind, n, _ in seen if kind == "ADDED"] == ["w-1", "w-2"]
             k8s.drop_watches()
-            await asyncio.to_thread(wait_for, lambda: k8s.open_watches == 0, "the watch ended")
+            await asyncio.to_thread(
+                wait_until, lambda: k8s.open_watches == 0, UNTIL_S, "the watch ended"
+            )
             await client.apply(lightkube_pod("w-3"), force=True)
             k8s.compact()
             back.set()

@@ -31,9 +31,9 @@ from deploy.settings import KubernetesSettings, TierConfig
 from framerelay.errors import ConfigError
 from tests.conftest import ROOT
 from tests.support.auth import ed_keys
-from tests.support.harness import wait_for
 from tests.support.k8s_api import GPU_TAINT, K8sContractServer, NodeSpec
 from tests.support.k8s_api.rbac import role_rules
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 ROLE = role_rules(ROOT / "deploy" / "k8s" / "base" / "orchestrator.yaml", "framerelay-orchestrator")
@@ -185,7 +185,9 @@ def test_terminate_deletes_every_object_and_a_lost_pod_leaves_none(tmp_path: Pat
             for kind in SECRET_KINDS:
                 assert names(k8s, kind) == {"fr-gpu-1-g0"}, kind
             k8s.lose_node("gpu-a")  # the node and its pods are gone: nobody terminates it
-            await wait_for(lambda: not any(names(k8s, k) for k in SECRET_KINDS), 10, "swept")
+            await wait_until_async(
+                lambda: not any(names(k8s, k) for k in SECRET_KINDS), 10, "swept"
+            )
             assert await made.list() == []
 
     with cluster() as k8s:
@@ -208,18 +210,18 @@ def test_the_watch_resumes_from_its_version_and_lists_again_after_410(tmp_path: 
             for obj in render_pod_objects(spec(tmp_path, "fr-gpu-0-g0"), kube):
                 await api.apply(obj)
             watch.start()  # resumes: the ADDED event of the pod made while it was away
-            await wait_for(lambda: "fr-gpu-0-g0" in watch.pods, 10, "resumed")
+            await wait_until_async(lambda: "fr-gpu-0-g0" in watch.pods, 10, "resumed")
             assert (watch.lists, watch.resumes) == (1, 1)
             k8s.drop_watches()  # the server ends the stream: taken up again
             for obj in render_pod_objects(spec(tmp_path, "fr-gpu-1-g0"), kube):
                 await api.apply(obj)
-            await wait_for(lambda: "fr-gpu-1-g0" in watch.pods, 10, "after a drop")
+            await wait_until_async(lambda: "fr-gpu-1-g0" in watch.pods, 10, "after a drop")
             assert watch.lists == 1
             await watch.aclose()
             await api.delete_pod_objects("fr-gpu-0-g0")
             k8s.compact()
             watch.start()
-            await wait_for(lambda: watch.lists == 2, 10, "listed again")
+            await wait_until_async(lambda: watch.lists == 2, 10, "listed again")
             assert set(watch.pods) == {"fr-gpu-1-g0"} and watch.failing is None
             assert k8s.rest.expired_watches == 1
         finally:
@@ -244,7 +246,7 @@ def test_a_watch_failing_for_long_fails_the_pass_instead_of_a_stale_cache(
             await made.create(spec(tmp_path, "fr-gpu-0-g0"))
             await listed(made, "fr-gpu-0-g0", PodStatus.RUNNING)
         try:
-            await wait_for(lambda: made.watch.broken is not None, 10, "the watch broken")
+            await wait_until_async(lambda: made.watch.broken is not None, 10, "the watch broken")
             assert [p.name for p in await made.list()] == ["fr-gpu-0-g0"]
             clock.advance(STALE_S + 1)
             with pytest.raises(ProviderError) as stale:

@@ -26,10 +26,9 @@ from deploy.placement import ModelNeeds, Placement, Slot, place, worker_models
 from framerelay.results import ResultRecord
 from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.ingest.test_tunnel_compat import streaming
-from tests.integration.worker_harness import running_worker, token
-from tests.support.harness import wait_for
 from tests.support.models import write_registry
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, streaming, token
 
 WAIT_S = 60 * TIMEOUT_FACTOR
 NEEDS = ModelNeeds({"yolox_nano": 256, "vehicles": 300, "vehicles2": 300})
@@ -82,7 +81,9 @@ def test_a_model_loaded_nowhere_is_placed_where_it_fits_and_loaded_there(
                                   model="vehicles")  # fmt: skip
             t0 = time.monotonic()
             async with streaming(url, token(secret), records, config):
-                await wait_for(lambda: bool(records), WAIT_S, "a result of the vehicles model")
+                await wait_until_async(
+                    lambda: bool(records), WAIT_S, "a result of the vehicles model"
+                )
                 first_result_s = time.monotonic() - t0
                 info = await _info(http, url, secret)
                 real = _slot("gpu-a", **worker_models(info))

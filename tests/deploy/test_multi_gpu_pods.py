@@ -27,9 +27,10 @@ from deploy.providers.base import Provider
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import Fleet, running_fleet, settings_for
 from tests.support.auth import ed_keys
 from tests.support.runpod import add_template, launch_worker
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration  # functional (no timing figure asserted): runs in parallel
 KEY = "rpa_" + "Tw0GpuK3y" * 3
@@ -55,7 +56,7 @@ async def _streams_on_both_workers(fleet: Fleet) -> tuple[dict[str, str], dict[s
             for s in STREAMS
         )
 
-    await wait_for(flowing, 180, "a stream on each worker of the two-GPU pod")
+    await wait_until_async(flowing, 180, "a stream on each worker of the two-GPU pod")
     pods = await fleet.orch.store.pods()
     assert list(pods) == [POD] and pods[POD].gpu_count == 2 and pods[POD].ready
     assert [w.name for w in pods[POD].workers()] == list(WORKERS)
@@ -159,7 +160,7 @@ def test_a_dead_worker_takes_its_pod_down_and_both_streams_come_back(
                     for s in STREAMS
                 )
 
-            await wait_for(back, 120, "both streams on the replacement pod's workers")
+            await wait_until_async(back, 120, "both streams on the replacement pod's workers")
             # the supervisor exits once it stopped the other worker (EXITED: "exited"); on a
             # busy machine the dead worker's failed probes may replace the pod first
             kinds = [e["kind"] for e in fleet.orch.fleet.events]

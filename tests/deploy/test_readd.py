@@ -17,7 +17,8 @@ import pytest
 from deploy.models import StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CAMPUS, CLIP
-from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import running_fleet, settings_for
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 OTHER = CAMPUS / "TUD-Campus.mp4"
@@ -33,20 +34,20 @@ def test_remove_and_readd_within_one_tick_restarts_the_ingest_on_the_new_definit
         async with running_fleet(settings) as fleet:
             store, pool = fleet.orch.store, fleet.pool
             await store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=4, loop=True))
-            await wait_for(lambda: fleet.results_for("cam"), 120, "first results")
+            await wait_until_async(lambda: fleet.results_for("cam"), 120, "first results")
             assert pool.streams["cam"].config.url == str(CLIP)
             old = pool.streams["cam"]
             # both changes land between two passes (1 s apart; these take milliseconds)
             assert await store.del_stream("cam")
             await store.put_stream(StreamSpec(id="cam", url=str(OTHER), fps=2, loop=True))
             t0 = time.monotonic()
-            await wait_for(lambda: pool.streams.get("cam") not in (None, old), 10,
+            await wait_until_async(lambda: pool.streams.get("cam") not in (None, old), 10,
                            "the ingest to restart the stream")  # fmt: skip
             took = time.monotonic() - t0
             new = pool.streams["cam"]
             assert (new.config.url, new.config.fps) == (str(OTHER), 2)
             n = len(fleet.results_for("cam"))
-            await wait_for(lambda: len(fleet.results_for("cam")) > n + 3, 60, "new results")
+            await wait_until_async(lambda: len(fleet.results_for("cam")) > n + 3, 60, "new results")
             assert not old.alive
             kinds = [str(e["kind"]) for e in fleet.orch.fleet.events]
             return took, kinds

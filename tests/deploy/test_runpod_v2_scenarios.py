@@ -19,19 +19,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from bench.rig.runpod_v2_contract import Call, ContractServer, Reply, running_runpod_v2
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.support.auth import ed_keys, mint
-from tests.support.runpod import Stop, launch_worker, running_orchestrator
+from tests.support.runpod import Orchestrator, Stop, launch_worker, running_orchestrator
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "V2Sc3nar10K3y" * 3
@@ -40,27 +39,6 @@ COMMUNITY = {"name": "community", "cloud_types": ["COMMUNITY"], "capacity_fps": 
 GRACE_S = 8.0
 """The unreachable grace of these runs (the default is 90 s)."""
 TICK_S = 0.5
-
-
-@dataclass
-class Orchestrator:
-    proc: subprocess.Popen[str]
-    url: str
-    headers: dict[str, str]
-    log: Path
-    started: float
-
-    def get(self, path: str) -> Any:
-        resp = httpx.get(f"{self.url}{path}", headers=self.headers, timeout=10)
-        assert resp.status_code == 200, resp.text
-        return resp.json()
-
-    def pods(self) -> list[dict[str, Any]]:
-        pods: list[dict[str, Any]] = self.get("/v1/pods")
-        return pods
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.get("/v1/events")["events"] if e["kind"] == kind]
 
 
 def _env(tmp_path: Path, base: str, tiers: list[dict[str, Any]]) -> dict[str, str]:
@@ -97,17 +75,6 @@ def orchestrator(tmp_path: Path, base: str, tiers: list[dict[str, Any]]) -> Iter
     assert KEY not in log.read_text()
 
 
-def wait(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds until ``pred`` held (polled every 0.1 s); TimeoutError past the limit."""
-    start = time.monotonic()
-    deadline = start + timeout_s * TIMEOUT_FACTOR
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s * TIMEOUT_FACTOR:.0f} s")
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 def _clean(server: ContractServer) -> None:
     assert server.violations == [], server.violations
     assert server.client_errors == [], server.client_errors
@@ -122,9 +89,14 @@ def test_a_warm_pool_of_two_comes_up_on_the_community_cloud(tmp_path: Path) -> N
     server = ContractServer(KEY, launcher=launch_worker)
     tiers = [{**COMMUNITY, "min_warm": 2, "max_workers": 2}]
     with running_runpod_v2(server) as base, orchestrator(tmp_path, base, tiers) as orch:
-        took = wait(
-            lambda: sum(p["ready"] for p in orch.pods()) == 2, 180, "two ready community pods"
+        waited = time.monotonic()
+        wait_until(
+            lambda: sum(p["ready"] for p in orch.pods()) == 2,
+            180,
+            "two ready community pods",
+            every_s=0.1,
         )
+        took = time.monotonic() - waited
         pods = orch.pods()
         views = [server.pod_view(p) for p in server.pods.values()]
     print(f"\nwarm pool of 2 on community cloud: both pods ready {took:.1f} s after start")
@@ -155,15 +127,27 @@ def test_a_pod_that_never_gets_a_public_port_is_replaced_after_the_grace(tmp_pat
     server.knobs.community_public_ip = False
     tiers = [{**COMMUNITY, "min_warm": 2, "max_workers": 2}]
     with running_runpod_v2(server) as base, orchestrator(tmp_path, base, tiers) as orch:
-        wait(lambda: len(server.pods) == 2, 30, "two pods created")
+        wait_until(lambda: len(server.pods) == 2, 30, "two pods created", every_s=0.1)
         first = set(server.pods)
         lost = next(p for p in server.pods.values() if not p.public_ip)
         lost_id, lost_centre = lost.id, lost.data_centre
-        wait(lambda: server.pods[lost_id].status == "RUNNING", 30, "the pod running")
+        wait_until(
+            lambda: server.pods[lost_id].status == "RUNNING", 30, "the pod running", every_s=0.1
+        )
         running_since = server.pods[lost_id].since
-        wait(lambda: lost_id not in server.pods, GRACE_S + 30, "the unreachable pod gone")
+        wait_until(
+            lambda: lost_id not in server.pods,
+            GRACE_S + 30,
+            "the unreachable pod gone",
+            every_s=0.1,
+        )
         replaced_s = time.monotonic() - running_since
-        wait(lambda: sum(p["ready"] for p in orch.pods()) == 2, 180, "two ready pods again")
+        wait_until(
+            lambda: sum(p["ready"] for p in orch.pods()) == 2,
+            180,
+            "two ready pods again",
+            every_s=0.1,
+        )
         failed = orch.events("failed")
         (replacement,) = (p for p in server.pods.values() if p.id not in first)
     print(
@@ -183,7 +167,14 @@ def test_a_500_after_the_create_leaves_exactly_one_pod(tmp_path: Path) -> None:
     server.knobs.fail_after_create = 1
     tiers = [{**COMMUNITY, "min_warm": 1, "max_workers": 1}]
     with running_runpod_v2(server) as base, orchestrator(tmp_path, base, tiers) as orch:
-        took = wait(lambda: [bool(p["provider_id"]) for p in orch.pods()] == [True], 30, "one pod")
+        waited = time.monotonic()
+        wait_until(
+            lambda: [bool(p["provider_id"]) for p in orch.pods()] == [True],
+            30,
+            "one pod",
+            every_s=0.1,
+        )
+        took = time.monotonic() - waited
         time.sleep(10 * TICK_S)  # ten more passes: nothing else may appear
         recorded = {p["name"]: p["provider_id"] for p in orch.pods()}
         log = orch.log.read_text()
@@ -204,7 +195,14 @@ def test_no_stock_for_the_first_type_rents_the_next_and_never_creates_blind(
     server.knobs.no_stock = {(A4000, "*")}
     tiers = [{**COMMUNITY, "min_warm": 2, "max_workers": 2, "gpu_types": [A4000, A5000]}]
     with running_runpod_v2(server) as base, orchestrator(tmp_path, base, tiers) as orch:
-        took = wait(lambda: sum(bool(p["provider_id"]) for p in orch.pods()) == 2, 30, "two pods")
+        waited = time.monotonic()
+        wait_until(
+            lambda: sum(bool(p["provider_id"]) for p in orch.pods()) == 2,
+            30,
+            "two pods",
+            every_s=0.1,
+        )
+        took = time.monotonic() - waited
         time.sleep(4 * TICK_S)
         gpus = sorted(p["gpu_type"] for p in orch.pods())
     print(f"\nno stock for {A4000}: two {A5000} pods {took:.1f} s after start")

@@ -27,7 +27,7 @@ import json
 import secrets
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR, service_env
 from tests.support.auth import ed_keys, mint
 from tests.support.media import ffmpeg
 from tests.support.runpod import start_orchestrator
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "S3rv3rl3ssSc3n" * 3
@@ -133,16 +134,6 @@ def workers(queue: EndpointState) -> int:
     return int(now["idle"] + now["running"])
 
 
-async def until(what: str, check: Callable[[], Any], limit_s: float) -> float:
-    """Seconds until ``check()`` held (polled every 0.05 s)."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > limit_s * TIMEOUT_FACTOR:
-            raise TimeoutError(f"{what}: not within {limit_s * TIMEOUT_FACTOR:.0f} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
-
-
 @contextlib.asynccontextmanager
 async def running_ingest(
     keys: KeySet, prefix: str, queue_url: str, tmp: Path
@@ -170,7 +161,7 @@ async def running_ingest(
     config = uvicorn.Config(create_app(ingest), host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
-    await until("the ingest's API", lambda: server.started, 30)
+    await wait_until_async(lambda: server.started, 30, "the ingest's API")
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"
@@ -297,7 +288,9 @@ async def scenario(rig: Rig, base: str, queue_url: str, inputs: list[Path]) -> d
         started = time.monotonic()
         orch = await asyncio.to_thread(Orchestrator, env, rig.log)
         try:
-            await until("the endpoint patched", lambda: rig.queue.idle_timeout_s == 3.0, 30)
+            await wait_until_async(
+                lambda: rig.queue.idle_timeout_s == 3.0, 30, "the endpoint patched"
+            )
             figures["patched_s"] = time.monotonic() - started
             await asyncio.sleep(1.0)  # a few more passes: nothing else is sent
         finally:
@@ -313,7 +306,9 @@ async def first_run(rig: Rig, env: dict[str, str], inputs: list[Path]) -> dict[s
     headers = {"Authorization": f"Bearer {token}"}
     figures: dict[str, Any] = {}
     try:
-        await until("the endpoint made", lambda: rig.queue.endpoint_id != "not-deployed", 30)
+        await wait_until_async(
+            lambda: rig.queue.endpoint_id != "not-deployed", 30, "the endpoint made"
+        )
         figures["made_s"] = time.monotonic() - started
         figures["before"] = workers(rig.queue)
         async with httpx.AsyncClient(base_url=orch.url, headers=headers, timeout=10) as api:
@@ -322,7 +317,9 @@ async def first_run(rig: Rig, env: dict[str, str], inputs: list[Path]) -> dict[s
             assert resp.status_code == 201, resp.text
             job, most, took = await watch(api, rig.queue)
         figures.update(job=job, most=most, took_s=took)
-        figures["idle_s"] = await until("the workers gone", lambda: workers(rig.queue) == 0, 30)
+        waited = time.monotonic()
+        await wait_until_async(lambda: workers(rig.queue) == 0, 30, "the workers gone")
+        figures["idle_s"] = time.monotonic() - waited
         figures["after"] = workers(rig.queue)
     finally:
         await asyncio.to_thread(orch.stop)

@@ -23,9 +23,9 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.stream import IngestStream, StreamState
 from tests.conftest import TIMEOUT_FACTOR
-from tests.integration.worker_harness import running_worker
-from tests.support.harness import wait_for
 from tests.support.media import Media
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker
 
 pytestmark = pytest.mark.integration
 GOOD_FPS = 5.0
@@ -66,11 +66,13 @@ def test_damaged_files_are_counted_and_end_cleanly_beside_a_healthy_stream(
                 id="good", url=str(media.short("mp4")), fps=GOOD_FPS, realtime=True, loop=True
             )
             service.add_stream(good)
-            await wait_for(lambda: len(good_results) > 0, 20, "good results")
+            await wait_until_async(lambda: len(good_results) > 0, 20, "good results")
             started = time.monotonic()
             good_at_start = dict(service.streams["good"].counters)
             bad = [service.add_stream(cfg) for cfg in _bad_streams(media)]
-            await wait_for(lambda: all(s.finished for s in bad), 60, "damaged streams to end")
+            await wait_until_async(
+                lambda: all(s.finished for s in bad), 60, "damaged streams to end"
+            )
             await asyncio.sleep(max(0.0, started + 6.0 - time.monotonic()))
             ended = time.monotonic()
             streams = dict(service.streams)

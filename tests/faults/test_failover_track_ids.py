@@ -29,7 +29,7 @@ from framerelay.results import ResultRecord
 from tests.conftest import CLIP, TIMEOUT_FACTOR
 from tests.faults.id_continuity import Continuity, clip_gt, continuity
 from tests.integration.test_stall_failover import ingest, workers
-from tests.support.harness import wait_for
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 OUTAGE_S = 5.0
@@ -67,7 +67,9 @@ async def _scenario(procs: dict[str, LocalWorker], tmp_path: Path, secret: str) 
             assert r.status_code == 200, r.text
 
         await asyncio.gather(*(place(s, "gpu-a") for s in STREAMS))
-        await wait_for(lambda: _in_kill_window(got), 45, "all streams early in one clip pass")
+        await wait_until_async(
+            lambda: _in_kill_window(got), 45, "all streams early in one clip pass"
+        )
         killed_at = time.time()
         victim = procs["gpu-a"].proc
         assert victim is not None
@@ -81,9 +83,11 @@ async def _scenario(procs: dict[str, LocalWorker], tmp_path: Path, secret: str) 
             after = [_after(got, s, last[s]) for s in STREAMS]
             return all(len(a) >= 5 for a in after)
 
-        await wait_for(lambda: all(_after(got, s, last[s]) for s in STREAMS), 15, "results on B")
+        await wait_until_async(
+            lambda: all(_after(got, s, last[s]) for s in STREAMS), 15, "results on B"
+        )
         try:
-            await wait_for(settled, 3, "a second of results on B")
+            await wait_until_async(settled, 3, "a second of results on B")
         except TimeoutError:
             pass  # the pass may end first: judge what came
         return {"last": last, "after": {s: _after(got, s, last[s]) for s in STREAMS},

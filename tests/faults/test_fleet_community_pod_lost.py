@@ -21,9 +21,10 @@ from deploy.models import StreamSpec
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import running_fleet, settings_for
 from tests.support.auth import ed_keys
 from tests.support.runpod import Stop, launch_worker
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KEY = "rpa_" + "C0mmun1tyK3y" * 3
@@ -71,7 +72,9 @@ def test_a_community_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Pa
                     fleet.results_for(s.id) for s in streams
                 )
 
-            await wait_for(flowing_on_community, 120, "streams flowing, some on the community pod")
+            await wait_until_async(
+                flowing_on_community, 120, "streams flowing, some on the community pod"
+            )
             for rec in (await fleet.orch.store.pods()).values():  # results came over verified wss
                 assert rec.tunnel_url is not None and rec.tunnel_url.startswith("wss://")
                 assert rec.tls_server_name == f"{rec.name}.pods.framerelay"
@@ -90,7 +93,7 @@ def test_a_community_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Pa
                     for s in moving
                 )
 
-            await wait_for(moved, 30, "the lost pod's streams on on-demand")
+            await wait_until_async(moved, 30, "the lost pod's streams on on-demand")
             took = max(
                 min(r.received_at for r in fleet.results_for(s) if r.received_at > t0) - t0
                 for s in moving

@@ -12,7 +12,8 @@ import pytest
 from deploy.models import PodSpec, StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import running_fleet, settings_for
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,10 +36,12 @@ def test_hung_inference_is_detected_by_the_canary_and_replaced(secret: str, tmp_
         async with running_fleet(settings, env_hook=_hang_first_generation) as fleet:
             await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=2, loop=True))
             hung = "fr-ondemand-0-g0"
-            await wait_for(lambda: fleet.results_for("cam"), 90, "first results")
-            await wait_for(lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 60, "canary catch")
+            await wait_until_async(lambda: fleet.results_for("cam"), 90, "first results")
+            await wait_until_async(
+                lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 60, "canary catch"
+            )
             unhealthy = [e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy"]
-            await wait_for(
+            await wait_until_async(
                 lambda: any(r.worker_id == "fr-ondemand-0-g1" for r in fleet.results_for("cam")),
                 90, "results from the replacement",
             )  # fmt: skip

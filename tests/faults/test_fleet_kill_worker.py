@@ -18,8 +18,8 @@ from tests.faults.fleet_harness import (
     resumed_sessions,
     running_fleet,
     settings_for,
-    wait_for,
 )
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RESUME_LIMIT_S = 10.0
@@ -36,7 +36,9 @@ async def _scenario(fleet: Fleet) -> dict[str, object]:
         spec = StreamSpec(id=f"cam-{i}", url=str(CLIP), fps=3, loop=True, priority="critical")
         await fleet.orch.store.put_stream(spec)
     ids = [f"cam-{i}" for i in range(6)]
-    await wait_for(lambda: all(fleet.results_for(s) for s in ids), 120, "all 6 streams flowing")
+    await wait_until_async(
+        lambda: all(fleet.results_for(s) for s in ids), 120, "all 6 streams flowing"
+    )
     assign = await fleet.orch.store.assignments()
     victim = max(set(assign.values()), key=lambda p: list(assign.values()).count(p))
     moved = sorted(s for s, p in assign.items() if p == victim)
@@ -50,7 +52,7 @@ async def _scenario(fleet: Fleet) -> dict[str, object]:
             for s in moved
         )
 
-    await wait_for(resumed, 30, "results of the moved streams on another worker")
+    await wait_until_async(resumed, 30, "results of the moved streams on another worker")
     gaps = {
         s: min(r.received_at for r in fleet.results_for(s) if r.received_at > killed_at) - killed_at
         for s in moved
@@ -63,7 +65,7 @@ async def _scenario(fleet: Fleet) -> dict[str, object]:
         url = pods[name].http_url
         assert url is not None
         resumed_total += await resumed_sessions(url)
-    await wait_for(lambda: len(fleet.provider.pods) >= 4, 60, "a replacement pod")
+    await wait_until_async(lambda: len(fleet.provider.pods) >= 4, 60, "a replacement pod")
     return {"victim": victim, "moved": moved, "gaps": gaps, "resumed": resumed_total,
             "killed_at": killed_at}  # fmt: skip
 

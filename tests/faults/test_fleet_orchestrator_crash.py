@@ -23,6 +23,7 @@ from redis import Redis
 from bench.rig.runpod_v2_contract import Call, ContractServer, Reply, running_runpod_v2
 from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 from tests.support.auth import ed_keys, mint
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
 KEY = "rpa_" + "Cr4shT3stK3y" * 3
@@ -64,14 +65,6 @@ def _start(
     return proc, str(json.loads(line)["url"])
 
 
-def _wait(pred: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.1)
-
-
 def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
     state = Crashing(KEY)
     keys = ed_keys()
@@ -107,8 +100,12 @@ def test_crash_between_created_and_recorded(tmp_path: Path) -> None:
             def pods() -> list[dict[str, Any]]:
                 return list(httpx.get(f"{url}/v1/pods", headers=auth).json())
 
-            _wait(lambda: len(pods()) == 2 and all(p["provider_id"] for p in pods()),
-                  30, "two recorded pods")  # fmt: skip
+            wait_until(
+                lambda: len(pods()) == 2 and all(p["provider_id"] for p in pods()),
+                30,
+                "two recorded pods",
+                every_s=0.1,
+            )
             time.sleep(1.5)  # a few more passes: nothing else may appear
             recorded = {p["name"]: p["provider_id"] for p in pods()}
             metrics = httpx.get(f"{url}/metrics").text

@@ -18,7 +18,8 @@ import pytest
 from deploy.models import PodSpec, StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.faults.fleet_harness import running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import running_fleet, settings_for
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,14 +59,16 @@ def test_a_worker_failing_readyz_loses_its_streams_at_once_and_is_replaced(
     async def main() -> tuple[float, dict[str, object], str, list[tuple[object, object]]]:
         async with running_fleet(settings, env_hook=_fault_first_generation) as fleet:
             await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=4, loop=True))
-            await wait_for(lambda: fleet.results_for("cam"), 90, "first results")
+            await wait_until_async(lambda: fleet.results_for("cam"), 90, "first results")
             pod = (await fleet.orch.store.pods())[FIRST]
             assert pod.http_url is not None
             t_503, body = await _first_503(pod.http_url, 60)
-            await wait_for(lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 10, "unready")
+            await wait_until_async(
+                lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 10, "unready"
+            )
             event = next(e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy")
             lag = cast(float, event["t"]) - t_503  # the fleet's clock is the system's
-            await wait_for(
+            await wait_until_async(
                 lambda: any(r.worker_id == SECOND for r in fleet.results_for("cam")),
                 90, "results from the replacement",
             )  # fmt: skip

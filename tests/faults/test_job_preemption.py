@@ -28,10 +28,11 @@ from deploy.settings import LocalSettings, TierConfig
 from framerelay.jobs import JobSpec
 from framerelay.schemas import SidecarLine
 from ingest.settings import ResultsSettings
-from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
+from tests.conftest import CLIP, MODEL
 from tests.faults.fleet_harness import REDIS_URL, clear_prefix, running_fleet, settings_for
-from tests.results.clip_rig import record_file
+from tests.support.clip_rig import record_file
 from tests.support.media import ffmpeg
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 SPOT_USD_HR = 0.5
@@ -71,16 +72,6 @@ async def serving(fleet: Any, job_id: str, not_on: set[str]) -> str | None:
     placed = await fleet.orch.store.assignments()
     return next((w for s, w in sorted(placed.items())
                  if s.startswith(f"job-{job_id}-") and w not in not_on), None)  # fmt: skip
-
-
-async def until(what: str, check: Any, limit_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + limit_s * TIMEOUT_FACTOR
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {limit_s * TIMEOUT_FACTOR:.0f} s")
 
 
 def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
@@ -126,12 +117,18 @@ def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
                         return None
                     return await serving(fleet, "night", set(killed))
 
-                victim = await until(f"job progress before preemption {n}", progressed, 90)
+                victim = await wait_until_async(
+                    progressed, 90, f"job progress before preemption {n}", every_s=0.1
+                )
                 fleet.provider.kill(victim)  # SIGKILL: the spot pod is gone
                 killed.append(victim)
-            ended = await until("job finished", lambda: _ended(fleet), JOB_LIMIT_S)
+            ended = await wait_until_async(
+                lambda: _ended(fleet), JOB_LIMIT_S, "job finished", every_s=0.1
+            )
             took = time.monotonic() - t0
-            await until("batch tier back to 0 pods", lambda: _no_batch_pods(fleet), 30)
+            await wait_until_async(
+                lambda: _no_batch_pods(fleet), 30, "batch tier back to 0 pods", every_s=0.1
+            )
             await asyncio.sleep(0.5)
             stop.set()
             await watcher

@@ -27,10 +27,11 @@ from ingest.settings import IngestSettings, StreamConfig
 from ingest.source import Decoded
 from ingest.stream import IngestStream, StreamState
 from tests.conftest import CAMPUS, TIMEOUT_FACTOR
-from tests.integration.worker_harness import running_worker
-from tests.support.harness import standalone, wait_for
+from tests.support.harness import standalone
 from tests.support.media import Media
 from tests.support.servers import RtspServer
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker
 
 pytestmark = pytest.mark.integration
 SLACK_S = 2.0 * TIMEOUT_FACTOR
@@ -85,20 +86,25 @@ def test_killed_camera_back_after_3_s_flows_again_end_to_end(
             task = asyncio.create_task(service.run(stop))
             cfg = StreamConfig(id="cam", url=camera.url, fps=5, read_timeout_s=3)
             stream = service.add_stream(cfg)
-            await wait_for(lambda: len(results) >= 5, 20, "first results")
+            await wait_until_async(lambda: len(results) >= 5, 20, "first results")
             killed = time.monotonic()
             camera.kill()
-            detected = await wait_for(
-                lambda: stream.state is StreamState.RECONNECTING, 5, "RECONNECTING"
+            await wait_until_async(
+                lambda: stream.state is StreamState.RECONNECTING, 5, "RECONNECTING", every_s=0.02
             )
+            detected = time.monotonic()
             await asyncio.sleep(max(0.0, killed + 3.0 - time.monotonic()))
             await asyncio.to_thread(camera.start)
             assert camera.ready_at is not None
             before = len(results)
-            flowing = await wait_for(
-                lambda: stream.state is StreamState.RUNNING, 20, "RUNNING again"
+            await wait_until_async(
+                lambda: stream.state is StreamState.RUNNING, 20, "RUNNING again", every_s=0.02
             )
-            answered = await wait_for(lambda: len(results) > before + 2, 20, "results again")
+            flowing = time.monotonic()
+            await wait_until_async(
+                lambda: len(results) > before + 2, 20, "results again", every_s=0.02
+            )
+            answered = time.monotonic()
             delay = stream.retry_delay_s or 0.0
             stop.set()
             await task
@@ -132,15 +138,19 @@ def test_stalled_camera_detected_within_read_timeout(camera: RtspServer) -> None
     async def main() -> dict[str, Any]:
         camera.start()
         async with standalone(cfg) as (stream, got):
-            await wait_for(lambda: len(got) >= 3, 20, "first frames")
+            await wait_until_async(lambda: len(got) >= 3, 20, "first frames")
             camera.pause()
             paused = time.monotonic()
-            detected = await wait_for(
-                lambda: stream.state is StreamState.RECONNECTING, read_timeout + 10, "a stall"
+            await wait_until_async(
+                lambda: stream.state is StreamState.RECONNECTING,
+                read_timeout + 10,
+                "a stall",
+                every_s=0.02,
             )
+            detected = time.monotonic()
             camera.resume()
             before = len(got)
-            await wait_for(lambda: len(got) > before, 30, "frames after SIGCONT")
+            await wait_until_async(lambda: len(got) > before, 30, "frames after SIGCONT")
             return {
                 "detect_s": detected - paused,
                 "stall": stream.counters["stall"],
@@ -161,13 +171,14 @@ def test_camera_down_at_start_reaches_running_when_it_comes_up(camera: RtspServe
     async def main() -> dict[str, Any]:
         async with standalone(cfg) as (stream, got):
             started = time.monotonic()
-            await wait_for(lambda: stream.counters["open_error"] >= 1, 5, "a refused open")
+            await wait_until_async(lambda: stream.counters["open_error"] >= 1, 5, "a refused open")
             assert stream.state is StreamState.RECONNECTING
             assert "Connection refused" in str(stream.error)
             await asyncio.sleep(max(0.0, started + 6.0 - time.monotonic()))
             await asyncio.to_thread(camera.start)
             assert camera.ready_at is not None
-            running = await wait_for(lambda: len(got) > 0, 15, "frames")
+            await wait_until_async(lambda: len(got) > 0, 15, "frames", every_s=0.02)
+            running = time.monotonic()
             return {
                 "attempts": stream.counters["open_error"],
                 "up_to_frames_s": running - camera.ready_at,
@@ -188,14 +199,16 @@ def test_camera_back_with_another_codec_and_size(camera: RtspServer) -> None:
     async def main() -> tuple[IngestStream, list[Any]]:
         camera.start()
         async with standalone(cfg) as (stream, got):
-            await wait_for(lambda: len(got) >= 3, 20, "H.264 frames")
+            await wait_until_async(lambda: len(got) >= 3, 20, "H.264 frames")
             assert stream.source_info is not None and stream.source_info.codec == "h264"
             camera.kill()
             other = RtspServer(CAMPUS / "TUD-Campus.mp4", camera.port, codec="mpeg4")
             with contextlib.ExitStack() as stack:
                 stack.callback(other.kill)
                 await asyncio.to_thread(other.start)
-                await wait_for(lambda: any(o.timing.epoch == 1 for o in got), 20, "MPEG-4 frames")
+                await wait_until_async(
+                    lambda: any(o.timing.epoch == 1 for o in got), 20, "MPEG-4 frames"
+                )
             return stream, list(got)
 
     stream, got = asyncio.run(main())
@@ -218,7 +231,7 @@ def test_a_live_stream_too_fast_to_process_never_falls_behind(camera: RtspServer
     async def main() -> dict[str, Any]:
         camera.start()
         async with standalone(cfg, kind=SlowStream) as (stream, got):
-            await wait_for(lambda: len(got) >= 1, 20, "first frames")
+            await wait_until_async(lambda: len(got) >= 1, 20, "first frames")
             lags: list[float] = []
             for _ in range(120):  # 12 s: without catching up the lag would reach ~7 s
                 await asyncio.sleep(0.1)

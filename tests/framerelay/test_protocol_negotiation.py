@@ -24,7 +24,7 @@ from framerelay.protocol import (
 )
 from framerelay.protocol import negotiation as versions
 from tests.framerelay import wire_golden as golden
-from tests.framerelay import wire_v1_peer as v1
+from tests.support import wire_v1_peer as v1
 
 V2, V1 = "framerelay.v2", "framerelay.v1"
 

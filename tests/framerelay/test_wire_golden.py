@@ -15,7 +15,7 @@ import pytest
 from framerelay import wire
 from framerelay.errors import ProtocolError
 from tests.framerelay import wire_golden as golden
-from tests.framerelay import wire_v1_peer as v1
+from tests.support import wire_v1_peer as v1
 
 NAMES = sorted(golden.FIELDS)
 

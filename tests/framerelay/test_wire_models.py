@@ -16,7 +16,7 @@ from framerelay.errors import ConfigError, ProtocolError
 from framerelay.protocol import IngestProtocol
 from framerelay.protocol import negotiation as versions
 from tests.framerelay import wire_golden as golden
-from tests.framerelay import wire_v1_peer as v1
+from tests.support import wire_v1_peer as v1
 
 VEHICLES = wire.ModelInfo(name="vehicles", input_w=416, input_h=416,
                           class_names=["car", "bus", "truck"])  # fmt: skip

@@ -14,7 +14,7 @@ from framerelay.errors import ConfigError, ProtocolError
 from framerelay.wire import TrackerTimes
 from gpu_worker.sessions import new_session, resumed_session, time_overrides
 from tests.framerelay import wire_golden as golden
-from tests.framerelay import wire_v1_peer as v1
+from tests.support import wire_v1_peer as v1
 from tracker import create_tracker
 
 TIMES = TrackerTimes(max_lost_s=3.0, max_gap_s=20.0)

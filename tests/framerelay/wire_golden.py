@@ -5,7 +5,7 @@ code writes them in each supported protocol version, are checked in under
 ``fixtures/wire/v<N>/<name>.bin``. ``test_wire_golden.py`` checks that encoding
 gives exactly those bytes and decoding them gives the message, so any change of
 the bytes on the wire is a deliberate one. The v1 files were written by the v1
-codec as released (:mod:`tests.framerelay.wire_v1_peer`), i.e. by real v1 peers.
+codec as released (:mod:`tests.support.wire_v1_peer`), i.e. by real v1 peers.
 
 To change them on purpose (a new message, a new optional field in a new version)::
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from framerelay import wire
 from framerelay.detections import Detections
-from tests.framerelay import wire_v1_peer as v1
+from tests.support import wire_v1_peer as v1
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "wire"
 TIMING: dict[str, Any] = {

@@ -28,7 +28,8 @@ from gpu_worker.sessions import new_session
 from gpu_worker.watchdog import Heartbeat
 from tests.conftest import TIMEOUT_FACTOR
 from tests.gpu_worker.tunnel_rig import JPEG, SIDE, frame, http_get, metric, open_tunnel, settle
-from tests.integration.worker_harness import running_worker, token, wait_until
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, token
 
 T = TIMEOUT_FACTOR
 SMALL_JPEG: bytes = simplejpeg.encode_jpeg(np.zeros((32, 32, 3), np.uint8), colorspace="BGR")
@@ -138,9 +139,9 @@ def test_a_decoder_bug_fails_its_batch_and_the_stage_goes_on() -> None:
         task = asyncio.create_task(batcher.run())
         for seq in range(2):
             assert batcher.submit(item(seq))
-        await wait_until(lambda: len(got) >= 2, 10 * T)
+        await wait_until_async(lambda: len(got) >= 2, 10, "2 results")
         assert batcher.submit(item(2))
-        await wait_until(lambda: len(got) >= 3, 10 * T)
+        await wait_until_async(lambda: len(got) >= 3, 10, "3 results")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return got

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_worker.gpu_stats import GpuStats, GpuStatus, NvmlReader, read_gpus, visible_entries
 from gpu_worker.metrics import WorkerMetrics
-from tests.metrics.test_promtool import promtool
+from tests.support.promtool import promtool
 
 NOT_SUPPORTED, LIBRARY_NOT_FOUND, GPU_LOST = 3, 12, 15
 GIB = 1 << 30

@@ -24,8 +24,8 @@ from gpu_worker.detectors.onnx_backend import OnnxDetector
 from gpu_worker.server import Worker
 from gpu_worker.settings import WorkerSettings
 from tests.gpu_worker.test_onnx_detector import MODEL, first_frames
-from tests.metrics.test_promtool import promtool
 from tests.support.auth import mint
+from tests.support.promtool import promtool
 
 
 def _detector(**overrides: Any) -> OnnxDetector:

@@ -21,11 +21,10 @@ from framerelay.results import ResultRecord
 from gpu_worker.server import Worker
 from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.ingest.test_tunnel_compat import streaming
-from tests.integration.worker_harness import running_worker, token
 from tests.support.cli_runs import clean_env, run_all
-from tests.support.harness import wait_for
 from tests.support.models import VEHICLE_CLASSES, write_registry
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, streaming, token
 
 WAIT_S = 60 * TIMEOUT_FACTOR
 pytestmark = pytest.mark.integration
@@ -51,9 +50,9 @@ def test_two_models_on_one_worker_results_carry_the_model_name(secret: str, tmp_
                 streaming(url, token(secret), records, _config("people")),
                 streaming(url, token(secret), records, _config("cars", "vehicles")),
             ):
-                await wait_for(lambda: {r.stream_id for r in records} >= {"people", "cars"},
+                await wait_until_async(lambda: {r.stream_id for r in records} >= {"people", "cars"},
                                WAIT_S, "results of both streams")  # fmt: skip
-                await wait_for(lambda: len(records) >= 10, WAIT_S, "more results")
+                await wait_until_async(lambda: len(records) >= 10, WAIT_S, "more results")
                 scraped.append(worker.metrics.render().decode())
                 return before, _loaded(worker)
 
@@ -84,8 +83,10 @@ def test_an_unknown_model_is_refused_and_the_stream_says_why(secret: str, tmp_pa
             running_worker(secret, model_registry=registry) as (_, url),
             streaming(url, token(secret), [], _config("cam", "ppe")) as (_, stream),
         ):
-            await wait_for(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
-            await wait_for(lambda: stream.error is not None, WAIT_S, "the stream failing")
+            await wait_until_async(
+                lambda: stream.last_error is not None, WAIT_S, "the stream's error"
+            )
+            await wait_until_async(lambda: stream.error is not None, WAIT_S, "the stream failing")
             return stream.last_error, stream.error
 
     last, error = asyncio.run(main())
@@ -118,16 +119,20 @@ canary = { image = "vehicles.onnx", expect = { car = 1 } }
             url,
         ):
             async with streaming(url, token(secret), records, _config("a", "vehicles")):
-                await wait_for(lambda: bool(records), WAIT_S, "a result of vehicles")
+                await wait_until_async(lambda: bool(records), WAIT_S, "a result of vehicles")
                 async with streaming(url, token(secret), [], _config("b", "vehicles2")) as (
                     _,
                     refused,
                 ):
-                    await wait_for(lambda: refused.last_error is not None, WAIT_S, "refusal")
+                    await wait_until_async(
+                        lambda: refused.last_error is not None, WAIT_S, "refusal"
+                    )
                     said = refused.last_error
             with_a = _loaded(worker)
             async with streaming(url, token(secret), records, _config("b", "vehicles2")):
-                await wait_for(lambda: any(r.stream_id == "b" for r in records), WAIT_S, "b")
+                await wait_until_async(
+                    lambda: any(r.stream_id == "b" for r in records), WAIT_S, "b"
+                )
                 return said, with_a, _loaded(worker)
 
     said, with_a, after = asyncio.run(main())

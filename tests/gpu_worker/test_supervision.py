@@ -42,7 +42,8 @@ from tests.gpu_worker.tunnel_rig import (
     raw_frame,
     settle,
 )
-from tests.integration.worker_harness import running_worker, token, wait_until
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, token
 
 HOOKS: dict[str, Any] = {"test_hooks": True}
 T = TIMEOUT_FACTOR
@@ -300,9 +301,9 @@ def test_a_tracker_error_fails_its_frame_and_resets_its_stream(secret: str) -> N
     async def main() -> tuple[Tunnel, _FlakyTracker]:
         async with running_worker(secret) as (worker, url), open_tunnel(url, token(secret)) as tun:
             await _streams(tun, "good", "flaky")
-            await wait_until(lambda: bool(worker.connections), 5 * T)
+            await wait_until_async(lambda: bool(worker.connections), 5, "a connection")
             conn = next(iter(worker.connections))
-            await wait_until(lambda: "flaky" in conn.sessions, 5 * T)
+            await wait_until_async(lambda: "flaky" in conn.sessions, 5, "the flaky session")
             flaky = _FlakyTracker(conn.sessions["flaky"].tracker)
             conn.sessions["flaky"].tracker = flaky
             for seq in range(4):

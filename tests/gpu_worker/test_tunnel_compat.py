@@ -22,9 +22,9 @@ from websockets.typing import Subprotocol
 from framerelay import wire
 from framerelay.protocol.negotiation import offer
 from tests.conftest import TIMEOUT_FACTOR
-from tests.framerelay import wire_v1_peer as v1
 from tests.gpu_worker.tunnel_rig import JPEG, SIDE, frame
-from tests.integration.worker_harness import running_worker, token
+from tests.support import wire_v1_peer as v1
+from tests.support.worker_harness import running_worker, token
 
 WAIT_S = 30 * TIMEOUT_FACTOR
 

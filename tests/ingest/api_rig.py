@@ -23,8 +23,8 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings, ResultsSettings
 from ingest.store import FileStore
 from tests.support.auth import mint
-from tests.support.harness import wait_for
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 ALL_SCOPES = ("streams:read", "streams:write", "routing:write", "results:*", "metrics:read")
 
@@ -90,7 +90,7 @@ async def running_ingest(
     serve = asyncio.create_task(server.serve(sockets=[sock]))
     scheme = "https" if settings.api_tls_cert is not None else "http"
     try:
-        await wait_for(lambda: server.started and service.started.is_set(), 10, "ingest up")
+        await wait_until_async(lambda: server.started and service.started.is_set(), 10, "ingest up")
         base = f"{scheme}://127.0.0.1:{sock.getsockname()[1]}"
         yield Ingest(service, registry, keys, base, settings.store_path)
     finally:

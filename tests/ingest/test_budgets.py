@@ -26,8 +26,9 @@ from framerelay.timeline import EpochBudget, FrameClock, Sampler, Timeline
 from ingest import stream as stream_module
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream, Outgoing, StreamState
-from tests.support.harness import run_to_end, standalone, wait_for
+from tests.support.harness import run_to_end, standalone
 from tests.support.media import ffmpeg
+from tests.support.waiting import wait_until_async
 
 TB = Fraction(1, 12_800)
 FPS = 5.0
@@ -257,8 +258,8 @@ def test_a_stream_that_fails_at_start_is_failed_with_a_message(
             with monkeypatch.context() as m:
                 m.setattr(stream_module, "AVSource", broken)
                 async with standalone(StreamConfig(id="bug", url=str(flipped))) as (bug, _):
-                    await wait_for(lambda: not bug.alive, 10, "the broken stream to end")
-            await wait_for(lambda: ok.finished and not gone.alive, 30, "the others to end")
+                    await wait_until_async(lambda: not bug.alive, 10, "the broken stream to end")
+            await wait_until_async(lambda: ok.finished and not gone.alive, 30, "the others to end")
         return ok, gone, bug
 
     ok, gone, bug = asyncio.run(main())

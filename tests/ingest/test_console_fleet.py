@@ -43,8 +43,8 @@ from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.deploy.test_pod_view import CANARY_MS, TimedProber
 from tests.ingest.api_rig import client, make_pki, running_ingest, settings_for
 from tests.support.auth import ed_keys, mint
-from tests.support.harness import wait_for
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 PANEL = "/v1/console/fleet"
@@ -87,7 +87,7 @@ async def served_on(app: FastAPI, port: int) -> AsyncIterator[None]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
-        await wait_for(lambda: server.started, 10, "orchestrator API up")
+        await wait_until_async(lambda: server.started, 10, "orchestrator API up")
         yield
     finally:
         server.should_exit = True

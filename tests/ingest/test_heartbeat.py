@@ -18,8 +18,8 @@ from ingest.stream import IngestStream, StreamState
 from ingest.tunnel_client import TunnelClient, supervise
 from ingest.tunnel_health import Cause, TunnelHealth, TunnelState
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.integration.worker_harness import running_worker, token
-from tests.support.harness import wait_for
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, token
 
 # -- the decision, pure --------------------------------------------------------
 
@@ -193,7 +193,7 @@ async def tunnel(
         stop = asyncio.Event()
         task = asyncio.create_task(supervise(client, stop))
         try:
-            await wait_for(lambda: len(records) >= 5, 60, "first results")
+            await wait_until_async(lambda: len(records) >= 5, 60, "first results")
             yield client, proxy, records, stream
         finally:
             stream.stop()
@@ -211,13 +211,21 @@ def _state(stream: IngestStream) -> StreamState:
     return stream.state
 
 
+def _tunnel_state(client: TunnelClient) -> TunnelState:
+    """The tunnel's state now (a call, for the same reason)."""
+    return client.state
+
+
 def test_frozen_link_stalls_the_tunnel_and_its_streams_then_recovers(secret: str) -> None:
     async def main() -> dict[str, float]:
         async with tunnel(secret, **FAST) as (client, proxy, records, stream):
             assert client.state is TunnelState.UP
             proxy.freeze()
             t0 = time.monotonic()
-            stalled = await wait_for(lambda: client.state is TunnelState.STALLED, 5, "stall")
+            await wait_until_async(
+                lambda: _tunnel_state(client) is TunnelState.STALLED, 5, "stall", every_s=0.02
+            )
+            stalled = time.monotonic()
             assert stream.state is StreamState.STALLED and stream.stalled is not None
             assert "not answering" in stream.stalled and client.health.stalls == 1
             assert client.describe()["state"] == "STALLED"
@@ -225,8 +233,8 @@ def test_frozen_link_stalls_the_tunnel_and_its_streams_then_recovers(secret: str
             n = len(records)
             proxy.thaw()
             t1 = time.monotonic()
-            await wait_for(lambda: client.state is TunnelState.UP, 5, "recovery")
-            await wait_for(lambda: len(records) > n + 3, 10, "results after the thaw")
+            await wait_until_async(lambda: client.state is TunnelState.UP, 5, "recovery")
+            await wait_until_async(lambda: len(records) > n + 3, 10, "results after the thaw")
             assert _state(stream) is StreamState.RUNNING and stream.stalled is None
             assert client.connects == 1  # recovered in the same session: no reconnect
             return {"stall_s": stalled - t0, "results_s": time.monotonic() - t1}
@@ -241,14 +249,14 @@ def test_a_stall_longer_than_twice_the_threshold_reconnects(secret: str) -> None
     async def main() -> tuple[int, int, float]:
         async with tunnel(secret, **FAST) as (client, proxy, records, stream):
             proxy.freeze()
-            await wait_for(lambda: client.state is TunnelState.STALLED, 5, "stall")
-            await wait_for(lambda: client.state is not TunnelState.STALLED, 5, "close")
+            await wait_until_async(lambda: client.state is TunnelState.STALLED, 5, "stall")
+            await wait_until_async(lambda: client.state is not TunnelState.STALLED, 5, "close")
             assert stream.state is StreamState.STALLED  # until its next result
             assert client.unhealthy
             n = len(records)
             proxy.thaw()
             t1 = time.monotonic()
-            await wait_for(lambda: len(records) > n + 3, 15, "results after reconnecting")
+            await wait_until_async(lambda: len(records) > n + 3, 15, "results after reconnecting")
             assert client.state is TunnelState.UP and _state(stream) is StreamState.RUNNING
             assert not client.unhealthy
             return client.connects, stream.counters["disconnected"], time.monotonic() - t1
@@ -275,9 +283,9 @@ def test_a_worker_that_answers_pings_but_not_frames_stalls(secret: str) -> None:
             stop = asyncio.Event()
             task = asyncio.create_task(supervise(client, stop))
             try:
-                await wait_for(lambda: len(records) >= 2, 60, "first results")
+                await wait_until_async(lambda: len(records) >= 2, 60, "first results")
                 t0 = time.monotonic()
-                await wait_for(lambda: client.state is TunnelState.STALLED, 10, "stall")
+                await wait_until_async(lambda: client.state is TunnelState.STALLED, 10, "stall")
                 assert client.health.pong_at is not None
                 assert time.monotonic() - client.health.pong_at < 0.5  # pongs still come
                 return stream.stalled or "", time.monotonic() - t0

@@ -19,11 +19,11 @@ from ingest.server import api_server
 from ingest.service import IngestService
 from ingest.store import FileStore
 from tests.ingest.api_rig import settings_for
-from tests.integration.worker_harness import running_worker
 from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import wait_for
 from tests.support.media import Media
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ async def ingest_with_history(
     run = asyncio.create_task(service.run(stop))
     serve = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        await wait_for(lambda: server.started and service.started.is_set(), 10, "ingest up")
+        await wait_until_async(lambda: server.started and service.started.is_set(), 10, "ingest up")
         yield service, sampler, f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
@@ -72,7 +72,7 @@ def test_history_of_a_stream_with_a_real_worker(
             assert (await http.post("/v1/streams", json=cam, headers=write)).status_code == 201
             sampler.sample(service.streams, time.time(), time.monotonic())
             counters = service.streams["cam-1"].counters
-            await wait_for(lambda: counters["results"] >= 5, 30, "results of cam-1")
+            await wait_until_async(lambda: counters["results"] >= 5, 30, "results of cam-1")
             sampler.sample(service.streams, time.time(), time.monotonic())
 
             resp = await http.get("/v1/history", headers=read)

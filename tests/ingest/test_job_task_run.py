@@ -41,9 +41,9 @@ from ingest.settings import IngestSettings
 from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 from tests.integration.test_stall_failover import workers
 from tests.support.auth import mint
-from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -120,7 +120,7 @@ async def ingest(
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://ingest",
                                      headers=headers) as http:  # fmt: skip
-            await wait_for(service.started.is_set, 10, "ingest start")
+            await wait_until_async(service.started.is_set, 10, "ingest start")
             yield service, http, got
     finally:
         stop.set()
@@ -144,7 +144,7 @@ async def until_done(prefix: str, job: str, timeout_s: float, k: int = 0) -> lis
             seen.append(now)
         return now is not None and now.state in ("done", "failed")
 
-    await wait_for(ended, timeout_s, f"task {job}/{k} to end")
+    await wait_until_async(ended, timeout_s, f"task {job}/{k} to end")
     return seen
 
 
@@ -153,7 +153,7 @@ async def frames_done_at_least(prefix: str, job: str, n: int, timeout_s: float =
         now = progress(prefix, job)
         return now is not None and now.frames_done >= n
 
-    await wait_for(enough, timeout_s, f"{n} frames of {job}")
+    await wait_until_async(enough, timeout_s, f"{n} frames of {job}")
 
 
 def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
@@ -173,7 +173,7 @@ def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
             await place(http, local_worker, task("j1", clip, good))
             seen = await until_done(prefix, "j1", 90)
             failed = await until_done(prefix, "j2", 10)
-            await wait_for(lambda: service.streams["job-j1-0"].finished, 10, "stream end")
+            await wait_until_async(lambda: service.streams["job-j1-0"].finished, 10, "stream end")
             view = (await http.get("/v1/streams/job-j1-0")).json()
             return seen, failed, view, [r for r in got if r.stream_id == "job-j1-0"]
 

@@ -36,11 +36,11 @@ from ingest.settings import IngestSettings
 from ingest.store import FileStore
 from ingest.tunnel_health import TunnelState
 from tests.conftest import MODEL, TIMEOUT_FACTOR
-from tests.integration.worker_harness import running_worker
 from tests.support.auth import mint
-from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker
 
 SCOPES = ["streams:read", "streams:write", "routing:write"]
 
@@ -70,7 +70,7 @@ async def running(
         async with httpx.AsyncClient(
             transport=transport, base_url="http://ingest", headers=headers
         ) as http:
-            await wait_for(service.started.is_set, 10, "ingest start")
+            await wait_until_async(service.started.is_set, 10, "ingest start")
             yield service, http, got
             assert not run.done(), "the ingest service ended"
     finally:
@@ -129,7 +129,7 @@ def test_update_after_placement_restarts_it_on_its_worker(
             running(secret, tmp_path) as (_, http, got),
         ):
             assert (await _place(http, "a", "gpu-a", url, _cam(media, "a"))).status_code == 200
-            await wait_for(lambda: _count(got, "a", worker="gpu-a") >= 3, 30, "a on gpu-a")
+            await wait_until_async(lambda: _count(got, "a", worker="gpu-a") >= 3, 30, "a on gpu-a")
             before = (await http.get("/v1/streams/a")).json()["epoch"]
             r = await http.put("/v1/streams/a", json=_cam(media, "a", fps=2))
             epoch = r.json().get("epoch", -1)
@@ -138,8 +138,8 @@ def test_update_after_placement_restarts_it_on_its_worker(
             def fresh() -> list[ResultRecord]:
                 return [x for x in got[n:] if x.stream_id == "a" and x.epoch >= epoch]
 
-            await wait_for(lambda: len(fresh()) >= 3, 30, "a's next epoch")
-            await wait_for(lambda: _decoders("a") == 1, 10, "the old decode thread to end")
+            await wait_until_async(lambda: len(fresh()) >= 3, 30, "a's next epoch")
+            await wait_until_async(lambda: _decoders("a") == 1, 10, "the old decode thread to end")
             return {
                 "update": (r.status_code, epoch - before, r.json().get("config", {})),
                 "new epoch from": {x.worker_id for x in fresh()},
@@ -168,12 +168,14 @@ def test_create_with_a_placed_id_is_a_conflict(media: Media, secret: str, tmp_pa
             adopted = await _place(http, "q", "w", w)
             again = {s: (await http.post("/v1/streams", json=_cam(media, s))).status_code
                      for s in ("p", "q")}  # fmt: skip
-            await wait_for(lambda: _decoders("p") >= 1 and _decoders("q") >= 1, 10, "decoding")
+            await wait_until_async(
+                lambda: _decoders("p") >= 1 and _decoders("q") >= 1, 10, "decoding"
+            )
             await asyncio.sleep(0.3)  # a second thread, if any, would be running by now
             threads = {s: _decoders(s) for s in ("p", "q")}
             views = await _views(http)
             gone = (await http.delete("/v1/streams/p")).status_code
-            await wait_for(lambda: _decoders("p") == 0, 10, "p's decode thread to end")
+            await wait_until_async(lambda: _decoders("p") == 0, 10, "p's decode thread to end")
             return {"placed": (placed.status_code, adopted.status_code), "again": again,
                     "threads": threads, "views": views, "gone": gone,
                     "after": await _views(http)}  # fmt: skip
@@ -201,7 +203,7 @@ def test_metrics_cover_a_placed_tunnel(media: Media, secret: str, tmp_path: Path
         ):
             assert (await http.post("/v1/streams", json=_cam(media, "m"))).status_code == 201
             assert (await _place(http, "m", "gpu-a", url)).status_code == 200  # taken over
-            await wait_for(lambda: _count(got, "m") >= 2, 30, "m's results")
+            await wait_until_async(lambda: _count(got, "m") >= 2, 30, "m's results")
             return str((await http.get("/metrics")).text)
 
     text = asyncio.run(main())
@@ -231,15 +233,18 @@ def test_the_default_workers_streams_fail_over_to_a_placed_worker(
                 assert (
                     await _place(http, "p", "gpu-b", url_b, _cam(media, "p"))
                 ).status_code == 200
-                await wait_for(lambda: _count(got, "d", worker="gpu-a") >= 3
+                await wait_until_async(lambda: _count(got, "d", worker="gpu-a") >= 3
                                and _count(got, "p") >= 3, 30, "results")  # fmt: skip
                 before = await _views(http)
                 t0 = time.monotonic()
                 await a.aclose()  # the default worker stops
-                moved = await wait_for(
-                    lambda: service.registry.where.get("d") == "gpu-b", 15, "failover"
+                await wait_until_async(
+                    lambda: service.registry.where.get("d") == "gpu-b", 15, "failover", every_s=0.02
                 )
-                await wait_for(lambda: _count(got, "d", worker="gpu-b") >= 3, 15, "d on gpu-b")
+                moved = time.monotonic()
+                await wait_until_async(
+                    lambda: _count(got, "d", worker="gpu-b") >= 3, 15, "d on gpu-b"
+                )
                 workers = {w["name"]: (w["state"], w["streams"])
                            for w in (await http.get("/v1/workers")).json()}  # fmt: skip
                 print(f"\ndefault worker stopped: d on gpu-b after {moved - t0:.2f} s")
@@ -304,13 +309,15 @@ def test_removing_a_stream_from_a_frozen_worker_does_not_wait_for_it(
         async with running(secret, tmp_path, worker_url=worker.url, stall_after_s=3.0,
                            heartbeat_interval_s=0.2) as (service, http, got):  # fmt: skip
             assert (await http.post("/v1/streams", json=_cam(media, "s"))).status_code == 201
-            await wait_for(lambda: _count(got, "s") >= 3, 60, "results")
+            await wait_until_async(lambda: _count(got, "s") >= 3, 60, "results")
             if worker.proc is None:
                 raise RuntimeError("the worker process did not start")
             pid = worker.proc.pid
             os.kill(pid, signal.SIGSTOP)
             try:
-                await wait_for(lambda: service.client.state is TunnelState.STALLED, 10, "stall")
+                await wait_until_async(
+                    lambda: service.client.state is TunnelState.STALLED, 10, "stall"
+                )
                 t0 = time.monotonic()
                 status = (await http.delete("/v1/streams/s")).status_code
                 return time.monotonic() - t0, status

@@ -29,6 +29,7 @@ from ingest.serverless_sink import FrameResult, ServerlessSink, SinkFrame
 from ingest.serverless_task import ServerlessRuns
 from ingest.settings import StreamConfig
 from tests.conftest import TIMEOUT_FACTOR
+from tests.support.waiting import wait_until_async
 
 KEY = "rp_states_" + "s" * 24
 ENDPOINT = "ep-states"
@@ -84,14 +85,6 @@ def _run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 60 * TIMEOUT_FACTOR))
 
 
-async def _until(check: Any, what: str) -> None:
-    for _ in range(int(400 * TIMEOUT_FACTOR)):
-        if check():
-            return
-        await asyncio.sleep(0.025)
-    raise TimeoutError(what)
-
-
 def _urls(base: str, template: bool) -> EndpointUrls:
     """Request URLs as RunPod's answer gives them: ``{job_id}`` in status and cancel (its
     documentation's examples) or the bare operation (the contract server's)."""
@@ -123,7 +116,7 @@ def test_queued_in_progress_and_running_are_polled_until_the_job_completes(
     async def main() -> tuple[Any, set[str]]:
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             job = asyncio.create_task(link.run({"frames": [{"pts": 7}]}))
-            await _until(lambda: state.handler_calls == 1, "the job on a worker")
+            await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
             await asyncio.sleep(0.15)  # a few polls while a worker has it
             handler.gate.set()
             return await job, set(link.states)
@@ -144,8 +137,10 @@ def test_a_state_runpod_does_not_document_is_logged_once_and_polled_on(
     async def main() -> tuple[Any, int]:
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             job = asyncio.create_task(link.run({"frames": [{"pts": 3}]}))
-            await _until(lambda: state.handler_calls == 1, "the job on a worker")
-            await _until(lambda: link.states["WARMING_UP"] >= 3, "several polls of it")
+            await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
+            await wait_until_async(
+                lambda: link.states["WARMING_UP"] >= 3, 10, "several polls of it"
+            )
             handler.gate.set()
             return await job, link.states["WARMING_UP"]
 
@@ -173,7 +168,7 @@ def test_each_terminal_state_but_completed_fails_the_job_with_it(
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             job = asyncio.create_task(link.run({"frames": []}))
             if end == "CANCELLED":  # cancelled by someone else (the console, a purge)
-                await _until(lambda: state.handler_calls == 1, "the job on a worker")
+                await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
                 state.cancel(next(iter(state.jobs.values())))
                 handler.gate.set()
             await job
@@ -192,7 +187,7 @@ def test_a_job_whose_status_cannot_be_read_is_cancelled_before_the_error_goes_on
     async def main() -> None:
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             job = asyncio.create_task(link.run({"frames": []}))
-            await _until(lambda: state.handler_calls == 1, "the job on a worker")
+            await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
             state.faults.fail_next = 2  # /status answers 500 through the retries
             try:
                 await job
@@ -234,9 +229,11 @@ def test_a_batch_is_submitted_again_only_after_its_earlier_job_is_cancelled(
             sink = ServerlessSink(link, on_results, max_frames=2, attempts=2)
             await sink.put(_frame(0))
             await sink.put(_frame(1))
-            await _until(lambda: state.handler_calls == 1, "the first job on a worker")
+            await wait_until_async(
+                lambda: state.handler_calls == 1, 10, "the first job on a worker"
+            )
             state.faults.fail_next = 2  # its /status cannot be read: submitted again
-            await _until(lambda: len(state.jobs) == 2, "the batch submitted again")
+            await wait_until_async(lambda: len(state.jobs) == 2, 10, "the batch submitted again")
             handler.gate.set()
             await sink.drain()
             return sink.resubmits

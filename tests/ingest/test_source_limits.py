@@ -24,9 +24,10 @@ from ingest.prepare import Preparer, Unsendable, check_sendable
 from ingest.settings import StreamConfig
 from ingest.source import SourceSpec
 from ingest.stream import IngestStream, Outgoing, StreamState
-from tests.support.harness import standalone, wait_for
+from tests.support.harness import standalone
 from tests.support.media import Media, ffmpeg
 from tests.support.servers import http_server
+from tests.support.waiting import wait_until_async
 
 RSS_SLACK_MB = 20.0
 UHD_8K = (7680, 4320)
@@ -54,7 +55,7 @@ def sized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 def _run(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStream, list[Outgoing]]:
     async def main() -> tuple[IngestStream, list[Outgoing]]:
         async with standalone(config) as (stream, got):
-            await wait_for(lambda: not stream.alive, timeout_s, f"{config.id} to end")
+            await wait_until_async(lambda: not stream.alive, timeout_s, f"{config.id} to end")
         return stream, got
 
     return asyncio.run(main())

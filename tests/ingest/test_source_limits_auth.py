@@ -22,8 +22,9 @@ from ingest.source import SizeRefused, SourceAuthFailed
 from ingest.stream import IngestStream, StreamState
 from tests.conftest import TIMEOUT_FACTOR
 from tests.ingest.test_reconnect import DOWN, NET, Hooks, Scripted, _runner
-from tests.support.harness import standalone, wait_for
+from tests.support.harness import standalone
 from tests.support.media import Media
+from tests.support.waiting import wait_until_async
 
 PASSWORD = "pa55-w0rd-never-shown"
 AUTH_RETRY_S = 0.6
@@ -96,10 +97,13 @@ def test_refused_credentials_are_auth_failed_and_retried_slowly(
             )
             started = time.monotonic()
             async with standalone(good) as (ok, got), standalone(cam) as (bad, _):
-                seen = await wait_for(
-                    lambda: bad.state is StreamState.AUTH_FAILED, 5, "AUTH_FAILED"
+                await wait_until_async(
+                    lambda: bad.state is StreamState.AUTH_FAILED, 5, "AUTH_FAILED", every_s=0.02
                 )
-                await wait_for(lambda: bad.counters["auth_failed"] >= 4, 10, "4 auth failures")
+                seen = time.monotonic()
+                await wait_until_async(
+                    lambda: bad.counters["auth_failed"] >= 4, 10, "4 auth failures"
+                )
                 sent_before = len(got)
                 await asyncio.sleep(0.5)
                 assert len(got) > sent_before, "the healthy stream must keep going"

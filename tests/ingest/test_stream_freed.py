@@ -21,7 +21,7 @@ from ingest.service import IngestService
 from ingest.settings import StreamConfig
 from tests.ingest.api_rig import settings_for
 from tests.support.auth import ed_keys
-from tests.support.harness import wait_for
+from tests.support.waiting import wait_until_async
 
 
 def decoded(counters: dict[str, int]) -> bool:
@@ -40,7 +40,7 @@ def test_a_removed_stream_is_freed_without_the_cyclic_collector(tmp_path: Path) 
         try:
             for _ in range(3):
                 stream = await service.create_stream(config)
-                await wait_for(partial(decoded, stream.counters), 10, "frames decoded")
+                await wait_until_async(partial(decoded, stream.counters), 10, "frames decoded")
                 ref = weakref.ref(stream)
                 del stream
                 await service.remove_stream("cam-1")

@@ -20,9 +20,9 @@ from ingest.store import FileStore, RedisStore, StreamStore
 from ingest.stream import COUNTERS
 from ingest.streams_api import StreamStatus
 from tests.support.auth import mint
-from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import RedisServer, free_port
+from tests.support.waiting import wait_until_async
 
 SECRET = "not-a-real-secret-but-long-enough"
 
@@ -47,7 +47,7 @@ async def running(store: StreamStore) -> AsyncIterator[tuple[IngestService, http
         async with httpx.AsyncClient(
             transport=transport, base_url="http://ingest", headers=headers
         ) as http:
-            await wait_for(service.started.is_set, 10, "service start")
+            await wait_until_async(service.started.is_set, 10, "service start")
             yield service, http
     finally:
         stop.set()
@@ -75,7 +75,9 @@ def test_add_list_update_remove_and_resume(media: Media, tmp_path: Path) -> None
                 r = await http.post("/v1/streams", json=_cam(media, sid))
                 assert r.status_code == 201, r.text
             assert {s["id"] for s in (await http.get("/v1/streams")).json()} == {"a", "b", "c"}
-            await wait_for(lambda: service.streams["a"].counters["decoded"] > 0, 10, "a decodes")
+            await wait_until_async(
+                lambda: service.streams["a"].counters["decoded"] > 0, 10, "a decodes"
+            )
             a = (await http.get("/v1/streams/a")).json()
             assert a["state"] == "RUNNING" and a["no_credit"] > 0 and a["prepared"] == 0
             assert [h["state"] for h in a["history"]] == ["STARTING", "RUNNING"]
@@ -87,7 +89,7 @@ def test_add_list_update_remove_and_resume(media: Media, tmp_path: Path) -> None
             assert (await http.get("/v1/streams/c")).status_code == 404
             assert (await http.delete("/v1/streams/c")).status_code == 404
             assert "c" not in service.streams and "c" not in service.client.snapshots
-            await wait_for(lambda: not c.alive, 10, "c's decode thread to end")
+            await wait_until_async(lambda: not c.alive, 10, "c's decode thread to end")
             assert c.state.value == "STOPPED"
 
     async def second_life() -> None:
@@ -95,7 +97,7 @@ def test_add_list_update_remove_and_resume(media: Media, tmp_path: Path) -> None
             assert set(service.streams) == {"a", "b"}
             assert service.streams["b"].config.fps == 2
             for sid in ("a", "b"):
-                await wait_for(partial(_running, service, sid), 10, sid)
+                await wait_until_async(partial(_running, service, sid), 10, sid)
 
     asyncio.run(first_life())
     saved = json.loads((tmp_path / "streams.json").read_text())
@@ -167,7 +169,9 @@ def test_openapi_metrics_and_status_model(media: Media, tmp_path: Path) -> None:
             assert set(spec["paths"]["/v1/streams/{stream_id}"]) == {"get", "put", "delete"}
             assert "StreamConfig" in spec["components"]["schemas"]
             await http.post("/v1/streams", json=_cam(media, "m"))
-            await wait_for(lambda: service.streams["m"].counters["decoded"] > 0, 10, "decoding")
+            await wait_until_async(
+                lambda: service.streams["m"].counters["decoded"] > 0, 10, "decoding"
+            )
             text = (await http.get("/metrics")).text
             assert 'framerelay_ingest_stream_state{state="RUNNING",stream="m"} 1.0' in text
             assert 'framerelay_ingest_stream_frames_decoded_total{stream="m"}' in text

@@ -24,9 +24,8 @@ from framerelay.tracker_times import TrackerTimesConfig
 from gpu_worker.server import Worker
 from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.ingest.test_tunnel_compat import streaming
-from tests.integration.worker_harness import running_worker, token
-from tests.support.harness import wait_for
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, streaming, token
 from tracker.settings import HybridSettings as TrackerSettings
 
 WAIT_S = 60 * TIMEOUT_FACTOR
@@ -100,7 +99,7 @@ def test_a_streams_own_settings_reach_its_tracker_on_the_worker(secret: str) -> 
             streaming(url, token(secret), records, config),
             streaming(url, token(secret), records, plain),
         ):
-            await wait_for(lambda: {r.stream_id for r in records} == {"cam", "cam2"},
+            await wait_until_async(lambda: {r.stream_id for r in records} == {"cam", "cam2"},
                            WAIT_S, "results of both streams")  # fmt: skip
             return _tracker_settings(worker, "cam"), _tracker_settings(worker, "cam2")
 
@@ -126,7 +125,9 @@ def test_a_tracker_without_time_settings_is_refused_and_the_stream_says_why(secr
             running_worker(secret) as (_, url),
             streaming(url, token(secret), [], config) as (_, stream),
         ):
-            await wait_for(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
+            await wait_until_async(
+                lambda: stream.last_error is not None, WAIT_S, "the stream's error"
+            )
             return stream.last_error
 
     said = asyncio.run(main())

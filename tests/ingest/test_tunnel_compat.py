@@ -23,13 +23,12 @@ from websockets.asyncio.server import ServerConnection, serve
 from framerelay import wire
 from framerelay.protocol import negotiation as versions
 from framerelay.results import ResultRecord
-from ingest.settings import StreamConfig
 from ingest.stream import IngestStream
-from ingest.tunnel_client import TunnelClient, supervise
-from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.framerelay import wire_v1_peer as v1
-from tests.integration.worker_harness import running_worker, token
-from tests.support.harness import wait_for
+from ingest.tunnel_client import TunnelClient
+from tests.conftest import TIMEOUT_FACTOR
+from tests.support import wire_v1_peer as v1
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, streaming, token
 
 WAIT_S = 30 * TIMEOUT_FACTOR
 HELLO: dict[str, Any] = {
@@ -85,28 +84,6 @@ async def _fake(handler: Handler, *, negotiate: bool) -> AsyncIterator[str]:
         yield f"ws://127.0.0.1:{next(iter(srv.sockets)).getsockname()[1]}/v1/tunnel"
 
 
-@contextlib.asynccontextmanager
-async def streaming(
-    url: str, tok: str, records: list[ResultRecord], config: StreamConfig | None = None
-) -> AsyncIterator[tuple[TunnelClient, IngestStream]]:
-    """A tunnel client with one stream (``config``, default the looped clip at 10 fps)
-    flowing to ``url``; stopped and joined on exit. (Also tests/ingest/test_tracker_times.)"""
-    client = TunnelClient(url, lambda: tok, records.append, reconnect_max_s=0.5)
-    config = config or StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True, loop=True)
-    stream = IngestStream(config, asyncio.get_running_loop(), 2, link_up=client.connected.is_set)
-    client.add(stream)
-    stream.launch()
-    stop = asyncio.Event()
-    task = asyncio.create_task(supervise(client, stop))
-    try:
-        yield client, stream
-    finally:
-        stream.stop()
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await asyncio.to_thread(stream.join, 10)
-
-
 def test_a_newer_worker_with_extra_fields_in_hello_result_and_error() -> None:
     records: list[ResultRecord] = []
 
@@ -118,8 +95,8 @@ def test_a_newer_worker_with_extra_fields_in_hello_result_and_error() -> None:
                 stream,
             ),
         ):
-            await wait_for(lambda: len(records) >= 6, WAIT_S, "results")
-            await wait_for(lambda: stream.counters["worker_error"] >= 3, WAIT_S, "errors")
+            await wait_until_async(lambda: len(records) >= 6, WAIT_S, "results")
+            await wait_until_async(lambda: stream.counters["worker_error"] >= 3, WAIT_S, "errors")
             return client, stream
 
     client, stream = asyncio.run(main())
@@ -140,7 +117,7 @@ def test_a_v1_worker_gets_frames_its_strict_reader_takes() -> None:
                 _,
             ),
         ):
-            await wait_for(lambda: len(records) >= 5, WAIT_S, "results from the v1 worker")
+            await wait_until_async(lambda: len(records) >= 5, WAIT_S, "results from the v1 worker")
             return client
 
     client = asyncio.run(main())
@@ -159,7 +136,9 @@ def test_a_worker_of_other_versions_refuses_and_the_ingest_says_why(
             running_worker(secret) as (_, url),
             streaming(url, token(secret), []) as (client, stream),
         ):
-            await wait_for(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
+            await wait_until_async(
+                lambda: stream.last_error is not None, WAIT_S, "the stream's error"
+            )
             return client, stream
 
     client, stream = asyncio.run(main())

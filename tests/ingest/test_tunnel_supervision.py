@@ -22,9 +22,9 @@ from ingest.stream import IngestStream, Outgoing, StreamState
 from ingest.tunnel_client import TunnelClient, supervise
 from ingest.tunnel_health import TunnelState
 from tests.conftest import CLIP
-from tests.integration.worker_harness import running_worker, token
-from tests.support.harness import wait_for
 from tests.support.media import ffmpeg
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, token
 
 
 def _poison(monkeypatch: pytest.MonkeyPatch, stream: IngestStream) -> None:
@@ -78,12 +78,12 @@ def test_a_sender_that_raises_fails_its_stream_only(
             for s in (good, bad):
                 client.add(s)
                 s.launch()
-            await wait_for(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
+            await wait_until_async(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
             n = sum(r.stream_id == "good" for r in records)
-            await wait_for(
+            await wait_until_async(
                 lambda: sum(r.stream_id == "good" for r in records) >= n + 10, 30, "good results"
             )
-            await wait_for(lambda: not bad.alive, 10, "bad decode thread to end")
+            await wait_until_async(lambda: not bad.alive, 10, "bad decode thread to end")
             assert client.state is TunnelState.UP and client.connects == 1
             return client, bad, n
 
@@ -108,9 +108,9 @@ def test_result_handling_that_raises_fails_its_stream_only(secret: str) -> None:
             for s in (good, bad):
                 client.add(s)
                 s.launch()
-            await wait_for(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
+            await wait_until_async(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
             n = len(good_results)
-            await wait_for(lambda: len(good_results) >= n + 10, 30, "good results")
+            await wait_until_async(lambda: len(good_results) >= n + 10, 30, "good results")
             assert client.state is TunnelState.UP and client.connects == 1
             return client, bad
 
@@ -133,7 +133,7 @@ def test_a_worker_failing_every_frame_shows_in_the_stream_error(secret: str) -> 
             stop = asyncio.Event()
             task = asyncio.create_task(supervise(client, stop))
             try:
-                await wait_for(lambda: stream.error is not None, 30, "the stream's error")
+                await wait_until_async(lambda: stream.error is not None, 30, "the stream's error")
                 return stream
             finally:
                 stream.stop()
@@ -168,7 +168,7 @@ def test_run_survives_unexpected_errors_and_logs_the_traceback_once(
             monkeypatch.setattr(client, "_session", flaky)
             client.add(good)
             good.launch()
-            await wait_for(lambda: len(records) >= 3, 60, "results after the errors")
+            await wait_until_async(lambda: len(records) >= 3, 60, "results after the errors")
             return client
 
     with caplog.at_level(logging.WARNING, "ingest.tunnel_client"):
@@ -198,7 +198,7 @@ def test_supervise_restarts_a_run_that_ends(monkeypatch: pytest.MonkeyPatch) -> 
     async def main() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(supervise(client, stop))
-        await wait_for(lambda: runs == 3, 5, "third run")
+        await wait_until_async(lambda: runs == 3, 5, "third run")
         assert not task.done()
         stop.set()
         await asyncio.wait_for(task, 5)
@@ -234,10 +234,14 @@ def test_the_service_runs_on_beside_a_1x1_source_and_a_crashing_sender(
             run = asyncio.create_task(service.run(stop))
             try:
                 poison = await _started(service, "poison")
-                await wait_for(lambda: poison.state is StreamState.FAILED, 30, "poison FAILED")
+                await wait_until_async(
+                    lambda: poison.state is StreamState.FAILED, 30, "poison FAILED"
+                )
                 good = service.streams["good"]
                 n = good.counters["results"]
-                await wait_for(lambda: good.counters["results"] >= n + 10, 30, "good results")
+                await wait_until_async(
+                    lambda: good.counters["results"] >= n + 10, 30, "good results"
+                )
                 assert not run.done()
                 return service
             finally:
@@ -253,5 +257,5 @@ def test_the_service_runs_on_beside_a_1x1_source_and_a_crashing_sender(
 
 
 async def _started(service: IngestService, sid: str) -> IngestStream:
-    await wait_for(service.started.is_set, 10, "service start")
+    await wait_until_async(service.started.is_set, 10, "service start")
     return service.streams[sid]

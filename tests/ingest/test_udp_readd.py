@@ -24,8 +24,8 @@ from ingest.settings import IngestSettings
 from ingest.store import MemoryStore
 from tests.conftest import CLIP
 from tests.support.auth import mint
-from tests.support.harness import wait_for
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 SECRET = "not-a-real-secret-but-long-enough"
@@ -58,7 +58,7 @@ async def ingest() -> AsyncIterator[tuple[IngestService, httpx.AsyncClient]]:
             transport=httpx.ASGITransport(app=create_app(service)), base_url="http://ingest",
             headers={"Authorization": f"Bearer {token}"},
         ) as http:  # fmt: skip
-            await wait_for(service.started.is_set, 10, "service start")
+            await wait_until_async(service.started.is_set, 10, "service start")
             yield service, http
     finally:
         stop.set()
@@ -98,7 +98,7 @@ def test_delete_then_readd_on_the_same_udp_port_within_a_second(camera: str) -> 
                     await asyncio.sleep(1.0)  # the decode thread now blocks in a read
                 t0 = time.monotonic()
                 assert (await http.delete("/v1/streams/udp-cam")).status_code == 204
-                await wait_for(lambda: not old.alive, 1.0, "the old decode thread to end")
+                await wait_until_async(lambda: not old.alive, 1.0, "the old decode thread to end")
                 freed = time.monotonic() - t0
             with udp_sender(port):
                 assert (await http.post("/v1/streams", json=body)).status_code == 201

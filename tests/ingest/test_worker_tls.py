@@ -29,8 +29,8 @@ from ingest.tunnel_client import client_ssl_context
 from tests.ingest.api_rig import Pki, make_pki
 from tests.support.auth import ed_keys, hs_keys
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import wait_for
 from tests.support.media import Media
+from tests.support.waiting import wait_until_async
 
 SECRET = "a-single-host-secret-long-enough"
 POD = "gpu-a.pods.framerelay"
@@ -81,8 +81,11 @@ def test_the_pool_verifies_the_worker_by_the_name_it_was_given(
                 await pool.place("cam", "gpu-a", url, name)
                 client = pool.clients["gpu-a"]
                 with contextlib.suppress(TimeoutError):
-                    await wait_for(lambda: client.connected.is_set() or bool(client.last_error),
-                                   10, "connect or fail")  # fmt: skip
+                    await wait_until_async(
+                        lambda: client.connected.is_set() or bool(client.last_error),
+                        10,
+                        "connect or fail",
+                    )
                 await asyncio.sleep(0.2)
                 return client.connected.is_set(), client.last_error, seen
         finally:

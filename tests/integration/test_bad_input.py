@@ -19,7 +19,8 @@ from framerelay.protocol.negotiation import offer
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
 from tests.conftest import CLIP
-from tests.integration.worker_harness import running_worker, token, wait_until
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker, token
 
 pytestmark = pytest.mark.integration
 
@@ -94,13 +95,13 @@ async def _scenario(secret: str) -> dict[str, object]:
         def good() -> int:
             return service.streams["good"].counters["results"] if service.streams else 0
 
-        await wait_until(lambda: good() >= 5, 30)
+        await wait_until_async(lambda: good() >= 5, 30, "5 results of the good stream")
         for name, data, _, _ in BAD_MESSAGES:
             before = good()
             ws = await _raw(url, secret)
             await ws.send(data)
             out[name] = await _closed_with(ws)
-            await wait_until(lambda b=before: good() >= b + 3, 10)  # type: ignore[misc]
+            await wait_until_async(lambda b=before: good() >= b + 3, 10, f"3 results after {name}")  # type: ignore[misc]
         ws = await _raw(url, secret)
         await ws.send("text is not allowed")
         out["text"] = await _closed_with(ws)

@@ -13,10 +13,10 @@ from gpu_worker.server import Worker
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.store import MemoryStore
-from tests.integration.worker_harness import running_worker
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import wait_for
 from tests.support.media import Media
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -50,21 +50,23 @@ def test_remove_and_replace_free_state_on_both_sides(
             task = asyncio.create_task(service.run(stop))
             a = await service.create_stream(cam("a"))
             await service.create_stream(cam("b"))
-            await wait_for(lambda: count("a") > 2 and count("b") > 2, 20, "results of a and b")
+            await wait_until_async(
+                lambda: count("a") > 2 and count("b") > 2, 20, "results of a and b"
+            )
             assert worker_sessions(worker) == 2
 
             await service.remove_stream("a")
             assert "a" not in service.streams and "a" not in service.client.snapshots
-            await wait_for(lambda: worker_sessions(worker) == 1, 5, "the worker to close a")
-            await wait_for(lambda: not a.alive, 10, "a's decode thread to end")
+            await wait_until_async(lambda: worker_sessions(worker) == 1, 5, "the worker to close a")
+            await wait_until_async(lambda: not a.alive, 10, "a's decode thread to end")
             after = count("a")
             before_b = count("b")
-            await wait_for(lambda: count("b") > before_b + 5, 10, "b to keep flowing")
+            await wait_until_async(lambda: count("b") > before_b + 5, 10, "b to keep flowing")
             assert count("a") == after
 
             b = await service.update_stream(cam("b", fps=2))
             assert b.epoch == 1 and b.config.fps == 2
-            await wait_for(lambda: count("b", epoch=1) > 3, 15, "b's new epoch")
+            await wait_until_async(lambda: count("b", epoch=1) > 3, 15, "b's new epoch")
             assert worker_sessions(worker) == 1
             assert b.counters["worker_error"] == 0 and b.error is None
             stop.set()

@@ -15,9 +15,10 @@ import pytest
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream, Outgoing, StreamState
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import standalone, wait_for
+from tests.support.harness import standalone
 from tests.support.media import Media
 from tests.support.servers import RtspServer, http_server, rtmp_server
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 PASSWORD = "s3cr3t:/@pw"  # needs quoting in a URL
@@ -32,12 +33,15 @@ def _collect(
     async def main() -> dict[str, Any]:
         started = time.monotonic()
         async with standalone(cfg) as (stream, got):
-            first = await wait_for(lambda: len(got) >= 1, timeout_s, f"{cfg.id}: a frame")
-            await wait_for(
+            await wait_until_async(
+                lambda: len(got) >= 1, timeout_s, f"{cfg.id}: a frame", every_s=0.02
+            )
+            first = time.monotonic()
+            await wait_until_async(
                 lambda: len(got) >= frames or stream.finished, timeout_s, f"{cfg.id}: frames"
             )
             if to_the_end:
-                await wait_for(lambda: stream.finished, timeout_s, f"{cfg.id}: its end")
+                await wait_until_async(lambda: stream.finished, timeout_s, f"{cfg.id}: its end")
             return _figures(stream, list(got), first - started)
 
     return asyncio.run(main())
@@ -117,7 +121,7 @@ def test_rtsp_credentials_work_and_never_show(
         async def refused() -> dict[str, object]:
             cfg = config("bad", PASSWORD + "-wrong")
             async with standalone(cfg) as (stream, _):
-                await wait_for(lambda: stream.counters["auth_failed"] >= 2, 10, "refusals")
+                await wait_until_async(lambda: stream.counters["auth_failed"] >= 2, 10, "refusals")
                 return stream.describe() | {"history": list(stream.history)}
 
         bad = asyncio.run(refused())

@@ -24,9 +24,9 @@ from ingest.settings import IngestSettings
 from ingest.store import MemoryStore
 from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import RtspServer
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 HIST = "framerelay_ingest_result_latency_seconds"
@@ -106,7 +106,7 @@ def test_latency_histogram_breaches_and_clock(
                 and all(s.counters["results"] >= 3 for s in streams.values())
             )
 
-        await wait_for(ready, 60, "results of both streams, the RTSP one from capture")
+        await wait_until_async(ready, 60, "results of both streams, the RTSP one from capture")
         await _check_stream(http, "rtsp", 0.001, "capture", all_breach=True)
         await _check_stream(http, "file", 600_000, "decode", all_breach=False)
         for sid in ("rtsp", "file"):

@@ -11,9 +11,10 @@ import pytest
 from framerelay.results import ResultRecord
 from ingest.registry import StreamRegistry
 from ingest.settings import StreamConfig
-from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.integration.worker_harness import running_worker, wait_until
+from tests.conftest import CLIP
 from tests.support.auth import mint
+from tests.support.waiting import wait_until_async
+from tests.support.worker_harness import running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +33,11 @@ def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
             pool.create(cfg)
             try:
                 await pool.place("cam", "gpu-a", url_a)
-                await wait_until(lambda: len(records) >= 15, 60 * TIMEOUT_FACTOR)
+                await wait_until_async(lambda: len(records) >= 15, 60, "15 results")
                 assert not await pool.place("cam", "gpu-a", url_a)  # idempotent
                 await pool.place("cam", "gpu-b", url_b)
                 n = len(records)
-                await wait_until(lambda: len(records) >= n + 15, 60 * TIMEOUT_FACTOR)
+                await wait_until_async(lambda: len(records) >= n + 15, 60, "15 more results")
                 assert set(pool.clients) == {"gpu-b"}  # the idle tunnel to gpu-a closed
             finally:
                 await pool.aclose()

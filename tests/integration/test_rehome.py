@@ -14,7 +14,7 @@ from framerelay import wire
 from framerelay.protocol.negotiation import offer
 from ingest.prepare import Preparer
 from tests.conftest import CLIP
-from tests.integration.worker_harness import running_worker, token
+from tests.support.worker_harness import running_worker, token
 
 pytestmark = pytest.mark.integration
 SPLIT = 90

@@ -44,9 +44,9 @@ from ingest.stream import IngestStream, StreamState
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -165,11 +165,11 @@ def _serve_through_the_ingest(url: str, clip: Path, sidecar: Path, prefix: str) 
                 base_url="http://ingest",
                 headers={"Authorization": f"Bearer {token}"},
             ) as http:
-                await wait_for(service.started.is_set, 10, "ingest start")
+                await wait_until_async(service.started.is_set, 10, "ingest start")
                 t0 = time.monotonic()
                 created = await http.post("/v1/streams", json=body)
                 assert created.status_code == 201, created.text
-                await wait_for(lambda: _state(prefix) in ("done", "failed"),
+                await wait_until_async(lambda: _state(prefix) in ("done", "failed"),
                                120 * TIMEOUT_FACTOR, "the task to end")  # fmt: skip
                 return time.monotonic() - t0
         finally:

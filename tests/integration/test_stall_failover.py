@@ -32,8 +32,8 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
 from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 from tests.support.auth import mint
-from tests.support.harness import wait_for
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 FREEZE_S = 10.0
@@ -92,7 +92,7 @@ async def ingest(
         async with httpx.AsyncClient(
             transport=transport, base_url="http://ingest", headers=headers
         ) as http:
-            await wait_for(service.started.is_set, 10, "ingest start")
+            await wait_until_async(service.started.is_set, 10, "ingest start")
             yield service, http, got
             assert not run.done(), "the ingest service ended"
     finally:
@@ -129,7 +129,9 @@ def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Pat
 
             for sid, worker in placed.items():
                 assert await put(sid, worker)
-            await wait_for(lambda: all(len(_of(got, s)) >= 5 for s in placed), 60, "results")
+            await wait_until_async(
+                lambda: all(len(_of(got, s)) >= 5 for s in placed), 60, "results"
+            )
             before = {s: _ids(got, s, n=None) for s in ("a1", "a2")}
             t0 = time.monotonic()
             _signal(procs["gpu-a"], signal.SIGSTOP)
@@ -140,10 +142,15 @@ def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Pat
                     routing.update((await http.get("/v1/routing")).json())
                     return routing == {s: "gpu-b" for s in placed}
 
-                t_moved = await _until(moved, 10)
-                t_res = await wait_for(
-                    lambda: all(_of(got, s, "gpu-b") for s in ("a1", "a2")), 10, "results on B"
+                await wait_until_async(moved, 10, "the streams moved to B")
+                t_moved = time.monotonic()
+                await wait_until_async(
+                    lambda: all(_of(got, s, "gpu-b") for s in ("a1", "a2")),
+                    10,
+                    "results on B",
+                    every_s=0.02,
                 )
+                t_res = time.monotonic()
                 workers_view = (await http.get("/v1/workers")).json()
                 failovers = metric(service, "framerelay_ingest_failovers_total")
                 stalled_a = metric(service, "framerelay_ingest_tunnel_stalls_total", worker="gpu-a")
@@ -157,7 +164,9 @@ def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Pat
             assert not await put("a1", "gpu-b")  # the orchestrator repeats itself: no change
             assert await put("a1", "gpu-a")  # and places it back once A answers again
             n = len(_of(got, "a1", "gpu-a"))
-            await wait_for(lambda: len(_of(got, "a1", "gpu-a")) >= n + 5, 30, "a1 back on A")
+            await wait_until_async(
+                lambda: len(_of(got, "a1", "gpu-a")) >= n + 5, 30, "a1 back on A"
+            )
             routing = (await http.get("/v1/routing")).json()
             return {
                 "move_s": t_moved - t0, "results_s": t_res - t0, "gaps": gaps,
@@ -191,7 +200,7 @@ def test_a_frozen_lone_worker_stalls_its_streams_which_recover(secret: str, tmp_
         async with ingest(secret, tmp_path, worker_url=worker.url, streams=streams) as (
             service, http, got,
         ):  # fmt: skip
-            await wait_for(lambda: all(len(_of(got, s)) >= 5 for s in sids), 60, "results")
+            await wait_until_async(lambda: all(len(_of(got, s)) >= 5 for s in sids), 60, "results")
             t0, wall0 = time.monotonic(), time.time()
             _signal(worker, signal.SIGSTOP)
             try:
@@ -200,7 +209,8 @@ def test_a_frozen_lone_worker_stalls_its_streams_which_recover(secret: str, tmp_
                     states = {s["id"]: s["state"] for s in (await http.get("/v1/streams")).json()}
                     return set(states.values()) == {"STALLED"}
 
-                seen = await _until(stalled, 6)
+                await wait_until_async(stalled, 6, "the stall seen")
+                seen = time.monotonic()
                 tunnel = (await http.get("/v1/workers")).json()[0]
                 gauge = metric(service, "framerelay_ingest_tunnel_state",
                                worker="default", state="STALLED")  # fmt: skip
@@ -216,7 +226,8 @@ def test_a_frozen_lone_worker_stalls_its_streams_which_recover(secret: str, tmp_
                 fresh = all(len(_of(got, s)) > n[s] for s in sids)
                 return fresh and set(states.values()) == {"RUNNING"}
 
-            back = await _until(recovered, 20)
+            await wait_until_async(recovered, 20, "A recovered")
+            back = time.monotonic()
             return {
                 "seen_s": seen - t0, "stalled_s": stalled_at, "back_s": back - t1,
                 "tunnel": tunnel, "gauge": gauge, "stalls": service.client.health.stalls,
@@ -248,13 +259,3 @@ def _ids(
 
 def _stalled_at(history: Any) -> float:
     return float(next(h["at"] for h in reversed(history) if h["state"] == "STALLED"))
-
-
-async def _until(check: Any, timeout_s: float) -> float:
-    """Poll the async ``check`` every 50 ms; the monotonic time it first held."""
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not met in {timeout_s * TIMEOUT_FACTOR} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic()

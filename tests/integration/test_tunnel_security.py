@@ -32,8 +32,8 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 from framerelay import wire
 from framerelay.protocol.negotiation import offer
 from gpu_worker.server import Worker
-from tests.integration.worker_harness import running_worker, token
 from tests.support.auth import b64url, ed_keys, mint
+from tests.support.worker_harness import running_worker, token
 
 pytestmark = pytest.mark.integration
 PRIMARY = ed_keys("primary-2026")

@@ -29,8 +29,8 @@ from framerelay.launcher import LocalWorker
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.trust import pem_files
 from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
-from tests.integration.worker_harness import running_worker
 from tests.support.auth import ed_keys, mint
+from tests.support.worker_harness import running_worker
 
 pytestmark = pytest.mark.integration
 SECRET = "unused-single-host-secret-" * 2

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,21 +28,12 @@ from websockets.asyncio.client import connect
 from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
 from tests.support.auth import ed_keys, mint
+from tests.support.promtool import promtool
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
 RENAMED = ("_ms", "_ms_bucket", "stream_hours", "framerelay_orch_fleet_usd", "source_events")
-
-
-def promtool(text: str) -> tuple[int, str]:
-    tool = shutil.which("promtool")
-    if tool is None:
-        pytest.fail("promtool not found: run scripts/services.sh (Debian package prometheus)")
-    done = subprocess.run(
-        [tool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
-    )
-    return done.returncode, (done.stdout + done.stderr).strip()
 
 
 def samples(text: str, name: str) -> dict[str, float]:

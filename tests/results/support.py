@@ -8,8 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,17 +21,9 @@ from ingest.auth import api_guard
 from ingest.hub import ResultHub, results_router
 from ingest.server import api_server
 from ingest.settings import IngestSettings
-from tests.conftest import TIMEOUT_FACTOR, service_env
+from tests.conftest import service_env
 from tests.support.servers import free_port
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll (sync) until true; TimeoutError after ``timeout_s`` x TIMEOUT_FACTOR."""
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met in {timeout_s * TIMEOUT_FACTOR:.0f} s")
-        time.sleep(0.05)
+from tests.support.waiting import wait_until, wait_until_async
 
 
 def kill_all(*procs: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
@@ -41,14 +32,6 @@ def kill_all(*procs: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
         if p.poll() is None:
             p.kill()
             p.wait(10)
-
-
-async def wait_async(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met in {timeout_s * TIMEOUT_FACTOR:.0f} s")
-        await asyncio.sleep(0.02)
 
 
 def p99(values: list[float]) -> float:
@@ -123,7 +106,7 @@ async def serving(hub: ResultHub, settings: IngestSettings) -> AsyncIterator[str
     task = asyncio.create_task(server.serve(sockets=[sock]))
     scheme = "wss" if settings.api_tls_cert is not None else "ws"
     try:
-        await wait_async(lambda: server.started, 10, "uvicorn started")
+        await wait_until_async(lambda: server.started, 10, "uvicorn started")
         yield f"{scheme}://127.0.0.1:{port}/v1/results"
     finally:
         server.should_exit = True

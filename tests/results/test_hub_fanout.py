@@ -32,8 +32,9 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import ROOT, TIMEOUT_FACTOR
-from tests.results.support import child_env, p99, wait_until
+from tests.results.support import child_env, p99
 from tests.support.auth import mint
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

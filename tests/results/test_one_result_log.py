@@ -45,10 +45,9 @@ from tests.results.support import (
     kill_all,
     result_record,
     serving,
-    wait_async,
-    wait_until,
 )
 from tests.support.auth import mint
+from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration
 STREAM = "cam-ids"
@@ -127,11 +126,11 @@ async def _ingest(server: RedisServer) -> Run:
     state = SubscribeState()
     async with serving(hub, settings) as url:
         reader = asyncio.create_task(_client(url, got, state))
-        await wait_async(lambda: bus.subscribers == 1, 10, "the client subscribed")
+        await wait_until_async(lambda: bus.subscribers == 1, 10, "the client subscribed")
         published = await _publish(bus, server)
         async with asyncio.timeout(30 * TIMEOUT_FACTOR):
             await reader
-        await wait_async(lambda: pub.buffered == 0, 20, "the publisher caught up")
+        await wait_until_async(lambda: pub.buffered == 0, 20, "the publisher caught up")
     stop.set()
     await writer
     await client.aclose()

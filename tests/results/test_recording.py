@@ -35,8 +35,9 @@ from ingest.recording.draw import box_pixels, label_area, label_of
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import RedisServer, child_env, kill_all, wait_until
+from tests.results.support import RedisServer, child_env, kill_all
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STREAM = "stream-1"

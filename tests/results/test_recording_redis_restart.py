@@ -24,7 +24,8 @@ from ingest.recording.sidecar import GAP_DIR, read_lines
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from tests.conftest import CLIP, ROOT
 from tests.results.conftest import load_records
-from tests.results.support import RedisServer, child_env, kill_all, wait_async, wait_until
+from tests.results.support import RedisServer, child_env, kill_all
+from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration
 STREAM = "cam-9"
@@ -50,7 +51,7 @@ async def _publish(url: str, records: list[ResultRecord], server: RedisServer) -
         )
         ids.append(str(bus.push(rec).id))
         await asyncio.sleep(0.05)
-    await wait_async(lambda: publisher.buffered == 0, 15, "the publisher caught up")
+    await wait_until_async(lambda: publisher.buffered == 0, 15, "the publisher caught up")
     stop.set()
     await task
     await client.aclose()

@@ -22,7 +22,8 @@ from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from ingest.redis_consumer import Entry, ResultConsumer
 from tests.conftest import TIMEOUT_FACTOR
 from tests.results.conftest import load_records
-from tests.results.support import RedisServer, redis_server, wait_async
+from tests.results.support import RedisServer, redis_server
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 KEYS = RedisKeys("t")
@@ -65,7 +66,7 @@ def test_results_are_published_live_and_stored_with_their_ids(
         await pubsub.subscribe(KEYS.channel(STREAM))
         await pubsub.get_message(timeout=1)  # the subscribe confirmation
         items = [bus.push(r) for r in records[:150]]
-        await wait_async(lambda: pub.counts["stored"] == 150, 10, "150 stored")
+        await wait_until_async(lambda: pub.counts["stored"] == 150, 10, "150 stored")
         live: list[ResultRecord] = []
         while len(live) < 150:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2)
@@ -89,14 +90,14 @@ def test_maxlen_and_retention_bound_the_stream(records: list[ResultRecord], tmp_
         reader = connect(url)
         for i in range(1000):
             bus.publish(records[i % len(records)])
-        await wait_async(lambda: pub.counts["stored"] == 1000, 10, "1000 stored")
+        await wait_until_async(lambda: pub.counts["stored"] == 1000, 10, "1000 stored")
         capped = await _xlen(reader, KEYS.stream(STREAM))
         await asyncio.sleep(1.2)  # older than the retention now
         bus.publish(records[0])  # a write after trim_every_s triggers the trim
-        await wait_async(lambda: pub.counts["stored"] == 1001, 10, "stored")
+        await wait_until_async(lambda: pub.counts["stored"] == 1001, 10, "stored")
         await asyncio.sleep(0.3)
         bus.publish(records[1])
-        await wait_async(lambda: pub.counts["stored"] == 1002, 10, "stored")
+        await wait_until_async(lambda: pub.counts["stored"] == 1002, 10, "stored")
         left = await _xlen(reader, KEYS.stream(STREAM))
         ttl = await reader.pttl(KEYS.stream(STREAM))
         await reader.aclose()
@@ -123,10 +124,10 @@ def test_publishing_never_blocks_while_redis_is_down(
         for i in range(200):
             bus.publish(records[i % len(records)])
         took = time.perf_counter() - started
-        await wait_async(lambda: pub.counts["errors"] >= 1, 5, "a failed write")
+        await wait_until_async(lambda: pub.counts["errors"] >= 1, 5, "a failed write")
         assert pub.counts["dropped_buffer_full"] == 150 and pub.buffered == 50
         await asyncio.to_thread(server.start)
-        await wait_async(lambda: pub.counts["stored"] == 50, 15, "the 50 newest stored")
+        await wait_until_async(lambda: pub.counts["stored"] == 50, 15, "the 50 newest stored")
         return took
 
     try:
@@ -150,7 +151,7 @@ async def _drain(consumer: ResultConsumer, want: int, seen: list[Entry], ack: bo
 async def _fill(url: str, records: list[ResultRecord], n: int) -> list[ResultId]:
     async def body(bus: ResultBus, pub: RedisPublisher) -> list[ResultId]:
         ids = [bus.push(records[i % len(records)]).id for i in range(n)]
-        await wait_async(lambda: pub.counts["stored"] == n, 10, f"{n} stored")
+        await wait_until_async(lambda: pub.counts["stored"] == n, 10, f"{n} stored")
         return ids
 
     result: list[ResultId] = await _run_with_publisher(url, body)
@@ -258,7 +259,7 @@ def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
     ) -> tuple[Any, list[ResultId], list[ResultId | None]]:
         bus.resize_history(5)  # the hub itself remembers only the last 5
         ids = [bus.push(r).id for r in records[:40]]
-        await wait_async(lambda: pub.counts["stored"] == 40, 10, "40 stored")
+        await wait_until_async(lambda: pub.counts["stored"] == 40, 10, "40 stored")
         hub = ResultHub(bus, guard=hub_guard(SECRET), config=HubConfig(resume_max=100),
                         registry=CollectorRegistry(), durable=pub.read_after)  # fmt: skip
         settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))

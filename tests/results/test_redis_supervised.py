@@ -17,7 +17,8 @@ import pytest
 
 from ingest.bus import ResultBus
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.results.support import redis_server, result_record, wait_async
+from tests.results.support import redis_server, result_record
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 KEYS = RedisKeys("sup")
@@ -43,10 +44,10 @@ async def _publish_through_a_fault(url: str) -> tuple[RedisPublisher, int]:
     try:
         for seq in range(10):
             bus.push(result_record("cam-1", seq))
-        await wait_async(lambda: calls["n"] >= 1, 10, "the faulty batch")
+        await wait_until_async(lambda: calls["n"] >= 1, 10, "the faulty batch")
         for seq in range(10, 40):
             bus.push(result_record("cam-1", seq))
-        await wait_async(lambda: publisher.counts["stored"] >= 30, 10, "later results stored")
+        await wait_until_async(lambda: publisher.counts["stored"] >= 30, 10, "later results stored")
         stored = int(await client.xlen(KEYS.stream("cam-1")))
     finally:
         stop.set()

@@ -22,8 +22,9 @@ from framerelay.results import ResultId, ResultRecord
 from framerelay.schemas import ResultMessage, SharedResultMessage, SidecarLine
 from ingest.bus import DetectionFilter, IdAllocator, Published, ResultBus
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.results.support import redis_server, result_record, wait_async
+from tests.results.support import redis_server, result_record
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 KEYS = RedisKeys("t")
 STREAM = "cam-1"
@@ -144,7 +145,9 @@ def test_redis_never_renames_a_result_subscribers_already_have(tmp_path: Path) -
         sub = bus.subscribe()
         bus.publish(result_record(STREAM, 0))
         refused = (await sub.get()).id
-        await wait_async(lambda: pub.counts["dropped_stale_id"] == 1, 5, "refused and counted")
+        await wait_until_async(
+            lambda: pub.counts["dropped_stale_id"] == 1, 5, "refused and counted"
+        )
         later = [bus.push(result_record(STREAM, i)).id for i in (1, 2)]
         await writer.stop()
         stored = await _stored(client)
@@ -213,7 +216,7 @@ def test_a_write_redis_already_holds_is_a_duplicate_not_a_loss(tmp_path: Path) -
         item = Published.settled(result_record(STREAM, 0), bus.ids.next(STREAM))
         await client.xadd(KEYS.stream(STREAM), {"r": item.json()}, id=str(item.id))
         pub.offer(item)
-        await wait_async(lambda: pub.counts["duplicate"] == 1, 5, "seen as a duplicate")
+        await wait_until_async(lambda: pub.counts["duplicate"] == 1, 5, "seen as a duplicate")
         await writer.stop()
         stored = await _stored(client)
         await client.aclose()

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,19 +95,6 @@ def wait_healthy(svc: Service, base: str, timeout_s: float = 30.0, **client: Any
                 return
         time.sleep(0.1)
     raise RuntimeError(f"{svc.name} is not healthy: {svc.output()[-2000:]}")
-
-
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str | Callable[[], str]) -> Any:
-    """``check()`` once truthy; TimeoutError naming ``what`` (a callable: said at the end)."""
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            said = what if isinstance(what, str) else what()
-            raise TimeoutError(f"{said}: not within {timeout_s * TIMEOUT_FACTOR:.0f} s")
-        time.sleep(0.2)
 
 
 def given(pid: int) -> dict[str, bytes]:

@@ -43,9 +43,10 @@ from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 from tests.security.evidence import Evidence, Secrets, redis_with_password
 from tests.security.forge import JWT, hs256
-from tests.security.procs import Service, bearer, ready_line, spawn, wait_healthy, wait_until
+from tests.security.procs import Service, bearer, ready_line, spawn, wait_healthy
 from tests.support.auth import mint
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 GPU = "NVIDIA RTX A4000"
@@ -349,13 +350,18 @@ def _errored(w: World) -> bool:
 
 def test_no_secret_in_logs_bodies_metrics_or_command_lines(world: World) -> None:
     w = world
-    wait_until(lambda: w.orch.output().count("no stock for") >= 3, 30, "creates refused: no stock")
+    wait_until(
+        lambda: w.orch.output().count("no stock for") >= 3,
+        30,
+        "creates refused: no stock",
+        every_s=0.2,
+    )
     w.state.knobs.no_stock.clear()  # a create gets through: a real worker pod, ...
     w.state.knobs.fail_next = 4  # ... after more provider 500s
     _provoke_ingest(w)
     _provoke_orchestrator(w)
-    pod_http = wait_until(lambda: _pod_ready(w), 90, "a ready pod")
-    wait_until(lambda: _errored(w), 30, lambda: f"every camera failed ({w.waiting})")
+    pod_http = wait_until(lambda: _pod_ready(w), 90, "a ready pod", every_s=0.2)
+    wait_until(lambda: _errored(w), 30, lambda: f"every camera failed ({w.waiting})", every_s=0.2)
     _provoke_auth(w, pod_http)
     _collect(w, pod_http)
     for svc in (w.orch, w.ingest):  # their shutdown logs too

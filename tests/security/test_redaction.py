@@ -51,10 +51,10 @@ from tests.security.procs import (
     run_cli,
     spawn,
     wait_healthy,
-    wait_until,
 )
 from tests.support.auth import ed_keys, mint
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 JOB_INPUT = "https://alice:S3cretPW@host/x?X-Amz-Signature=abcd"
 CAMERA = "rtsp://cam/x?user=admin&pwd=hunter2&token=t0k"
@@ -323,13 +323,13 @@ def test_hole_4_job_inputs_are_redacted_in_every_view(world: World) -> None:
     job = {"id": "leak-4", "inputs": [JOB_INPUT], "max_parallel": 1}
     submitted = w.post(f"{orch}/v1/jobs", job, "jobs:write", "orchestrator")
     assert submitted.status_code == 201, submitted.text
-    wait_until(lambda: _task_stream(w), 30, "the job's task stream")
+    wait_until(lambda: _task_stream(w), 30, "the job's task stream", every_s=0.2)
     jobs = w.get("GET /v1/jobs", f"{orch}/v1/jobs", "jobs:read")
     (mine,) = [j for j in jobs if j["id"] == "leak-4"]
     assert mine["spec"]["inputs"] == mine["inputs"] == ["https://***@host/x?X-Amz-Signature=***"]
     w.get("GET /v1/jobs/leak-4", f"{orch}/v1/jobs/leak-4", "jobs:read")
     w.get("GET /v1/fleet", f"{orch}/v1/fleet", "fleet:read")
-    panel = wait_until(lambda: _jobs_panel(w), 30, "the console's jobs panel")
+    panel = wait_until(lambda: _jobs_panel(w), 30, "the console's jobs panel", every_s=0.2)
     assert [j["id"] for j in panel["jobs"]] == ["leak-4"]
     cli = run_cli(["jobs", "status", "leak-4"], w.env)
     assert cli.returncode == 0, cli.stderr
@@ -367,7 +367,7 @@ def test_hole_5_camera_query_secrets_are_redacted_in_every_view(world: World) ->
         f"{orch}/v1/streams", {"id": "cam-5a", "url": CAMERA}, "fleet:write", "orchestrator"
     )
     assert on_orch.status_code == 201, on_orch.text
-    wait_until(lambda: _refusal_logged(w), 30, "the refused camera's error")
+    wait_until(lambda: _refusal_logged(w), 30, "the refused camera's error", every_s=0.2)
     listed = w.get("ingest streams", f"{ingest}/v1/streams", "streams:read", aud="ingest")
     assert {s["id"]: s["source"] for s in listed}["cam-5a"] == redact_url(CAMERA)
     one = w.get("ingest cam-5a", f"{ingest}/v1/streams/cam-5a", "streams:read", aud="ingest")

@@ -31,9 +31,10 @@ from bench.rig.records import result_record
 from framerelay.auth import KeySet
 from framerelay.results import ResultId
 from tests.conftest import TIMEOUT_FACTOR
-from tests.security.procs import Service, bearer, redis_prefix, spawn, wait_healthy, wait_until
+from tests.security.procs import Service, bearer, redis_prefix, spawn, wait_healthy
 from tests.support.auth import ed_keys, mint
 from tests.support.servers import CountingListener, counting_listener, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 MANY = "1000000"  # failed authentications per window: 429 never hides an answer
@@ -198,4 +199,6 @@ def test_no_request_mints_a_wildcard_tunnel_token(
             "/v1/streams/x/worker", headers=routing, json={"worker_id": "gpu-a", "url": tunnel}
         )
         assert moved.status_code == 200, moved.text
-    wait_until(lambda: listener.connections > 0, 30, "the ingest dialled gpu-a's tunnel URL")
+    wait_until(
+        lambda: listener.connections > 0, 30, "the ingest dialled gpu-a's tunnel URL", every_s=0.2
+    )

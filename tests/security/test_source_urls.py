@@ -33,9 +33,9 @@ from ingest.source import AVSource, SourceSpec, SourceUnavailable
 from tests.ingest.api_rig import Ingest, client, running_ingest
 from tests.support.auth import ed_keys
 from tests.support.fixtures import media  # noqa: F401 - fixture
-from tests.support.harness import wait_for
 from tests.support.media import Media
 from tests.support.servers import CountingListener, counting_listener, http_server
+from tests.support.waiting import wait_until_async
 
 WRITE = ("streams:read", "streams:write")
 
@@ -169,7 +169,7 @@ def test_the_listener_counts_an_allowed_source_and_safe_options_pass(
             body = {"id": "ok", "url": f"http://127.0.0.1:{listener.port}/x", "options": options}
             r = await http.post("/v1/streams", json=body, headers=ingest.auth(*WRITE))
             assert r.status_code == 201, r.text
-            await wait_for(lambda: listener.connections > 0, 20, "the source connects")
+            await wait_until_async(lambda: listener.connections > 0, 20, "the source connects")
 
     asyncio.run(main())
 
@@ -243,9 +243,11 @@ async def _added_under_the_root(ingest: Ingest, http: httpx.AsyncClient, root: P
         body = {"id": sid, "url": str(root / name)}
         assert (await http.post("/v1/streams", json=body, headers=auth)).status_code == 201
     streams = ingest.service.streams
-    await wait_for(lambda: streams["clip"].counters["decoded"] > 0, 20, "the clip decodes")
+    await wait_until_async(lambda: streams["clip"].counters["decoded"] > 0, 20, "the clip decodes")
     failed = ("missing", "notes")
-    await wait_for(lambda: all(streams[s].state.value == "FAILED" for s in failed), 20, "fail")
+    await wait_until_async(
+        lambda: all(streams[s].state.value == "FAILED" for s in failed), 20, "fail"
+    )
     errors = {
         (await http.get(f"/v1/streams/{sid}", headers=auth)).json()["error"].split(": ", 1)[1]
         for sid in failed
@@ -300,8 +302,12 @@ def test_hls_segments_cannot_reach_files_or_other_protocols(
 
 async def _hls_outcome(ingest: Ingest, evil: list[str], port: int) -> None:
     streams = ingest.service.streams
-    await wait_for(lambda: streams["ok"].counters["decoded"] > 0, 30, "the HTTP segment plays")
-    await wait_for(lambda: all(streams[s].state.value == "FAILED" for s in evil), 30, "failed")
+    await wait_until_async(
+        lambda: streams["ok"].counters["decoded"] > 0, 30, "the HTTP segment plays"
+    )
+    await wait_until_async(
+        lambda: all(streams[s].state.value == "FAILED" for s in evil), 30, "failed"
+    )
     for sid in evil:
         described = streams[sid].describe()
         assert described["decoded"] == 0, sid
@@ -337,7 +343,9 @@ def test_config_file_streams_may_read_any_file(
     async def main() -> None:
         async with running_ingest(ed_keys(), tmp_path, file_roots=[], streams=streams) as ingest:
             stream = ingest.service.streams["local"]
-            await wait_for(lambda: stream.counters["decoded"] > 0, 20, "the configured file plays")
+            await wait_until_async(
+                lambda: stream.counters["decoded"] > 0, 20, "the configured file plays"
+            )
 
     asyncio.run(main())
 

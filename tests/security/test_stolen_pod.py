@@ -43,11 +43,11 @@ from tests.security.procs import (
     run_cli,
     spawn,
     wait_healthy,
-    wait_until,
     worker_children,
-)  # fmt: skip
+)
 from tests.support.auth import ed_keys, mint
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 POD, OTHER, STREAM = "fr-ondemand-0-g0", "gpu-other", "cam-1"
@@ -154,12 +154,16 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             other = _other_worker(tmp_path, keys)
             d = Deployment(keys, ingest, orch, other, tmp_path / "ca" / "ca.pem", 0)
             fleet = d.auth("orchestrator", "fleet:read", "fleet:write")
-            wait_until(lambda: _pod_ready(orch.url, fleet), 180, f"pod {POD} ready")
+            wait_until(lambda: _pod_ready(orch.url, fleet), 180, f"pod {POD} ready", every_s=0.2)
             made = httpx.post(f"{orch.url}/v1/streams", headers=fleet,
                               json={"id": STREAM, "url": "rtsp://127.0.0.1:1/cam"})  # fmt: skip
             assert made.status_code == 201, made.text
-            wait_until(lambda: _routed(ingest.url, d.auth("ingest", "streams:read")), 60,
-                       f"{STREAM} routed to {POD}")  # fmt: skip
+            wait_until(
+                lambda: _routed(ingest.url, d.auth("ingest", "streams:read")),
+                60,
+                f"{STREAM} routed to {POD}",
+                every_s=0.2,
+            )
             (d.pod_pid,) = worker_children(orch.proc.pid)
             yield d
         finally:

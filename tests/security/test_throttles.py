@@ -27,9 +27,10 @@ from framerelay.launcher import LocalWorker
 from framerelay.protocol.negotiation import offer
 from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
 from tests.security.listener_rig import Api, api_process
-from tests.security.procs import spawn, wait_healthy, wait_until
+from tests.security.procs import spawn, wait_healthy
 from tests.support.auth import mint
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +129,7 @@ def test_a_neighbour_failing_at_the_worker_does_not_lock_the_ingest_out(
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(ingest, base)
-        wait_until(lambda: _tunnel_up(base), 60, "the ingest's tunnel to the worker")
+        wait_until(lambda: _tunnel_up(base), 60, "the ingest's tunnel to the worker", every_s=0.2)
     finally:
         ingest.stop()
     assert "429" not in ingest.output()

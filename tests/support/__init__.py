@@ -1,1 +1,10 @@
-"""Test rig for ingest: real RTSP/RTMP/HTTP/Redis servers and media made with ffmpeg."""
+"""Test support shared by the test folders (and only test support: no test here).
+
+Waiting (``waiting``: the one bounded polling helper, sync and async), ports and real
+servers (``servers``: ``free_port``, RTSP/RTMP/HTTP/Redis), media made with ffmpeg,
+tokens and key sets (``auth``), standalone ingest streams (``harness``), an in-process
+worker and a tunnel client streaming to it (``worker_harness``), the frozen v1 tunnel
+peer (``wire_v1_peer``), recordings (``clip_rig``), ``promtool``, the RunPod and
+Kubernetes stand-ins (``runpod``, ``k8s_api``), a browser.
+A helper two test folders need lives here, not in one of them.
+"""

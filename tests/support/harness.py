@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from ingest.handoff import SlotClosed
 from ingest.settings import StreamConfig
 from ingest.stream import IngestStream, Outgoing
 from tests.conftest import TIMEOUT_FACTOR
-
-
-async def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str = "") -> float:
-    """Poll ``predicate`` (every 20 ms) until true; returns the monotonic time it was seen.
-
-    ``timeout_s`` is scaled by TIMEOUT_FACTOR; TimeoutError names ``what``.
-    """
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what or 'condition'} not met in {timeout_s * TIMEOUT_FACTOR} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic()
+from tests.support.waiting import wait_until_async
 
 
 async def _consume(stream: IngestStream, into: list[Outgoing]) -> None:
@@ -59,7 +46,7 @@ def run_to_end(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStrea
 
     async def main() -> tuple[IngestStream, list[Outgoing]]:
         async with standalone(config) as (stream, got):
-            await wait_for(lambda: stream.finished, timeout_s, f"{config.id} to end")
+            await wait_until_async(lambda: stream.finished, timeout_s, f"{config.id} to end")
         return stream, got
 
     return asyncio.run(main())

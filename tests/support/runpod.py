@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,29 @@ def start_orchestrator(env: dict[str, str], log: Path) -> tuple[subprocess.Popen
     line = proc.stdout.readline()
     assert line.startswith("{"), log.read_text()[-3000:]
     return proc, str(json.loads(line)["url"])
+
+
+@dataclass
+class Orchestrator:
+    """A running ``framerelay orchestrator`` and its API, as the scenarios read it."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    headers: dict[str, str]
+    log: Path
+    started: float
+
+    def get(self, path: str) -> Any:
+        resp = httpx.get(f"{self.url}{path}", headers=self.headers, timeout=10)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = self.get("/v1/pods")
+        return pods
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.get("/v1/events")["events"] if e["kind"] == kind]
 
 
 @contextmanager
