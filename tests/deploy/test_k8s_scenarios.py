@@ -33,11 +33,11 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL, ROOT
-from tests.deploy.test_runpod_v2_scenarios import Orchestrator, wait
 from tests.support.auth import ed_keys, mint
 from tests.support.k8s_api import GPU_TAINT, K8sContractServer, NodeSpec, worker_launcher
 from tests.support.k8s_api.rbac import role_rules
-from tests.support.runpod import running_orchestrator
+from tests.support.runpod import Orchestrator, running_orchestrator
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 ROLE = role_rules(ROOT / "deploy" / "k8s" / "base" / "orchestrator.yaml", "framerelay-orchestrator")
@@ -135,13 +135,16 @@ def test_a_warm_pool_comes_up_only_where_pods_tolerate_the_gpu_taint(tmp_path: P
         cluster(gpu_node(2)) as k8s,
         orchestrator(tmp_path, k8s, tiers, profiles={"plain": {"base": None}}) as orch,
     ):
-        took = wait(lambda: ready(orch, "gpu") == 1, 180, "the tolerating pod ready")
-        wait(
+        waited = time.monotonic()
+        wait_until(lambda: ready(orch, "gpu") == 1, 180, "the tolerating pod ready", every_s=0.1)
+        took = time.monotonic() - waited
+        wait_until(
             lambda: any(
                 (p.get("provider_reason") or "").startswith(UNTOLERATED) for p in orch.pods()
             ),
             30,
             "the untolerated pod reported",
+            every_s=0.1,
         )
         pods = {p["tier"]: p for p in orch.pods()}
         shown = fleet_status(orch, tmp_path)
@@ -170,9 +173,20 @@ def test_no_fitting_node_is_no_capacity_and_the_tier_falls_back(tmp_path: Path) 
             headers=orch.headers,
         )
         assert resp.status_code == 201, resp.text
-        wait(lambda: bool(orch.events("no_capacity")), grace_s + 30, "no capacity")
-        took = wait(lambda: ready(orch, "ondemand") == 1, 180, "the on-demand pod ready")
-        wait(lambda: orch.get("/v1/streams")[0]["worker"] is not None, 30, "the stream placed")
+        wait_until(
+            lambda: bool(orch.events("no_capacity")), grace_s + 30, "no capacity", every_s=0.1
+        )
+        waited = time.monotonic()
+        wait_until(
+            lambda: ready(orch, "ondemand") == 1, 180, "the on-demand pod ready", every_s=0.1
+        )
+        took = time.monotonic() - waited
+        wait_until(
+            lambda: orch.get("/v1/streams")[0]["worker"] is not None,
+            30,
+            "the stream placed",
+            every_s=0.1,
+        )
         (no_capacity,) = orch.events("no_capacity")
         created = {e["pod"]: e for e in orch.events("created")}
         stream = orch.get("/v1/streams")[0]
@@ -197,19 +211,31 @@ def test_no_fitting_node_is_no_capacity_and_the_tier_falls_back(tmp_path: Path) 
 def test_a_dropped_watch_and_a_410_resume_without_duplicate_pods(tmp_path: Path) -> None:
     tiers = [{"name": "gpu", "min_warm": 2, "max_workers": 2}]
     with cluster(gpu_node(2)) as k8s, orchestrator(tmp_path, k8s, tiers) as orch:
-        took = wait(lambda: ready(orch, "gpu") == 2, 180, "two ready pods")
+        waited = time.monotonic()
+        wait_until(lambda: ready(orch, "gpu") == 2, 180, "two ready pods", every_s=0.1)
+        took = time.monotonic() - waited
         k8s.drop_watches()  # resumed from the last version it saw
         time.sleep(4 * TICK_S)
         k8s.add_node(gpu_node(0, "cpu-b"))  # the history moves on, past the pods' last event
         k8s.compact()
         k8s.drop_watches()  # resumed from a version the history no longer holds: 410
-        wait(lambda: k8s.rest.expired_watches >= 1, 30, "the watch told 410")
-        wait(lambda: "listing again" in orch.log.read_text(), 30, "the pods listed again")
+        wait_until(lambda: k8s.rest.expired_watches >= 1, 30, "the watch told 410", every_s=0.1)
+        wait_until(
+            lambda: "listing again" in orch.log.read_text(),
+            30,
+            "the pods listed again",
+            every_s=0.1,
+        )
         time.sleep(4 * TICK_S)
         assert sorted(p["name"] for p in orch.pods()) == ["fr-gpu-0-g0", "fr-gpu-1-g0"]
         k8s.evict("fr-gpu-0-g0")  # seen through the new watch, replaced
-        wait(lambda: any(p["name"] == "fr-gpu-0-g1" for p in orch.pods()), 30, "replaced")
-        wait(lambda: ready(orch, "gpu") == 2, 180, "two ready pods again")
+        wait_until(
+            lambda: any(p["name"] == "fr-gpu-0-g1" for p in orch.pods()),
+            30,
+            "replaced",
+            every_s=0.1,
+        )
+        wait_until(lambda: ready(orch, "gpu") == 2, 180, "two ready pods again", every_s=0.1)
         names = sorted(p["name"] for p in orch.pods())
         lost = orch.events("exited")
         noise = [e for e in orch.get("/v1/events")["events"] if "terminated_" in e["kind"]]
@@ -224,7 +250,9 @@ def test_a_dropped_watch_and_a_410_resume_without_duplicate_pods(tmp_path: Path)
 def test_an_eight_gpu_pod_gets_eight_reachable_workers(tmp_path: Path) -> None:
     tiers = [{"name": "big", "min_warm": 1, "max_workers": 1, "gpu_count": 8}]
     with cluster(gpu_node(8)) as k8s, orchestrator(tmp_path, k8s, tiers) as orch:
-        took = wait(lambda: ready(orch, "big") == 1, 600, "the 8-GPU pod ready")
+        waited = time.monotonic()
+        wait_until(lambda: ready(orch, "big") == 1, 600, "the 8-GPU pod ready", every_s=0.1)
+        took = time.monotonic() - waited
         (pod,) = orch.pods()
         obj = k8s.pod("fr-big-0-g0")
         assert obj is not None
