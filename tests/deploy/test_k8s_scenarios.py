@@ -64,7 +64,11 @@ def cluster(*nodes: NodeSpec) -> Iterator[K8sContractServer]:
 
 
 def _env(
-    tmp_path: Path, k8s: K8sContractServer, tiers: list[dict[str, Any]], **kube: Any
+    tmp_path: Path,
+    k8s: K8sContractServer,
+    tiers: list[dict[str, Any]],
+    orch: dict[str, str] | None = None,
+    **kube: Any,
 ) -> dict[str, str]:
     kubernetes = {
         "kubeconfig": str(k8s.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -84,17 +88,22 @@ def _env(
         "FRAMERELAY_ORCH_CANARY_INTERVAL_S": "2",
         "FRAMERELAY_ORCH_CREATE_BACKOFF_S": "60",
         "FRAMERELAY_ORCH_TIERS": json.dumps(tiers),
+        **(orch or {}),
     }
 
 
 @contextmanager
 def orchestrator(
-    tmp_path: Path, k8s: K8sContractServer, tiers: list[dict[str, Any]], **kube: Any
+    tmp_path: Path,
+    k8s: K8sContractServer,
+    tiers: list[dict[str, Any]],
+    orch: dict[str, str] | None = None,
+    **kube: Any,
 ) -> Iterator[Orchestrator]:
-    """``framerelay orchestrator`` on the contract server; SIGTERM and its Redis keys
-    removed afterwards. Its token reads and writes the fleet."""
+    """``framerelay orchestrator`` on the contract server (``orch``: more of its settings);
+    SIGTERM and its Redis keys removed afterwards. Its token reads and writes the fleet."""
     keys = ed_keys()
-    env = _env(tmp_path, k8s, tiers, **kube)
+    env = _env(tmp_path, k8s, tiers, orch, **kube)
     Path(env["FRAMERELAY_SIGNING_KEYS_FILE"]).write_text(keys.to_json())
     log = tmp_path / "orchestrator.log"
     started = time.monotonic()
@@ -165,7 +174,10 @@ def test_no_fitting_node_is_no_capacity_and_the_tier_falls_back(tmp_path: Path) 
         {"name": "spot", "interruptible": True, "max_workers": 1, "capacity_fps": 20},
         {"name": "ondemand", "max_workers": 1, "capacity_fps": 20},
     ]
-    kube = {"profiles": {"spot": {"base": "karpenter-spot"}}, "unschedulable_grace_s": grace_s}
+    kube: dict[str, Any] = {
+        "profiles": {"spot": {"base": "karpenter-spot"}},
+        "unschedulable_grace_s": grace_s,
+    }
     with cluster(gpu_node(1)) as k8s, orchestrator(tmp_path, k8s, tiers, **kube) as orch:
         resp = httpx.post(
             f"{orch.url}/v1/streams",
@@ -210,7 +222,10 @@ def test_no_fitting_node_is_no_capacity_and_the_tier_falls_back(tmp_path: Path) 
 
 def test_a_dropped_watch_and_a_410_resume_without_duplicate_pods(tmp_path: Path) -> None:
     tiers = [{"name": "gpu", "min_warm": 2, "max_workers": 2}]
-    with cluster(gpu_node(2)) as k8s, orchestrator(tmp_path, k8s, tiers) as orch:
+    # the health probes never replace a pod here (CI once saw them catch the evicted
+    # worker first, under load): only the watch can tell the orchestrator of the eviction
+    probes_off = {"FRAMERELAY_ORCH_UNHEALTHY_AFTER": "1000"}
+    with cluster(gpu_node(2)) as k8s, orchestrator(tmp_path, k8s, tiers, probes_off) as orch:
         waited = time.monotonic()
         wait_until(lambda: ready(orch, "gpu") == 2, 180, "two ready pods", every_s=0.1)
         took = time.monotonic() - waited
