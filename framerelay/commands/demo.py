@@ -166,6 +166,7 @@ def _settings(args: argparse.Namespace, url: str, secret: str) -> Any:
 
 async def _run_ingest(args: argparse.Namespace, url: str, secret: str) -> int:
     from framerelay.commands.demo_console import serving_console
+    from framerelay.lifecycle import install_signal_handlers
     from framerelay.results import ResultRecord
     from ingest.jsonl import JsonlWriter
     from ingest.service import IngestService
@@ -182,6 +183,9 @@ async def _run_ingest(args: argparse.Namespace, url: str, secret: str) -> int:
     if writer is not None:
         service.bus.tap(writer.write)
     stop = asyncio.Event()
+    # Ctrl-C and SIGTERM end the demo as its end would: the summary, the console token
+    # removed, the worker stopped; also where SIGINT came ignored (a script's `cmd &`)
+    install_signal_handlers(stop)
     started = time.monotonic()
     watcher = asyncio.create_task(_watch(service, stop, args, Progress()))
     try:
