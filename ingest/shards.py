@@ -117,8 +117,13 @@ class ShardCoordinator:
         return self.board.replica
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Coordinate until ``stop``; then stop our streams and release their leases."""
+        """Coordinate until ``stop``; then stop our streams and release their leases.
+
+        The leases are kept by a task of their own: a tick that starts streams can take
+        longer than a lease lives (opening sources on a busy machine), and a lease it
+        left unrenewed meanwhile would expire in Redis while the stream still ran here."""
         sync = asyncio.create_task(self._sync_snapshots(stop), name="shard-snapshots")
+        keeper = asyncio.create_task(self._keep_leases(stop), name="shard-leases")
         try:
             await self._guarded(self.board.heartbeat)
             await _wait(stop, self.settings.renew_interval_s)  # let peers that start with us show
@@ -127,8 +132,18 @@ class ShardCoordinator:
                 await _wait(stop, self.settings.renew_interval_s)
         finally:
             stop.set()
-            await asyncio.gather(sync, return_exceptions=True)
+            await asyncio.gather(sync, keeper, return_exceptions=True)
             await self.release_all()
+
+    async def _keep_leases(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._guarded(self.keep)
+            await _wait(stop, self.settings.renew_interval_s)
+
+    async def keep(self) -> None:
+        """Renew the leases of our streams; stop those lost or not renewed in time."""
+        await self._renew()
+        await self._expire_unrenewed()
 
     async def _guarded(self, step: Callable[[], Awaitable[object]]) -> None:
         try:
@@ -143,8 +158,9 @@ class ShardCoordinator:
             await self._expire_unrenewed()
 
     async def tick(self) -> None:
+        """Heartbeat, follow the wanted streams and routes, take free ones, shed extras
+        (the leases held are kept by :meth:`keep`, on their own clock)."""
         self.live = await self.board.heartbeat()
-        await self._renew()
         self.routes = await self.board.routes()  # before wanted: routes bring definitions
         wanted = await self.hooks.wanted()
         for sid in [s for s in self.held if s not in wanted]:
@@ -200,7 +216,8 @@ class ShardCoordinator:
         epoch = await self.board.acquire(config.id)
         if epoch == 0:
             return False
-        self.held[config.id] = Held(epoch, sent + self.settings.lease_ttl_s * SAFE_FRACTION)
+        held = Held(epoch, sent + self.settings.lease_ttl_s * SAFE_FRACTION)
+        self.held[config.id] = held
         snap = await self.board.snapshot(config.id)
         resume = self._resume_at(config, snap)
         if snap is not None and not self.hooks.realtime(config):
@@ -213,6 +230,10 @@ class ShardCoordinator:
         except (FramerelayError, ValueError) as exc:
             log.error("shards: stream %s not started: %s", config.id, exc)
             await self._drop(config.id, "release", release=True)
+            return False
+        if self.held.get(config.id) is not held:  # lost while it started: not ours to run
+            log.warning("shards: lost the lease of stream %s while starting it", config.id)
+            await self.hooks.stop(config.id)
             return False
         self.takeovers += snap is not None
         await self.board.log(config.id, epoch, "start")

@@ -102,12 +102,15 @@ class FakeService:
         self.configs = {s: StreamConfig(id=s, url=f"{s}.mp4", realtime=True) for s in streams}
         self.running: dict[str, tuple[SessionSnapshot | None, ResumeAt | None]] = {}
         self.snaps: dict[str, SessionSnapshot] = {}
+        self.start_s: dict[str, float] = {}
+        """How long starting a stream takes (default: at once)."""
 
     def hooks(self) -> ShardHooks:
         async def wanted() -> dict[str, StreamConfig]:
             return dict(self.configs)
 
         async def start(cfg: StreamConfig, snap: Any, at: Any, route: Any) -> None:
+            await asyncio.sleep(self.start_s.get(cfg.id, 0.0))  # opening a slow source
             self.running[cfg.id] = (snap, at)
 
         async def stop(sid: str) -> None:
@@ -168,7 +171,7 @@ async def _test_a_lost_lease_stops_the_stream(client: Redis, prefix: str) -> Non
     await a.tick()
     assert "cam" in svc.running
     await client.set(f"{prefix}:lease:cam", "b|7")  # another replica holds it now
-    await a.tick()
+    await a.keep()
     assert "cam" not in svc.running and a.lost == 1
 
 
@@ -186,6 +189,64 @@ async def _test_a_replica_over_its_share_hands_one_stream_over(client: Redis, pr
     await a.tick()  # now over its share of 1: releases one
     await b.tick()
     assert len(sa.running) == len(sb.running) == 1
+
+
+def test_leases_stay_renewed_while_slow_starts_hold_up_the_tick() -> None:
+    """Regression (CI, two ingests on a busy machine): a tick that started streams for longer
+    than a lease lives left the leases it held unrenewed; one expired in Redis while its
+    stream still ran, the peer took it and both ran it. The leases have their own task now."""
+    on_redis(_test_leases_stay_renewed_while_slow_starts_hold_up_the_tick)
+
+
+async def _test_leases_stay_renewed_while_slow_starts_hold_up_the_tick(
+    client: Redis, prefix: str
+) -> None:
+    svc = FakeService(["cam-0"])
+    a = _coordinator(client, prefix, "a", svc)
+    stop = asyncio.Event()
+    running = asyncio.create_task(a.run(stop))
+    lease = f"{prefix}:lease:cam-0"
+    try:
+        await _until(lambda: "cam-0" in svc.running, 5.0)
+        for sid in ("cam-1", "cam-2", "cam-3"):  # three more, each as slow to open as a lease
+            svc.configs[sid] = StreamConfig(id=sid, url=f"{sid}.mp4", realtime=True)
+            svc.start_s[sid] = TTL_S * 2
+        seen: set[bytes | None] = set()
+        for _ in range(int(TTL_S * 2 * 4 / 0.02)):  # the three slow starts, sampled
+            seen.add(await client.get(lease))
+            await asyncio.sleep(0.02)
+        assert "cam-0" in svc.running and a.lost == 0
+        assert None not in seen, "the running stream's lease expired in Redis"
+    finally:
+        stop.set()
+        await running
+
+
+def test_a_lease_lost_while_its_stream_starts_leaves_it_stopped() -> None:
+    on_redis(_test_a_lease_lost_while_its_stream_starts_leaves_it_stopped)
+
+
+async def _test_a_lease_lost_while_its_stream_starts_leaves_it_stopped(
+    client: Redis, prefix: str
+) -> None:
+    svc = FakeService(["cam"])
+    svc.start_s["cam"] = TTL_S
+    a = _coordinator(client, prefix, "a", svc)
+    claiming = asyncio.create_task(a.claim(svc.configs["cam"]))
+    await _until(lambda: "cam" in a.held, 5.0)
+    await client.set(f"{prefix}:lease:cam", "b|7")  # taken by another while it opens
+    await a.keep()
+    assert await claiming is False
+    assert "cam" not in svc.running and "cam" not in a.held
+    log = await client.xrange(f"{prefix}:log")
+    assert [f[b"event"] for _, f in log] == [b"acquire", b"stop"]  # never a start
+
+
+async def _until(cond: Callable[[], bool], limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < deadline, "not within the limit"
+        await asyncio.sleep(0.01)
 
 
 def test_shards_need_redis_and_sane_times() -> None:

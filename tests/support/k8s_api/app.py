@@ -60,6 +60,7 @@ async def _events(rest: Rest, spec: WatchSpec, bookmark_s: float) -> AsyncIterat
         try:
             events: list[Event] = store.since(rv, resource.plural, spec.target.namespace)
         except Expired as exc:
+            rest.count_expired()  # told in the stream, as a server that compacts while watched
             yield _line("ERROR", status_object(410, "Expired", str(exc)))
             return
         for event in events:
@@ -69,11 +70,14 @@ async def _events(rest: Rest, spec: WatchSpec, bookmark_s: float) -> AsyncIterat
                 yield _line(event.type, rest.shown(resource, event.obj))
         if spec.bookmarks and time.monotonic() - last_sent >= bookmark_s:
             last_sent = time.monotonic()
-            mark = {
-                "kind": resource.kind,
-                "apiVersion": resource.api_version,
-                "metadata": {"resourceVersion": str(max(rv, store.rv))},
-            }
+            with store.lock:  # the version of this watch's epoch, never one past its end
+                if store.watch_epoch != epoch:
+                    return
+                mark = {
+                    "kind": resource.kind,
+                    "apiVersion": resource.api_version,
+                    "metadata": {"resourceVersion": str(max(rv, store.rv))},
+                }
             yield _line("BOOKMARK", mark)
         await asyncio.sleep(POLL_S)
 

@@ -135,12 +135,18 @@ class Rest:
     violations: list[str] = field(default_factory=list)
     client_errors: list[str] = field(default_factory=list)
     expired_watches: int = 0
-    """Watches asked from a version older than the history reaches."""
+    """Watches told 410 Expired (see :meth:`count_expired`)."""
     requests: list[tuple[str, str, int]] = field(default_factory=list)
     """(method, path, status) of every request."""
     rules: list[Obj] | None = None
     """The client's RBAC rules (a Role's PolicyRules); None: everything is allowed."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count_expired(self) -> None:
+        """A watch was told 410 (an ERROR event in its stream: at its start, from a version
+        older than the history, or later, when the history was dropped while it watched)."""
+        with self._lock:
+            self.expired_watches += 1
 
     # -- one request ------------------------------------------------------------------
 
@@ -333,8 +339,6 @@ class Rest:
         rv = int(raw_rv) if raw_rv not in (None, "", "0") else None
         if raw_rv is not None and raw_rv != "" and not raw_rv.isdigit():
             raise ApiStatus(400, "BadRequest", f"invalid resource version: {raw_rv}")
-        if rv is not None and rv < self.store.oldest:
-            self.expired_watches += 1
         timeout = _last(query, "timeoutSeconds")
         spec = WatchSpec(
             target,

@@ -185,6 +185,15 @@ class K8sContractServer:
         """End every open watch stream (the client resumes from its last version)."""
         self.store.drop_watches()
 
+    def expire_watches(self, node: NodeSpec) -> None:
+        """Add ``node`` (the history moves on, past every pod watch's last event), drop the
+        history and end every watch, in one step: no bookmark or event can reach a watcher
+        in between, so each resumes from a version the server no longer holds (410)."""
+        with self.store.lock:
+            self.cluster.add_node(node)
+            self.store.compact()
+            self.store.drop_watches()
+
     @property
     def open_watches(self) -> int:
         """Watch streams open now (0 once :meth:`drop_watches` took effect)."""
