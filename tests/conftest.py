@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "samples" / "models" / "yolox_nano_416.onnx"
@@ -16,6 +19,10 @@ STADTMITTE = ROOT / "samples" / "mot15" / "TUD-Stadtmitte"
 CAMPUS = ROOT / "samples" / "mot15" / "TUD-Campus"
 CLIP = STADTMITTE / "TUD-Stadtmitte.mp4"
 FILE_ROOTS_ENV = "FRAMERELAY_INGEST_FILE_ROOTS"
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+"""The loopback Redis that scripts/services.sh starts (tests that need a server of their
+own start :class:`tests.support.servers.RedisServer`)."""
 
 TIMEOUT_FACTOR = float(os.environ.get("FRAMERELAY_TIMEOUT_FACTOR", "1.0"))
 """Scale every timing-sensitive wait in the tests (slow CI machines: 2-3)."""
@@ -61,3 +68,32 @@ def local_worker(secret: str) -> Iterator[object]:
     worker.start(timeout_s=120 * TIMEOUT_FACTOR)
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """``async def`` tests run on asyncio: anyio's pytest plugin in auto mode
+    (``anyio_mode`` in pyproject.toml) runs every one, no ``asyncio.run`` wrapper needed."""
+    return "asyncio"
+
+
+@dataclass(frozen=True)
+class RedisSpace:
+    """A client of the loopback Redis and a key prefix no other test uses."""
+
+    client: Redis
+    prefix: str
+
+
+@pytest.fixture
+async def redis_space() -> AsyncIterator[RedisSpace]:
+    """The loopback Redis under a fresh prefix; the prefix's keys are deleted afterwards."""
+    client = Redis.from_url(REDIS_URL)
+    space = RedisSpace(client, f"test:{uuid.uuid4().hex[:8]}")
+    try:
+        yield space
+    finally:
+        keys = [k async for k in client.scan_iter(f"{space.prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
@@ -19,40 +18,20 @@ from ingest.resume import ResumeAt
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.shard_settings import ShardSettings
 from ingest.shards import ShardCoordinator, ShardHooks, _rebased
+from tests.conftest import REDIS_URL, RedisSpace
 
 pytestmark = pytest.mark.integration
-URL = "redis://127.0.0.1:6379/0"
 TTL_S = 0.4
-
-
-def on_redis(body: Callable[[Redis, str], Awaitable[None]]) -> None:
-    """Run ``body(client, prefix)`` on the loopback Redis under a fresh prefix."""
-
-    async def main() -> None:
-        client = Redis.from_url(URL)
-        prefix = f"test:shards:{uuid.uuid4().hex[:8]}"
-        try:
-            await body(client, prefix)
-        finally:
-            keys = [k async for k in client.scan_iter(f"{prefix}:*")]
-            if keys:
-                await client.delete(*keys)
-            await client.aclose()
-
-    asyncio.run(main())
 
 
 def _snap(last_t: float = 12.0) -> SessionSnapshot:
     return wire.SessionClock(epoch=3, offset=2.0, last_t=last_t, last_captured=1.0e9), b"blob"
 
 
-def test_a_lease_is_held_by_one_replica_and_fenced_after_expiry() -> None:
-    on_redis(_test_a_lease_is_held_by_one_replica_and_fenced_after_expiry)
-
-
-async def _test_a_lease_is_held_by_one_replica_and_fenced_after_expiry(
-    client: Redis, prefix: str
+async def test_a_lease_is_held_by_one_replica_and_fenced_after_expiry(
+    redis_space: RedisSpace,
 ) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     a, b = (LeaseBoard(client, prefix, name, TTL_S) for name in ("a", "b"))
     assert await a.acquire("cam") == 1
     assert await b.acquire("cam") == 0
@@ -70,11 +49,8 @@ async def _test_a_lease_is_held_by_one_replica_and_fenced_after_expiry(
     assert await b.release("cam", 2) and await b.owners(["cam"]) == {}
 
 
-def test_replicas_are_live_while_they_heartbeat() -> None:
-    on_redis(_test_replicas_are_live_while_they_heartbeat)
-
-
-async def _test_replicas_are_live_while_they_heartbeat(client: Redis, prefix: str) -> None:
+async def test_replicas_are_live_while_they_heartbeat(redis_space: RedisSpace) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     a, b = (LeaseBoard(client, prefix, name, TTL_S) for name in ("a", "b"))
     await a.heartbeat()
     assert await b.heartbeat() == ["a", "b"]
@@ -82,11 +58,8 @@ async def _test_replicas_are_live_while_they_heartbeat(client: Redis, prefix: st
     assert await b.heartbeat() == ["b"]
 
 
-def test_routes_are_shared() -> None:
-    on_redis(_test_routes_are_shared)
-
-
-async def _test_routes_are_shared(client: Redis, prefix: str) -> None:
+async def test_routes_are_shared(redis_space: RedisSpace) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     a, b = (LeaseBoard(client, prefix, name, TTL_S) for name in ("a", "b"))
     route = Route("gpu-1", "ws://127.0.0.1:1/v1/tunnel", None, {"id": "cam", "url": "x.mp4"})
     await a.put_route("cam", route)
@@ -130,11 +103,8 @@ def _coordinator(client: Redis, prefix: str, name: str, svc: FakeService) -> Sha
     return ShardCoordinator(board, settings, svc.hooks())
 
 
-def test_fair_share_then_takeover_with_the_snapshot() -> None:
-    on_redis(_test_fair_share_then_takeover_with_the_snapshot)
-
-
-async def _test_fair_share_then_takeover_with_the_snapshot(client: Redis, prefix: str) -> None:
+async def test_fair_share_then_takeover_with_the_snapshot(redis_space: RedisSpace) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     streams = [f"cam-{i}" for i in range(4)]
     sa, sb = FakeService(streams), FakeService(streams)
     a, b = _coordinator(client, prefix, "a", sa), _coordinator(client, prefix, "b", sb)
@@ -161,11 +131,8 @@ async def _test_fair_share_then_takeover_with_the_snapshot(client: Redis, prefix
         assert b.held[sid].epoch == 2
 
 
-def test_a_lost_lease_stops_the_stream() -> None:
-    on_redis(_test_a_lost_lease_stops_the_stream)
-
-
-async def _test_a_lost_lease_stops_the_stream(client: Redis, prefix: str) -> None:
+async def test_a_lost_lease_stops_the_stream(redis_space: RedisSpace) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     svc = FakeService(["cam"])
     a = _coordinator(client, prefix, "a", svc)
     await a.tick()
@@ -175,11 +142,8 @@ async def _test_a_lost_lease_stops_the_stream(client: Redis, prefix: str) -> Non
     assert "cam" not in svc.running and a.lost == 1
 
 
-def test_a_replica_over_its_share_hands_one_stream_over() -> None:
-    on_redis(_test_a_replica_over_its_share_hands_one_stream_over)
-
-
-async def _test_a_replica_over_its_share_hands_one_stream_over(client: Redis, prefix: str) -> None:
+async def test_a_replica_over_its_share_hands_one_stream_over(redis_space: RedisSpace) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     streams = ["cam-0", "cam-1"]
     sa, sb = FakeService(streams), FakeService(streams)
     a, b = _coordinator(client, prefix, "a", sa), _coordinator(client, prefix, "b", sb)
@@ -191,16 +155,13 @@ async def _test_a_replica_over_its_share_hands_one_stream_over(client: Redis, pr
     assert len(sa.running) == len(sb.running) == 1
 
 
-def test_leases_stay_renewed_while_slow_starts_hold_up_the_tick() -> None:
+async def test_leases_stay_renewed_while_slow_starts_hold_up_the_tick(
+    redis_space: RedisSpace,
+) -> None:
     """Regression (CI, two ingests on a busy machine): a tick that started streams for longer
     than a lease lives left the leases it held unrenewed; one expired in Redis while its
     stream still ran, the peer took it and both ran it. The leases have their own task now."""
-    on_redis(_test_leases_stay_renewed_while_slow_starts_hold_up_the_tick)
-
-
-async def _test_leases_stay_renewed_while_slow_starts_hold_up_the_tick(
-    client: Redis, prefix: str
-) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     svc = FakeService(["cam-0"])
     a = _coordinator(client, prefix, "a", svc)
     stop = asyncio.Event()
@@ -211,7 +172,7 @@ async def _test_leases_stay_renewed_while_slow_starts_hold_up_the_tick(
         for sid in ("cam-1", "cam-2", "cam-3"):  # three more, each as slow to open as a lease
             svc.configs[sid] = StreamConfig(id=sid, url=f"{sid}.mp4", realtime=True)
             svc.start_s[sid] = TTL_S * 2
-        seen: set[bytes | None] = set()
+        seen: set[bytes | str | None] = set()
         for _ in range(int(TTL_S * 2 * 4 / 0.02)):  # the three slow starts, sampled
             seen.add(await client.get(lease))
             await asyncio.sleep(0.02)
@@ -222,13 +183,10 @@ async def _test_leases_stay_renewed_while_slow_starts_hold_up_the_tick(
         await running
 
 
-def test_a_lease_lost_while_its_stream_starts_leaves_it_stopped() -> None:
-    on_redis(_test_a_lease_lost_while_its_stream_starts_leaves_it_stopped)
-
-
-async def _test_a_lease_lost_while_its_stream_starts_leaves_it_stopped(
-    client: Redis, prefix: str
+async def test_a_lease_lost_while_its_stream_starts_leaves_it_stopped(
+    redis_space: RedisSpace,
 ) -> None:
+    client, prefix = redis_space.client, redis_space.prefix
     svc = FakeService(["cam"])
     svc.start_s["cam"] = TTL_S
     a = _coordinator(client, prefix, "a", svc)
@@ -238,7 +196,7 @@ async def _test_a_lease_lost_while_its_stream_starts_leaves_it_stopped(
     await a.keep()
     assert await claiming is False
     assert "cam" not in svc.running and "cam" not in a.held
-    log = await client.xrange(f"{prefix}:log")
+    log = cast("list[tuple[bytes, dict[bytes, bytes]]]", await client.xrange(f"{prefix}:log"))
     assert [f[b"event"] for _, f in log] == [b"acquire", b"stop"]  # never a start
 
 
@@ -263,7 +221,7 @@ def test_shards_need_redis_and_sane_times() -> None:
 def test_where_a_taken_over_file_resumes(realtime: bool, lo: float, hi: float) -> None:
     """The snapshot's frame is at pts 10 s (last_t 12 - offset 2), captured 6 s ago."""
     svc = FakeService([])
-    coordinator = _coordinator(Redis.from_url(URL), "unused", "a", svc)
+    coordinator = _coordinator(Redis.from_url(REDIS_URL), "unused", "a", svc)
     cfg = StreamConfig(id="cam", url="cam.mp4", realtime=realtime)
     clock = wire.SessionClock(epoch=3, offset=2.0, last_t=12.0, last_captured=time.time() - 6)
     resume = coordinator._resume_at(cfg, (clock, b""))
