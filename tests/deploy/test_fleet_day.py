@@ -5,7 +5,6 @@ every price the catalog's, and every stream placed when it may run."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 from typing import Any
 
@@ -21,9 +20,9 @@ def _bench() -> Any:
     return importlib.import_module("bench.fleet")
 
 
-def test_simulated_day_cost_and_policy() -> None:
+async def test_simulated_day_cost_and_policy() -> None:
     bench = _bench()
-    out = asyncio.run(bench.run_day(REDIS_URL, step_s=1200))
+    out = await bench.run_day(REDIS_URL, step_s=1200)
     run, base, plans = out["framerelay"], out["all_secure_same_schedule"], out["plans"]
     shown = [
         f"{k} ${p['usd']:.2f} (${p['usd_per_camera_hour']:.4f}/camera-h)" for k, p in plans.items()

@@ -4,7 +4,6 @@ logic against the RunPod API v2 contract server and a real Redis, with a fake cl
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import secrets
@@ -39,22 +38,18 @@ class TimedProber(StatusProber):
         return dataclasses.replace(probe, canary_ms=CANARY_MS) if probe.canary_ok else probe
 
 
-def test_pods_show_their_canary_round_trip_and_uptime() -> None:
-    async def main() -> list[dict[str, object]]:
-        clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-        async with fleet_on_contract(state, clock, TIERS) as orch:
-            orch.fleet.prober = TimedProber()
-            await passes(orch, clock, 3)  # the warm on-demand pod: created at 0 s, now 6 s
-            async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
-                token = mint(orch.keys, ["fleet:read"], "orchestrator")
-                resp = await http.get(
-                    url + "/v1/pods", headers={"Authorization": f"Bearer {token}"}
-                )
-                pods: list[dict[str, object]] = resp.json()
-        return pods
+async def test_pods_show_their_canary_round_trip_and_uptime() -> None:
+    clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
+    state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
+    async with fleet_on_contract(state, clock, TIERS) as orch:
+        orch.fleet.prober = TimedProber()
+        await passes(orch, clock, 3)  # the warm on-demand pod: created at 0 s, now 6 s
+        async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
+            token = mint(orch.keys, ["fleet:read"], "orchestrator")
+            resp = await http.get(url + "/v1/pods", headers={"Authorization": f"Bearer {token}"})
+            pods: list[dict[str, object]] = resp.json()
 
-    (pod,) = asyncio.run(main())
+    (pod,) = pods
     assert pod["ready"] and pod["gpu_type"] == GPU
     assert pod["canary_ms"] == CANARY_MS and pod["uptime_s"] == 3 * TICK_S
     assert "fails" not in pod and "last_canary" not in pod
