@@ -89,7 +89,7 @@ async def feeding_hub(
             task.cancel()
 
 
-def test_subscribe_survives_cuts_without_loss_or_duplicates(
+async def test_subscribe_survives_cuts_without_loss_or_duplicates(
     records: list[ResultRecord], secret: str
 ) -> None:
     minted: list[str] = []
@@ -98,33 +98,29 @@ def test_subscribe_survives_cuts_without_loss_or_duplicates(
         minted.append(mint(secret, ["results:cam-1"], "ingest", sub="app"))
         return minted[-1]
 
-    async def main() -> tuple[list[ResultId], list[ResultId], SubscribeState]:
-        async with feeding_hub(records, secret) as (url, bus):
-            port = int(url.split(":")[2].split("/")[0])
-            proxy = CuttableProxy(port)
-            proxied = url.replace(str(port), str(await proxy.start()))
-            state = SubscribeState()
-            got: list[ResultId] = []
-            async with asyncio.timeout(30 * TIMEOUT_FACTOR):
-                async for result in subscribe(proxied, streams=["cam-1"], token=fresh_token,
-                                              state=state, reconnect_max_s=0.5):  # fmt: skip
-                    got.append(result.id or ResultId(0))
-                    if len(got) in (20, 40):
-                        proxy.cut()
-                        await asyncio.sleep(0.3)  # results keep coming meanwhile
-                    if len(got) == 150:  # well past what was buffered before the cuts
-                        break
-            await proxy.close()
-            published = [p.id for p in bus.history("cam-1")]
-            return got, published, state
-
-    got, published, state = asyncio.run(main())
+    async with feeding_hub(records, secret) as (url, bus):
+        port = int(url.split(":")[2].split("/")[0])
+        proxy = CuttableProxy(port)
+        proxied = url.replace(str(port), str(await proxy.start()))
+        state = SubscribeState()
+        got: list[ResultId] = []
+        async with asyncio.timeout(30 * TIMEOUT_FACTOR):
+            async for result in subscribe(proxied, streams=["cam-1"], token=fresh_token,
+                                          state=state, reconnect_max_s=0.5):  # fmt: skip
+                got.append(result.id or ResultId(0))
+                if len(got) in (20, 40):
+                    proxy.cut()
+                    await asyncio.sleep(0.3)  # results keep coming meanwhile
+                if len(got) == 150:  # well past what was buffered before the cuts
+                    break
+        await proxy.close()
+        published = [p.id for p in bus.history("cam-1")]
     start = published.index(got[0])
     assert got == published[start : start + 150]  # contiguous: nothing lost, nothing twice
     assert state.connects == 3 and len(minted) == 3
 
 
-def test_subscribe_raises_when_retrying_cannot_help(
+async def test_subscribe_raises_when_retrying_cannot_help(
     records: list[ResultRecord], secret: str
 ) -> None:
     async def first(**kw: object) -> None:
@@ -135,12 +131,12 @@ def test_subscribe_raises_when_retrying_cannot_help(
 
     other = mint(secret, ["results:cam-2"], "ingest")
     with pytest.raises(AuthError, match="403"):
-        asyncio.run(first(token=other))
+        await first(token=other)
     with pytest.raises(AuthError, match="401"):
-        asyncio.run(first(token="not.a.jwt"))
+        await first(token="not.a.jwt")
     good = mint(secret, ["results:cam-1"], "ingest")
     with pytest.raises(ConfigError, match="min_confidence"):
-        asyncio.run(first(token=good, min_confidence=3.0))
+        await first(token=good, min_confidence=3.0)
 
 
 def _result(records: list[ResultRecord], epoch: int, pts: int) -> ResultRecord:

@@ -80,56 +80,49 @@ async def _take(
     return got
 
 
-def test_results_over_wss_with_a_ca_file(pki: Pki) -> None:
-    async def main() -> list[int]:
-        async with tls_hub(pki) as url:
-            assert url.startswith("wss://")
-            return await _take(url, 20, ca_file=pki.ca)
-
-    got = asyncio.run(main())
+async def test_results_over_wss_with_a_ca_file(pki: Pki) -> None:
+    async with tls_hub(pki) as url:
+        assert url.startswith("wss://")
+        got = await _take(url, 20, ca_file=pki.ca)
     assert len(got) == 20 and got == sorted(got)
 
 
-def _one_line_error(pki: Pki, **tls: Any) -> tuple[str, float, SubscribeState]:
+async def _one_line_error(pki: Pki, **tls: Any) -> tuple[str, float, SubscribeState]:
     state = SubscribeState()
-
-    async def main() -> None:
-        async with tls_hub(pki) as url:
-            await _take(url, 1, state, **tls)
-
     started = time.monotonic()
     with pytest.raises(ConfigError) as info:
-        asyncio.run(main())
+        async with tls_hub(pki) as url:
+            await _take(url, 1, state, **tls)
     assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained trace
     return str(info.value), time.monotonic() - started, state
 
 
-def test_a_wrong_ca_is_a_one_line_error_at_once(pki: Pki) -> None:
-    message, elapsed, state = _one_line_error(pki, ca_file=pki.other_ca)
+async def test_a_wrong_ca_is_a_one_line_error_at_once(pki: Pki) -> None:
+    message, elapsed, state = await _one_line_error(pki, ca_file=pki.other_ca)
     assert "\n" not in message and "does not verify" in message and "ca_file" in message
     assert "certificate verify failed" in message or "unable to get local issuer" in message
     assert state.connects == 0 and elapsed < 10 * TIMEOUT_FACTOR  # no retry loop
 
 
-def test_wss_without_a_ca_file_no_longer_raises_value_error(pki: Pki) -> None:
+async def test_wss_without_a_ca_file_no_longer_raises_value_error(pki: Pki) -> None:
     """The README's subscribe("wss://...") without TLS arguments: system CAs are used (they do
     not know this private CA: a clear ConfigError, not ``ValueError: ssl=None ...``)."""
-    message, _, _ = _one_line_error(pki)
+    message, _, _ = await _one_line_error(pki)
     assert "does not verify" in message and "\n" not in message
 
 
-def test_mtls_with_and_without_a_client_certificate(
+async def test_mtls_with_and_without_a_client_certificate(
     pki: Pki, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main(timeout_s: float, **tls: Any) -> list[int]:
         async with tls_hub(pki, mtls=True) as url:
             return await _take(url, 5, timeout_s=timeout_s, **tls)
 
-    got = asyncio.run(main(15, ca_file=pki.ca, client_cert=pki.client_cert,
-                           client_key=pki.client_key))  # fmt: skip
+    got = await main(15, ca_file=pki.ca, client_cert=pki.client_cert, client_key=pki.client_key)
     assert len(got) == 5
     with pytest.raises(TimeoutError):  # refused by the hub's TLS: no result, ever
-        asyncio.run(main(2, ca_file=pki.ca))
+        await main(2, ca_file=pki.ca)
+
     assert "pass client_cert=" in caplog.text
 
 

@@ -148,20 +148,17 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("case", "headers", "query", "status", "code"), REFUSALS,
                          ids=[r[0] for r in REFUSALS])  # fmt: skip
-def test_refused_before_any_result(
+async def test_refused_before_any_result(
     records: list[ResultRecord], secret: str, case: str, headers: Any, query: str, status: int,
     code: str,
 ) -> None:  # fmt: skip
-    async def main() -> InvalidStatus:
-        async with hub_with_feed(records, secret) as (url, _, hub):
-            with pytest.raises(InvalidStatus) as info:
-                async with _client(url, query, sent):
-                    pass
-            assert hub.metrics.sent._value.get() == 0  # nothing was ever sent
-            return info.value
-
     sent = headers(secret)
-    exc = asyncio.run(main())
+    async with hub_with_feed(records, secret) as (url, _, hub):
+        with pytest.raises(InvalidStatus) as info:
+            async with _client(url, query, sent):
+                pass
+        assert hub.metrics.sent._value.get() == 0  # nothing was ever sent
+    exc = info.value
     assert exc.response.status_code == status
     body = ErrorMessage.model_validate_json(exc.response.body)
     assert (body.code, body.http_status) == (code, status)
@@ -171,30 +168,28 @@ def test_refused_before_any_result(
         assert "Bearer" in exc.response.headers["www-authenticate"]
 
 
-def test_capacity_is_a_503(records: list[ResultRecord], secret: str) -> None:
-    async def main() -> int:
-        async with hub_with_feed(records, secret, max_subscribers=1) as (url, _, _):
-            headers = auth(token(secret, "results:cam-1"))
-            async with _client(url, "stream=cam-1", headers) as first:
-                assert isinstance(await recv(first), SubscribedMessage)
-                with pytest.raises(InvalidStatus) as info:
-                    async with _client(url, "stream=cam-1", headers):
-                        pass
-                return info.value.response.status_code
+async def test_capacity_is_a_503(records: list[ResultRecord], secret: str) -> None:
+    async with hub_with_feed(records, secret, max_subscribers=1) as (url, _, _):
+        headers = auth(token(secret, "results:cam-1"))
+        async with _client(url, "stream=cam-1", headers) as first:
+            assert isinstance(await recv(first), SubscribedMessage)
+            with pytest.raises(InvalidStatus) as info:
+                async with _client(url, "stream=cam-1", headers):
+                    pass
+            status = info.value.response.status_code
 
-    assert asyncio.run(main()) == 503
+    assert status == 503
 
 
-def test_subscribed_first_then_filtered_results(records: list[ResultRecord], secret: str) -> None:
-    async def main() -> tuple[SubscribedMessage, list[ResultMessage]]:
-        async with hub_with_feed(records, secret) as (url, _, _):
-            query = "stream=cam-1&class=person,bicycle&min_confidence=0.8"
-            async with _client(url, query, auth(token(secret, "results:*"))) as ws:
-                first = await recv(ws)
-                got = [await recv(ws) for _ in range(40)]
-        return first, got
+async def test_subscribed_first_then_filtered_results(
+    records: list[ResultRecord], secret: str
+) -> None:
+    async with hub_with_feed(records, secret) as (url, _, _):
+        query = "stream=cam-1&class=person,bicycle&min_confidence=0.8"
+        async with _client(url, query, auth(token(secret, "results:*"))) as ws:
+            first = await recv(ws)
+            got = [await recv(ws) for _ in range(40)]
 
-    first, got = asyncio.run(main())
     assert isinstance(first, SubscribedMessage)
     assert first.subscription.classes == ["person", "bicycle"]
     assert first.subscription.min_confidence == 0.8 and first.expires_at is not None
@@ -205,88 +200,80 @@ def test_subscribed_first_then_filtered_results(records: list[ResultRecord], sec
     assert len(keys) == len(got) and keys == sorted(set(keys))
 
 
-def test_a_full_queue_drops_oldest_and_says_so(records: list[ResultRecord], secret: str) -> None:
-    async def main() -> list[Any]:
-        async with hub_with_feed(records, secret, rate=0, queue_size=4) as (url, bus, _):
-            async with _client(url, "stream=cam-1", auth(token(secret, "results:cam-1"))) as ws:
-                assert isinstance(await recv(ws), SubscribedMessage)
-                for r in records[:100]:  # a burst faster than any sender: the queue overflows
-                    bus.publish(r)
-                bus.publish(records[100])  # (still queued behind the burst)
-                msgs = [await recv(ws) for _ in range(5)]
-                await asyncio.sleep(1.1)
-                bus.publish(records[101])  # drops grew since the last notice: another one
-                msgs += [await recv(ws)]
-                return msgs
+async def test_a_full_queue_drops_oldest_and_says_so(
+    records: list[ResultRecord], secret: str
+) -> None:
+    async with hub_with_feed(records, secret, rate=0, queue_size=4) as (url, bus, _):
+        async with _client(url, "stream=cam-1", auth(token(secret, "results:cam-1"))) as ws:
+            assert isinstance(await recv(ws), SubscribedMessage)
+            for r in records[:100]:  # a burst faster than any sender: the queue overflows
+                bus.publish(r)
+            bus.publish(records[100])  # (still queued behind the burst)
+            msgs = [await recv(ws) for _ in range(5)]
+            await asyncio.sleep(1.1)
+            bus.publish(records[101])  # drops grew since the last notice: another one
+            msgs += [await recv(ws)]
 
-    msgs = asyncio.run(main())
     results = [m for m in msgs if isinstance(m, ResultMessage)]
     assert [r.seq for r in results][:4] == [r.seq for r in records[97:101]]  # newest kept
     assert all(r.dropped == 97 for r in results)
     assert any(m.type == "notice" and m.code == "dropped" and m.dropped == 97 for m in msgs)
 
 
-def test_resume_replays_what_was_missed_without_duplicates(
+async def test_resume_replays_what_was_missed_without_duplicates(
     records: list[ResultRecord], secret: str
 ) -> None:
-    async def main() -> list[ResultMessage]:
-        async with hub_with_feed(records, secret, rate=0) as (url, bus, _):
-            published = [bus.push(r) for r in records[:20]]
-            query = f"stream=cam-1&resume=cam-1@{published[9].id}"
-            async with _client(url, query, auth(token(secret, "results:cam-1"))) as ws:
-                sub = await recv(ws)
-                assert isinstance(sub, SubscribedMessage) and sub.replay == {"cam-1": 10}
-                got = [await recv(ws) for _ in range(10)]
-                bus.publish(records[20])
-                got.append(await recv(ws))
-                return got
+    async with hub_with_feed(records, secret, rate=0) as (url, bus, _):
+        published = [bus.push(r) for r in records[:20]]
+        query = f"stream=cam-1&resume=cam-1@{published[9].id}"
+        async with _client(url, query, auth(token(secret, "results:cam-1"))) as ws:
+            sub = await recv(ws)
+            assert isinstance(sub, SubscribedMessage) and sub.replay == {"cam-1": 10}
+            got: list[ResultMessage] = [await recv(ws) for _ in range(10)]
+            bus.publish(records[20])
+            got.append(await recv(ws))
 
-    got = asyncio.run(main())
     assert [m.seq for m in got] == [r.seq for r in records[10:21]]
 
 
-def test_token_expiring_mid_session_closes_with_4401(
+async def test_token_expiring_mid_session_closes_with_4401(
     records: list[ResultRecord], secret: str
 ) -> None:
-    async def main() -> tuple[list[Any], int | None]:
-        async with hub_with_feed(records, secret, token_leeway_s=0) as (url, _, _):
-            tok = token(secret, "results:cam-1", ttl=2)
-            msgs: list[Any] = []
-            async with _client(url, "stream=cam-1", auth(tok)) as ws:
-                try:
-                    while True:
-                        msgs.append(await recv(ws))
-                except ConnectionClosed:
-                    pass
-                return msgs, ws.close_code
+    async with hub_with_feed(records, secret, token_leeway_s=0) as (url, _, _):
+        tok = token(secret, "results:cam-1", ttl=2)
+        msgs: list[Any] = []
+        async with _client(url, "stream=cam-1", auth(tok)) as ws:
+            try:
+                while True:
+                    msgs.append(await recv(ws))
+            except ConnectionClosed:
+                pass
+            code = ws.close_code
 
-    msgs, code = asyncio.run(main())
     assert code == 4401
     assert msgs[-1].type == "error" and msgs[-1].code == "token_expired"
     assert any(m.type == "result" for m in msgs)
 
 
-def test_failures_are_throttled_but_a_good_token_is_served(
+async def test_failures_are_throttled_but_a_good_token_is_served(
     records: list[ResultRecord], secret: str
 ) -> None:
-    async def main() -> tuple[list[int], InvalidStatus, ResultHub]:
-        async with hub_with_feed(records, secret, max_failures=3) as (url, _, hub):
-            statuses = []
-            bad = auth(token(OTHER_SECRET, "results:*"))
-            for _ in range(3):
-                with pytest.raises(InvalidStatus) as info:
-                    async with _client(url, "stream=cam-1", bad):
-                        pass
-                statuses.append(info.value.response.status_code)
-            with pytest.raises(InvalidStatus) as info:  # a fourth failure: throttled
+    async with hub_with_feed(records, secret, max_failures=3) as (url, _, hub):
+        statuses = []
+        bad = auth(token(OTHER_SECRET, "results:*"))
+        for _ in range(3):
+            with pytest.raises(InvalidStatus) as info:
                 async with _client(url, "stream=cam-1", bad):
                     pass
-            # a good token from the same address is served: others' failures never block it
-            async with _client(url, "stream=cam-1", auth(token(secret, "results:cam-1"))) as ws:
-                assert isinstance(await recv(ws), SubscribedMessage)
-            return statuses, info.value, hub
+            statuses.append(info.value.response.status_code)
+        with pytest.raises(InvalidStatus) as info:  # a fourth failure: throttled
+            async with _client(url, "stream=cam-1", bad):
+                pass
+        # a good token from the same address is served: others' failures never block it
+        async with _client(url, "stream=cam-1", auth(token(secret, "results:cam-1"))) as ws:
+            assert isinstance(await recv(ws), SubscribedMessage)
+        exc = info.value
 
-    statuses, exc, hub = asyncio.run(main())
     assert statuses == [401, 401, 401]
     assert exc.response.status_code == 429
     assert 1 <= int(exc.response.headers["retry-after"]) <= 60
@@ -295,7 +282,7 @@ def test_failures_are_throttled_but_a_good_token_is_served(
     assert hub.metrics.refused.labels("throttled")._value.get() == 1
 
 
-def test_refusals_are_counted_by_reason(records: list[ResultRecord], secret: str) -> None:
+async def test_refusals_are_counted_by_reason(records: list[ResultRecord], secret: str) -> None:
     from prometheus_client import generate_latest
 
     registry = CollectorRegistry()
@@ -304,16 +291,14 @@ def test_refusals_are_counted_by_reason(records: list[ResultRecord], secret: str
     )
     hub = build_hub(ResultBus(), settings, registry)
 
-    async def main() -> None:
-        async with serving(hub, settings) as url:
-            old = time.time() - 3600
-            for headers in ({}, auth(token(secret, "results:cam-2")),
-                            auth(token(secret, "results:cam-1", now=old))):  # fmt: skip
-                with pytest.raises(InvalidStatus):
-                    async with _client(url, "stream=cam-1", headers):
-                        pass
+    async with serving(hub, settings) as url:
+        old = time.time() - 3600
+        for headers in ({}, auth(token(secret, "results:cam-2")),
+                        auth(token(secret, "results:cam-1", now=old))):  # fmt: skip
+            with pytest.raises(InvalidStatus):
+                async with _client(url, "stream=cam-1", headers):
+                    pass
 
-    asyncio.run(main())
     text = generate_latest(registry).decode()
     for reason in ("missing", "scope", "expired"):
         assert f'framerelay_ingest_auth_refused_total{{reason="{reason}"}} 1.0' in text

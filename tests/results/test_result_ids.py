@@ -130,14 +130,13 @@ async def _stored(client: Redis) -> dict[ResultId, dict[str, Any]]:
 
 
 @pytest.mark.integration
-def test_redis_never_renames_a_result_subscribers_already_have(tmp_path: Path) -> None:
+async def test_redis_never_renames_a_result_subscribers_already_have(tmp_path: Path) -> None:
     """Redis holds a newer id than the bus gave (the bus was not primed: Redis was away at
     start, or the clock stepped back): that result is not stored, never renamed; the next
     ones are stored under their own ids."""
-
-    async def main(url: str) -> None:
+    with redis_server(tmp_path) as server:
         bus = ResultBus()
-        client = connect(url)
+        client = connect(server.url)
         writer = Writer(client, bus)
         pub = writer.pub
         ahead = ResultId(int(time.time() * 1000) + 60_000)
@@ -158,16 +157,12 @@ def test_redis_never_renames_a_result_subscribers_already_have(tmp_path: Path) -
         assert pub.counts["stored"] == 2 and pub.counts["duplicate"] == 0
         assert pub.metrics.dropped.labels("stale_id")._value.get() == 1
 
-    with redis_server(tmp_path) as server:
-        asyncio.run(main(server.url))
-
 
 @pytest.mark.integration
-def test_prime_continues_above_what_a_previous_ingest_stored(tmp_path: Path) -> None:
+async def test_prime_continues_above_what_a_previous_ingest_stored(tmp_path: Path) -> None:
     """An ingest restarted with its clock 30 s behind the previous one's."""
-
-    async def main(url: str) -> None:
-        client = connect(url)
+    with redis_server(tmp_path) as server:
+        client = connect(server.url)
         before = ResultBus(ids=IdAllocator(clock=lambda: time.time() + 30))
         writer = Writer(client, before)
         old = [before.push(result_record(s, i)).id for s in (STREAM, "cam-2") for i in range(5)]
@@ -187,30 +182,26 @@ def test_prime_continues_above_what_a_previous_ingest_stored(tmp_path: Path) -> 
         assert list(stored) == [*old[:5], *new[:5]]
         assert again.counts["stored"] == 10 and not again.counts["dropped_stale_id"]
 
-    with redis_server(tmp_path) as server:
-        asyncio.run(main(server.url))
 
-
-def test_prime_with_redis_away_says_so_and_carries_on(caplog: pytest.LogCaptureFixture) -> None:
-    async def main() -> int:
-        client = connect(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.3)
-        try:
-            return await RedisPublisher(client, KEYS, IdAllocator()).prime(timeout_s=1)
-        finally:
-            await client.aclose()
-
-    assert asyncio.run(main()) == 0
+async def test_prime_with_redis_away_says_so_and_carries_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = connect(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.3)
+    try:
+        primed = await RedisPublisher(client, KEYS, IdAllocator()).prime(timeout_s=1)
+    finally:
+        await client.aclose()
+    assert primed == 0
     assert "could not read the last result ids from Redis" in caplog.text
 
 
 @pytest.mark.integration
-def test_a_write_redis_already_holds_is_a_duplicate_not_a_loss(tmp_path: Path) -> None:
+async def test_a_write_redis_already_holds_is_a_duplicate_not_a_loss(tmp_path: Path) -> None:
     """The first try reached Redis but its answer was lost: the retry is refused, and
     Redis holds that very result under that id."""
-
-    async def main(url: str) -> None:
+    with redis_server(tmp_path) as server:
         bus = ResultBus()
-        client = connect(url)
+        client = connect(server.url)
         writer = Writer(client, bus)
         pub = writer.pub
         item = Published.settled(result_record(STREAM, 0), bus.ids.next(STREAM))
@@ -221,6 +212,3 @@ def test_a_write_redis_already_holds_is_a_duplicate_not_a_loss(tmp_path: Path) -
         stored = await _stored(client)
         await client.aclose()
         assert list(stored) == [item.id] and not pub.counts["dropped_stale_id"]
-
-    with redis_server(tmp_path) as server:
-        asyncio.run(main(server.url))
