@@ -11,10 +11,9 @@ never the URL's password.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import typing
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +74,15 @@ def _body(valid: dict[str, Any], field: str, raw: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def orch_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def anyio_backend() -> str:
+    """asyncio, for the whole module: :func:`orch_api` is an async fixture of module scope."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def orch_api(
+    tmp_path_factory: pytest.TempPathFactory, anyio_backend: str
+) -> AsyncIterator[httpx.Client]:
     """An orchestrator API in a thread (requests refused at validation never touch Redis)
     and a client with a token for it."""
     keys = ed_keys()
@@ -86,7 +93,7 @@ def orch_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]
         auth = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, headers=auth, timeout=10) as http:
             yield http
-    asyncio.run(orch.aclose())
+    await orch.aclose()
 
 
 @pytest.mark.parametrize(("route", "valid", "field", "raw"), CASES)
@@ -106,28 +113,26 @@ def test_bad_numbers_are_a_clear_422(
 
 
 @pytest.mark.integration
-def test_bounds_still_let_valid_numbers_through(tmp_path: Path) -> None:
-    async def main() -> list[int]:
-        keys = ed_keys()
-        orch = Orchestrator(orch_settings(tmp_path, keys), prober=StatusProber(20),
-                            ingest=NullIngestLink())  # fmt: skip
-        token = {
-            "Authorization": f"Bearer {mint(keys, ['fleet:write'], 'orchestrator')}",
-            "Content-Type": "application/json",
-        }
-        try:
-            async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
-                out = []
-                for i, fps in enumerate(("240", "0.5", "1e-3", "7")):
-                    body = _body({"id": f"cam-{i}", "url": "rtsp://cam"}, "fps", fps)
-                    r = await http.post(url + "/v1/streams", content=body, headers=token)
-                    out.append(r.status_code)
-                return out
-        finally:
-            await orch.store.clear()
-            await orch.aclose()
+async def test_bounds_still_let_valid_numbers_through(tmp_path: Path) -> None:
+    keys = ed_keys()
+    orch = Orchestrator(orch_settings(tmp_path, keys), prober=StatusProber(20),
+                        ingest=NullIngestLink())  # fmt: skip
+    token = {
+        "Authorization": f"Bearer {mint(keys, ['fleet:write'], 'orchestrator')}",
+        "Content-Type": "application/json",
+    }
+    try:
+        async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
+            out = []
+            for i, fps in enumerate(("240", "0.5", "1e-3", "7")):
+                body = _body({"id": f"cam-{i}", "url": "rtsp://cam"}, "fps", fps)
+                r = await http.post(url + "/v1/streams", content=body, headers=token)
+                out.append(r.status_code)
+    finally:
+        await orch.store.clear()
+        await orch.aclose()
 
-    assert asyncio.run(main()) == [201, 201, 201, 201]
+    assert out == [201, 201, 201, 201]
 
 
 # -- settings, through the real CLI ---------------------------------------------------

@@ -86,7 +86,7 @@ async def _loaded(fleet: Fleet, worker: str, model: str) -> None:
     await wait_until_async(there, 30, f"{model} loaded on {worker} in the fleet's records")
 
 
-def test_a_streams_model_is_loaded_on_a_warm_worker_with_room_not_on_a_new_pod(
+async def test_a_streams_model_is_loaded_on_a_warm_worker_with_room_not_on_a_new_pod(
     secret: str, tmp_path: Path
 ) -> None:
     registry = write_registry(tmp_path, extra=TRUCKS)
@@ -95,27 +95,25 @@ def test_a_streams_model_is_loaded_on_a_warm_worker_with_room_not_on_a_new_pod(
         return {"FRAMERELAY_WORKER_MODEL_REGISTRY": str(registry),
                 "FRAMERELAY_WORKER_VRAM_BUDGET_MB": str(BUDGET_MB)}  # fmt: skip
 
-    async def main() -> dict[str, Any]:  # figures of several types, by name
-        settings = settings_for(secret, tmp_path / "ca", tiers=[TIER], model_registry=registry)
-        async with running_fleet(settings, env_hook=models_env) as fleet:
-            workers = await _ready_workers(fleet, 2)
-            cars_on, cars_s = await _served(fleet, _stream("cars", "vehicles"))
-            await _loaded(fleet, cars_on, "vehicles")
-            trucks_on, trucks_s = await _served(fleet, _stream("trucks", "trucks"))
-            await _loaded(fleet, trucks_on, "trucks")
-            await asyncio.sleep(1.5)  # three more passes: nothing moves, nothing is created
-            pods = await fleet.orch.store.pods()
-            kinds = [e["kind"] for e in fleet.orch.fleet.events]
-            return {
-                "workers": workers, "pods": sorted(pods), "created": kinds.count("created"),
-                "moved": [e for e in fleet.orch.fleet.events if e["kind"] == "moved"],
-                "launched": len(fleet.provider.pods), "unplaced": fleet.orch.fleet.unplaced,
-                "assigned": await fleet.orch.store.assignments(),
-                "cars_on": cars_on, "trucks_on": trucks_on, "cars_s": cars_s,
-                "trucks_s": trucks_s, "models": {n: p.models for n, p in pods.items()},
-            }  # fmt: skip
+    settings = settings_for(secret, tmp_path / "ca", tiers=[TIER], model_registry=registry)
+    async with running_fleet(settings, env_hook=models_env) as fleet:
+        workers = await _ready_workers(fleet, 2)
+        cars_on, cars_s = await _served(fleet, _stream("cars", "vehicles"))
+        await _loaded(fleet, cars_on, "vehicles")
+        trucks_on, trucks_s = await _served(fleet, _stream("trucks", "trucks"))
+        await _loaded(fleet, trucks_on, "trucks")
+        await asyncio.sleep(1.5)  # three more passes: nothing moves, nothing is created
+        pods = await fleet.orch.store.pods()
+        kinds = [e["kind"] for e in fleet.orch.fleet.events]
+        out: dict[str, Any] = {  # figures of several types, by name
+            "workers": workers, "pods": sorted(pods), "created": kinds.count("created"),
+            "moved": [e for e in fleet.orch.fleet.events if e["kind"] == "moved"],
+            "launched": len(fleet.provider.pods), "unplaced": fleet.orch.fleet.unplaced,
+            "assigned": await fleet.orch.store.assignments(),
+            "cars_on": cars_on, "trucks_on": trucks_on, "cars_s": cars_s,
+            "trucks_s": trucks_s, "models": {n: p.models for n, p in pods.items()},
+        }  # fmt: skip
 
-    out = asyncio.run(main())
     print(f"\nmodel loaded on a warm worker: vehicles -> {out['cars_on']} ({out['cars_s']:.1f} s "
           f"to {RESULTS} results), trucks -> {out['trucks_on']} ({out['trucks_s']:.1f} s); "
           f"pods created {out['created']}")  # fmt: skip

@@ -5,7 +5,6 @@ weight of a task, and the job store on a real Redis (watched transactions, pruni
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from pathlib import Path
@@ -270,40 +269,37 @@ def test_without_the_weighing_a_job_task_would_open_no_pod() -> None:
 
 
 @pytest.mark.integration
-def test_the_store_keeps_jobs_and_a_change_racing_another_is_not_applied() -> None:
-    async def main() -> None:
-        redis = Redis.from_url(REDIS_URL)
-        prefix = f"test-jobs-{secrets.token_hex(4)}:"
-        store = JobStore(Store(redis, prefix), redis, prefix + "ingest")
-        try:
-            rec = job(2)
-            assert await store.submit(rec) and not await store.submit(rec)
-            assert [j.id for j in await store.active()] == ["j1"]
-            assert await store.prune(0) == 0  # an active job is never pruned
-            await redis.set(progress_key(prefix + "ingest", "j1", 1), said("done", 7, 7)
-                            .model_dump_json())  # fmt: skip
-            assert await store.progress(rec) == [None, said("done", 7, 7)]
+async def test_the_store_keeps_jobs_and_a_change_racing_another_is_not_applied() -> None:
+    redis = Redis.from_url(REDIS_URL)
+    prefix = f"test-jobs-{secrets.token_hex(4)}:"
+    store = JobStore(Store(redis, prefix), redis, prefix + "ingest")
+    try:
+        rec = job(2)
+        assert await store.submit(rec) and not await store.submit(rec)
+        assert [j.id for j in await store.active()] == ["j1"]
+        assert await store.prune(0) == 0  # an active job is never pruned
+        await redis.set(progress_key(prefix + "ingest", "j1", 1), said("done", 7, 7)
+                        .model_dump_json())  # fmt: skip
+        assert await store.progress(rec) == [None, said("done", 7, 7)]
 
-            sync = SyncRedis.from_url(REDIS_URL)
+        sync = SyncRedis.from_url(REDIS_URL)
 
-            def raced(r: JobRecord) -> Changes | None:  # another writer between read and write
-                sync.set(store.key("j1"), r.model_dump_json())
-                return advance(r, [None, None], [], 5.0, (0, 0), 60)
+        def raced(r: JobRecord) -> Changes | None:  # another writer between read and write
+            sync.set(store.key("j1"), r.model_dump_json())
+            return advance(r, [None, None], [], 5.0, (0, 0), 60)
 
-            assert await store.change("j1", raced) is None  # not applied: the driver retries
-            assert await store.store.streams() == {}
-            sync.close()
-            after = await store.change("j1", lambda r: advance(r, [None] * 2, [], 5, (0, 0), 60))
-            assert after is not None and after.state == "running"
-            streams = await store.store.streams()
-            assert sorted(streams) == [task_stream_id("j1", 0), task_stream_id("j1", 1)]
-            ended = await store.change("j1", lambda r: cancel(r, 6.0))
-            assert ended is not None and ended.state == "cancelled"
-            assert await store.store.streams() == {}
-            assert await store.prune(0) == 1 and await store.ids() == []
-            assert await redis.smembers(prefix + "jobs:active") == set()
-        finally:
-            await store.store.clear()
-            await redis.aclose()
-
-    asyncio.run(main())
+        assert await store.change("j1", raced) is None  # not applied: the driver retries
+        assert await store.store.streams() == {}
+        sync.close()
+        after = await store.change("j1", lambda r: advance(r, [None] * 2, [], 5, (0, 0), 60))
+        assert after is not None and after.state == "running"
+        streams = await store.store.streams()
+        assert sorted(streams) == [task_stream_id("j1", 0), task_stream_id("j1", 1)]
+        ended = await store.change("j1", lambda r: cancel(r, 6.0))
+        assert ended is not None and ended.state == "cancelled"
+        assert await store.store.streams() == {}
+        assert await store.prune(0) == 1 and await store.ids() == []
+        assert await redis.smembers(prefix + "jobs:active") == set()
+    finally:
+        await store.store.clear()
+        await redis.aclose()

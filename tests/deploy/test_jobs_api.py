@@ -6,7 +6,6 @@ the orchestrator refused, and fails in one line."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -50,7 +49,7 @@ async def api(tmp_path: Path, keys: KeySet) -> AsyncIterator[tuple[Orchestrator,
         await orch.aclose()
 
 
-def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) -> None:
+async def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) -> None:
     clip = tmp_path / "seg.mp4"
     clip.write_bytes(b"")
     keys = ed_keys()
@@ -58,34 +57,31 @@ def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) -> None:
     fleet = {"Authorization": f"Bearer {mint(keys, ['fleet:write'], 'orchestrator')}"}
     good = {"id": "night-1", "inputs": [str(clip)], "model": "vehicles"}
 
-    async def main() -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        async with api(tmp_path, keys) as (orch, url), httpx.AsyncClient(base_url=url) as http:
-            out["no token"] = await http.post("/v1/jobs", json=good)
-            out["fleet scope"] = await http.post("/v1/jobs", json=good, headers=fleet)
-            raw = {**write, "content-type": "application/json"}
-            out["nan"] = await http.post("/v1/jobs", content=NAN_BODY, headers=raw)
-            out["unknown model"] = await http.post(
-                "/v1/jobs", json={**good, "model": "vehicels"}, headers=write)  # fmt: skip
-            out["1001"] = await http.post(
-                "/v1/jobs", json={**good, "inputs": [str(clip)] * 1001}, headers=write)  # fmt: skip
-            out["missing"] = await http.post(
-                "/v1/jobs", json={**good, "inputs": [str(clip), "/nope/secret.mp4"]},
-                headers=write)  # fmt: skip
-            out["ok"] = await http.post("/v1/jobs", json=good, headers=write)
-            out["again"] = await http.post("/v1/jobs", json=good, headers=write)
-            await orch.step()  # the driver starts the task: its stream
-            out["streams"] = sorted(await orch.store.streams())
-            out["get"] = await http.get("/v1/jobs/night-1", headers=write)
-            out["list"] = await http.get("/v1/jobs", headers=write)
-            out["limit"] = await http.get("/v1/jobs?limit=0", headers=write)
-            out["404"] = await http.get("/v1/jobs/nope", headers=write)
-            out["cancel"] = await http.delete("/v1/jobs/night-1", headers=write)
-            out["after"] = sorted(await orch.store.streams())
-            out["cancel again"] = await http.delete("/v1/jobs/night-1", headers=write)
-        return out
+    out: dict[str, Any] = {}
+    async with api(tmp_path, keys) as (orch, url), httpx.AsyncClient(base_url=url) as http:
+        out["no token"] = await http.post("/v1/jobs", json=good)
+        out["fleet scope"] = await http.post("/v1/jobs", json=good, headers=fleet)
+        raw = {**write, "content-type": "application/json"}
+        out["nan"] = await http.post("/v1/jobs", content=NAN_BODY, headers=raw)
+        out["unknown model"] = await http.post(
+            "/v1/jobs", json={**good, "model": "vehicels"}, headers=write)  # fmt: skip
+        out["1001"] = await http.post(
+            "/v1/jobs", json={**good, "inputs": [str(clip)] * 1001}, headers=write)  # fmt: skip
+        out["missing"] = await http.post(
+            "/v1/jobs", json={**good, "inputs": [str(clip), "/nope/secret.mp4"]},
+            headers=write)  # fmt: skip
+        out["ok"] = await http.post("/v1/jobs", json=good, headers=write)
+        out["again"] = await http.post("/v1/jobs", json=good, headers=write)
+        await orch.step()  # the driver starts the task: its stream
+        out["streams"] = sorted(await orch.store.streams())
+        out["get"] = await http.get("/v1/jobs/night-1", headers=write)
+        out["list"] = await http.get("/v1/jobs", headers=write)
+        out["limit"] = await http.get("/v1/jobs?limit=0", headers=write)
+        out["404"] = await http.get("/v1/jobs/nope", headers=write)
+        out["cancel"] = await http.delete("/v1/jobs/night-1", headers=write)
+        out["after"] = sorted(await orch.store.streams())
+        out["cancel again"] = await http.delete("/v1/jobs/night-1", headers=write)
 
-    out = asyncio.run(main())
     assert out["no token"].status_code == 401 and out["fleet scope"].status_code == 403
     (nan,) = out["nan"].json()["detail"]
     assert out["nan"].status_code == 422 and nan["loc"] == ["body", "fps"]

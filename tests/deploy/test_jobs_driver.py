@@ -10,7 +10,6 @@ ingest's side of the contract (TaskProgress in Redis) is written here."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import secrets
 import tempfile
@@ -80,7 +79,7 @@ async def mark(orch: Orchestrator, k: int, state: str, frames: int = 30) -> None
     await orch.redis.set(key, said.model_dump_json())
 
 
-def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> None:
+async def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> None:
     files = []
     for k in range(3):
         files.append(tmp_path / f"seg-{k}.mp4")
@@ -93,52 +92,49 @@ def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> None:
             clock.advance(TICK_S)
             seen.append(await batch_pods(orch))
 
-    async def main() -> None:
-        clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-        prefix = f"test-jobs-{secrets.token_hex(4)}:"
-        seen: list[int] = []
-        with tempfile.TemporaryDirectory() as ca, running_runpod_v2(state) as base:
-            s = settings(prefix, Path(ca) / "ca")
-            async with orchestrator(state, clock, base, s) as orch:
+    clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
+    state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
+    prefix = f"test-jobs-{secrets.token_hex(4)}:"
+    seen: list[int] = []
+    with tempfile.TemporaryDirectory() as ca, running_runpod_v2(state) as base:
+        s = settings(prefix, Path(ca) / "ca")
+        async with orchestrator(state, clock, base, s) as orch:
+            await passes(orch, clock, 2, seen)
+            assert seen == [0, 0]  # min_warm 0: nothing before a job
+            assert await orch.jobs.submit(await new_job(orch, spec))
+            await passes(orch, clock, 3, seen)
+            assert await batch_pods(orch) == 2  # one worker per task, max_parallel 2
+            placed = await orch.store.assignments()
+            assert sorted(placed) == ["job-night-0", "job-night-1"]
+            assert all(w.startswith("fr-batch-") for w in placed.values())
+            await mark(orch, 0, "running", 10)
+            await mark(orch, 1, "running", 12)
+            await passes(orch, clock, 2, seen)
+        # a restart: a new orchestrator (same Redis) carries on with the job
+        async with orchestrator(state, clock, base, s) as orch:
+            try:
+                await mark(orch, 0, "done")
                 await passes(orch, clock, 2, seen)
-                assert seen == [0, 0]  # min_warm 0: nothing before a job
-                assert await orch.jobs.submit(await new_job(orch, spec))
+                assert sorted(await orch.store.assignments()) == ["job-night-1", "job-night-2"]
+                lost = next(p for p in state.pods.values() if p.name.startswith("fr-batch"))
+                state.vanish(lost.id)  # its host is lost
                 await passes(orch, clock, 3, seen)
-                assert await batch_pods(orch) == 2  # one worker per task, max_parallel 2
-                placed = await orch.store.assignments()
-                assert sorted(placed) == ["job-night-0", "job-night-1"]
-                assert all(w.startswith("fr-batch-") for w in placed.values())
-                await mark(orch, 0, "running", 10)
-                await mark(orch, 1, "running", 12)
-                await passes(orch, clock, 2, seen)
-            # a restart: a new orchestrator (same Redis) carries on with the job
-            async with orchestrator(state, clock, base, s) as orch:
-                try:
-                    await mark(orch, 0, "done")
-                    await passes(orch, clock, 2, seen)
-                    assert sorted(await orch.store.assignments()) == ["job-night-1", "job-night-2"]
-                    lost = next(p for p in state.pods.values() if p.name.startswith("fr-batch"))
-                    state.vanish(lost.id)  # its host is lost
-                    await passes(orch, clock, 3, seen)
-                    assert orch.fleet.counters["vanished"] == 1
-                    assert sorted(await orch.store.assignments()) == ["job-night-1", "job-night-2"]
-                    await mark(orch, 1, "done")
-                    await mark(orch, 2, "done")
-                    await passes(orch, clock, 4, seen)
-                    rec = await orch.jobs.get("night")
-                    assert rec is not None and rec.state == "done"
-                    assert await orch.store.streams() == {}
-                    await passes(orch, clock, 3, seen)
-                    assert await batch_pods(orch) == 0, seen  # drained back to zero
-                    (view,) = await orch.jobs.many(["night"])
-                    took = (view.finished_at or 0) - (view.started_at or 0)
-                    print(f"\nbatch pods per pass: {seen}; job cost ${view.cost_usd:.5f}, "
-                          f"{view.pod_seconds:.0f} pod-s, {took:.0f} s")  # fmt: skip
-                    assert view.cost_usd > 0 and view.pod_seconds > 0
-                    assert max(seen) == 2 and seen[-1] == 0
-                finally:
-                    await orch.store.clear()
-        assert state.violations == [] and state.client_errors == [] and not state.key_in_url
-
-    asyncio.run(main())
+                assert orch.fleet.counters["vanished"] == 1
+                assert sorted(await orch.store.assignments()) == ["job-night-1", "job-night-2"]
+                await mark(orch, 1, "done")
+                await mark(orch, 2, "done")
+                await passes(orch, clock, 4, seen)
+                rec = await orch.jobs.get("night")
+                assert rec is not None and rec.state == "done"
+                assert await orch.store.streams() == {}
+                await passes(orch, clock, 3, seen)
+                assert await batch_pods(orch) == 0, seen  # drained back to zero
+                (view,) = await orch.jobs.many(["night"])
+                took = (view.finished_at or 0) - (view.started_at or 0)
+                print(f"\nbatch pods per pass: {seen}; job cost ${view.cost_usd:.5f}, "
+                      f"{view.pod_seconds:.0f} pod-s, {took:.0f} s")  # fmt: skip
+                assert view.cost_usd > 0 and view.pod_seconds > 0
+                assert max(seen) == 2 and seen[-1] == 0
+            finally:
+                await orch.store.clear()
+    assert state.violations == [] and state.client_errors == [] and not state.key_in_url
