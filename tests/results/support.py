@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from ingest.auth import api_guard
 from ingest.hub import ResultHub, results_router
 from ingest.server import api_server
 from ingest.settings import IngestSettings
-from tests.conftest import service_env
+from tests.conftest import CLIP, ROOT, service_env
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until, wait_until_async
 
@@ -32,6 +34,33 @@ def kill_all(*procs: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+def camera_and_recorder(
+    stream: str, redis_url: str, tmp_path: Path
+) -> tuple[subprocess.Popen[str], subprocess.Popen[bytes]]:
+    """A live HTTP camera playing the sample clip (tests/results/camera.py) and the recording
+    worker recording it as ``stream`` into ``tmp_path/rec`` (its output: ``tmp_path/record.log``),
+    reading results from the Redis at ``redis_url``."""
+    camera = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests/results/camera.py"), "--clip", str(CLIP)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert camera.stdout is not None
+    source = f"http://127.0.0.1:{json.loads(camera.stdout.readline())['port']}/live.ts"
+    env = child_env(FRAMERELAY_REDIS_URL=redis_url, FRAMERELAY_RECORD_MATCH_WINDOW_S="1")
+    out_dir = str(tmp_path / "rec")
+    args = ["--stream", stream, "--source", source, "--out", out_dir, "--segment-s", "2"]
+    with (tmp_path / "record.log").open("wb") as out:
+        recorder = subprocess.Popen(
+            [sys.executable, "-m", "framerelay", "record", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+        )
+    return camera, recorder
 
 
 def p99(values: list[float]) -> float:

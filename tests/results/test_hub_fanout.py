@@ -34,7 +34,7 @@ from websockets.asyncio.client import connect
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.results.support import child_env, p99
 from tests.support.auth import mint
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -133,14 +133,16 @@ def _metric(host: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_a_stuck_subscriber_does_not_delay_the_others(hubs: tuple[str, str], secret: str) -> None:
+async def test_a_stuck_subscriber_does_not_delay_the_others(
+    hubs: tuple[str, str], secret: str
+) -> None:
     token = mint(secret, ["results:cam-1"], "ingest", ttl=600, sub="app")
     alone: list[float] = []
     beside_stuck: list[float] = []
     stuck = []
     try:
         for stuck_on in (1, 0):  # the stuck one on B, then on A: no hub is favoured
-            a, b, jammed = asyncio.run(_measure(hubs, token, stuck_on))
+            a, b, jammed = await _measure(hubs, token, stuck_on)
             alone += a
             beside_stuck += b
             stuck.append(jammed)
@@ -155,7 +157,9 @@ def test_a_stuck_subscriber_does_not_delay_the_others(hubs: tuple[str, str], sec
             def too_slow_once(h: str = host) -> bool:
                 return _metric(h, 'framerelay_hub_disconnects_total{reason="too_slow"}') == 1
 
-            wait_until(too_slow_once, 15, "the stuck subscriber was disconnected as too slow")
+            await wait_until_async(
+                too_slow_once, 15, "the stuck subscriber was disconnected as too slow"
+            )
             assert _metric(host, "framerelay_hub_results_dropped_total") > 0
         assert p_stuck <= 1.2 * p_alone * TIMEOUT_FACTOR, (p_alone, p_stuck)
     finally:

@@ -18,8 +18,6 @@ import collections
 import contextlib
 import json
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,17 +35,17 @@ from ingest.hub import HubConfig, ResultHub
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from ingest.settings import IngestSettings, ResultsSettings
-from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
+from tests.conftest import TIMEOUT_FACTOR
 from tests.results.support import (
     RedisServer,
-    child_env,
+    camera_and_recorder,
     hub_guard,
     kill_all,
     result_record,
     serving,
 )
 from tests.support.auth import mint
-from tests.support.waiting import wait_until, wait_until_async
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 STREAM = "cam-ids"
@@ -137,32 +135,27 @@ async def _ingest(server: RedisServer) -> Run:
     return Run(published, got, state, pub.counts)
 
 
-def _record(server: RedisServer, tmp_path: Path) -> tuple[Run, list[ResultId], dict[str, Any]]:
+async def _record(
+    server: RedisServer, tmp_path: Path
+) -> tuple[Run, list[ResultId], dict[str, Any]]:
     """Run the camera, the recorder and the ingest; return the run, the newer ingest's ids
     and the durable stream as ``{id: stored JSON}``."""
-    camera = subprocess.Popen([sys.executable, str(ROOT / "tests/results/camera.py"),
-                               "--clip", str(CLIP)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    camera, recorder = camera_and_recorder(STREAM, server.url, tmp_path)
     assert camera.stdout is not None
-    source = f"http://127.0.0.1:{json.loads(camera.stdout.readline())['port']}/live.ts"
-    env = child_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_RECORD_MATCH_WINDOW_S="1")
     log = tmp_path / "record.log"
-    with log.open("wb") as out:
-        recorder = subprocess.Popen(
-            [sys.executable, "-m", "framerelay", "record", "--stream", STREAM, "--source", source,
-             "--out", str(tmp_path / "rec"), "--segment-s", "2"],
-            env=env, cwd=ROOT, stdout=out, stderr=out,
-        )  # fmt: skip
     r = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        wait_until(lambda: (tmp_path / "rec" / STREAM / "index.json").exists(), 30, "recording")
+        await wait_until_async(
+            lambda: (tmp_path / "rec" / STREAM / "index.json").exists(), 30, "recording"
+        )
         newer = _newer_ingest(r)
-        run = asyncio.run(_ingest(server))
+        run = await _ingest(server)
 
         def settled() -> bool:
             groups = r.xinfo_groups(KEY)
             return bool(groups) and groups[0]["pending"] == 0 and not groups[0].get("lag")
 
-        wait_until(settled, 60, "the recorder took every result")
+        await wait_until_async(settled, 60, "the recorder took every result")
         durable = {str(i): json.loads(f["r"]) for i, f in r.xrange(KEY)}  # type: ignore[union-attr,index]
         recorder.send_signal(signal.SIGTERM)
         assert recorder.wait(30) == 0, log.read_text()[-3000:]
@@ -178,12 +171,12 @@ def _sidecars(directory: Path) -> list[SidecarLine]:
     return [line for p in paths for line in read_lines(p)]
 
 
-def test_a_thousand_results_have_one_id_on_websocket_in_redis_and_in_sidecars(
+async def test_a_thousand_results_have_one_id_on_websocket_in_redis_and_in_sidecars(
     tmp_path: Path,
 ) -> None:
     server = RedisServer(tmp_path / "redis", appendonly=True).start()
     try:
-        run, newer, durable = _record(server, tmp_path)
+        run, newer, durable = await _record(server, tmp_path)
     finally:
         server.stop()
     lines = _sidecars(tmp_path / "rec" / STREAM)

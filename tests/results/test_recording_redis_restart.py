@@ -9,8 +9,6 @@ import asyncio
 import collections
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import cast
@@ -22,10 +20,9 @@ from framerelay.results import ResultRecord
 from ingest.bus import ResultBus
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.conftest import CLIP, ROOT
 from tests.results.conftest import load_records
-from tests.results.support import RedisServer, child_env, kill_all
-from tests.support.waiting import wait_until, wait_until_async
+from tests.results.support import RedisServer, camera_and_recorder, kill_all
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 STREAM = "cam-9"
@@ -60,33 +57,26 @@ async def _publish(url: str, records: list[ResultRecord], server: RedisServer) -
 
 
 @pytest.mark.parametrize("appendonly", [True, False], ids=["aof", "no-persistence"])
-def test_recorder_through_a_redis_kill9(
+async def test_recorder_through_a_redis_kill9(
     real_results: Path, tmp_path: Path, appendonly: bool
 ) -> None:
     records = load_records(real_results)
     server = RedisServer(tmp_path / "redis", appendonly=appendonly).start()
-    camera = subprocess.Popen([sys.executable, str(ROOT / "tests/results/camera.py"),
-                               "--clip", str(CLIP)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    camera, recorder = camera_and_recorder(STREAM, server.url, tmp_path)
     assert camera.stdout is not None
-    source = f"http://127.0.0.1:{json.loads(camera.stdout.readline())['port']}/live.ts"
-    env = child_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_RECORD_MATCH_WINDOW_S="1")
     log = tmp_path / "record.log"
-    with log.open("wb") as out:
-        recorder = subprocess.Popen(
-            [sys.executable, "-m", "framerelay", "record", "--stream", STREAM, "--source", source,
-             "--out", str(tmp_path / "rec"), "--segment-s", "2"],
-            env=env, cwd=ROOT, stdout=out, stderr=out,
-        )  # fmt: skip
     r = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        wait_until(lambda: (tmp_path / "rec" / STREAM / "index.json").exists(), 20, "recording")
-        published = asyncio.run(_publish(server.url, records, server))
+        await wait_until_async(
+            lambda: (tmp_path / "rec" / STREAM / "index.json").exists(), 20, "recording"
+        )
+        published = await _publish(server.url, records, server)
 
         def settled() -> bool:
             groups = r.xinfo_groups(KEY)
             return bool(groups) and groups[0]["pending"] == 0 and not groups[0].get("lag")
 
-        wait_until(settled, 30, "the recorder took every result")
+        await wait_until_async(settled, 30, "the recorder took every result")
         entries = cast("list[tuple[str, dict[str, str]]]", r.xrange(KEY))  # decode_responses: str
         durable = [i for i, _ in entries]
         recorder.send_signal(signal.SIGTERM)

@@ -56,12 +56,12 @@ async def _publish_through_a_fault(url: str) -> tuple[RedisPublisher, int]:
     return publisher, stored
 
 
-def test_an_unexpected_error_is_logged_and_writing_goes_on(
+async def test_an_unexpected_error_is_logged_and_writing_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="ingest.redis_bus")
     with redis_server(tmp_path) as server:
-        publisher, stored = asyncio.run(_publish_through_a_fault(server.url))
+        publisher, stored = await _publish_through_a_fault(server.url)
     print(f"counts {dict(publisher.counts)}, {stored} entries in Redis")
     assert publisher.counts["errors"] == 1
     assert publisher.counts["stored"] == 30

@@ -81,7 +81,7 @@ async def _take(url: str, n: int, state: SubscribeState) -> list[ResultMessage]:
     return got
 
 
-def test_the_client_reads_a_newer_hub() -> None:
+async def test_the_client_reads_a_newer_hub() -> None:
     ids = [ResultId(1_800_000_000_000, k) for k in range(3)]
     messages = [
         _subscribed(),
@@ -92,27 +92,21 @@ def test_the_client_reads_a_newer_hub() -> None:
         newer_result(2, ids[2]),
     ]
 
-    async def main() -> tuple[list[ResultMessage], SubscribeState]:
-        state = SubscribeState()
-        async with newer_hub(messages) as url:
-            return await _take(url, 3, state), state
-
-    got, state = asyncio.run(main())
+    state = SubscribeState()
+    async with newer_hub(messages) as url:
+        got = await _take(url, 3, state)
     assert [m.id for m in got] == ids and [m.seq for m in got] == [0, 1, 2]
     assert all(len(m.detections) == 7 for m in got)
     assert state.skipped == 1 and len(state.notices) == 1 and state.last_id[STREAM] == ids[2]
 
 
-def test_a_hub_message_that_breaks_the_contract_is_a_protocol_error() -> None:
+async def test_a_hub_message_that_breaks_the_contract_is_a_protocol_error() -> None:
     bad = newer_result(0, ResultId(1, 0))
     bad["pts"] = "not a number"
 
-    async def main() -> None:
+    with pytest.raises(ProtocolError, match=r"cannot read: result\.pts: Input should be"):
         async with newer_hub([_subscribed(), bad]) as url:
             await _take(url, 1, SubscribeState())
-
-    with pytest.raises(ProtocolError, match=r"cannot read: result\.pts: Input should be"):
-        asyncio.run(main())
 
 
 def test_what_users_send_stays_strict() -> None:
@@ -123,11 +117,11 @@ def test_what_users_send_stays_strict() -> None:
 
 
 @pytest.mark.integration
-def test_the_redis_consumer_reads_results_a_newer_ingest_stored(tmp_path: Path) -> None:
+async def test_the_redis_consumer_reads_results_a_newer_ingest_stored(tmp_path: Path) -> None:
     keys = RedisKeys("t")
 
-    async def main(url: str) -> tuple[list[Entry], ResultConsumer]:
-        client = connect(url)
+    with redis_server(tmp_path) as server:
+        client = connect(server.url)
         for k in range(3):
             rid = ResultId(1_800_000_000_000, k)
             doc = newer_result(k, rid)
@@ -143,10 +137,6 @@ def test_the_redis_consumer_reads_results_a_newer_ingest_stored(tmp_path: Path) 
             while len(entries) < 4:  # own pending ones first (none), then new ones
                 entries += await consumer.read()
         await client.aclose()
-        return entries, consumer
-
-    with redis_server(tmp_path) as server:
-        entries, consumer = asyncio.run(main(server.url))
     assert [str(e.id) for e in entries] == [*(f"1800000000000-{k}" for k in range(3)),
                                             "1800000000001-0"]  # fmt: skip
     assert all(e.record is not None and e.record.id == e.id for e in entries[:3])
