@@ -10,7 +10,6 @@ model derived from it ("vehicles": car, bus, truck), and the orchestrator's prob
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -43,19 +42,18 @@ async def _with_worker(
         await prober.aclose()
 
 
-def test_a_non_coco_model_passes_its_own_canary(secret: str, tmp_path: Path) -> None:
+async def test_a_non_coco_model_passes_its_own_canary(secret: str, tmp_path: Path) -> None:
     registry_file = write_registry(tmp_path)
     vehicles = CanaryCheck.of(load_registry(registry_file).get("vehicles"))
     as_coco = CanaryCheck("vehicles", CANARY_STILL, {"person": 3})
-    said, probe = asyncio.run(_with_worker(secret, registry_file, registry_file,
-                                           [vehicles, as_coco]))  # fmt: skip
+    said, probe = await _with_worker(secret, registry_file, registry_file, [vehicles, as_coco])
     assert said[0] is None  # at least one car above 0.5 on the KITTI-17 still
     assert said[1] == "canary of model vehicles saw 0 person, expected >= 3 person"
     assert probe.canary_ok is True and probe.error is None, probe
     assert probe.models == ("vehicles",) and probe.persons >= 3
 
 
-def test_a_probe_fails_when_a_loaded_model_misses_its_expectation(
+async def test_a_probe_fails_when_a_loaded_model_misses_its_expectation(
     secret: str, tmp_path: Path
 ) -> None:
     registry_file = write_registry(tmp_path)
@@ -64,7 +62,7 @@ def test_a_probe_fails_when_a_loaded_model_misses_its_expectation(
     orch_registry = write_registry(strict)
     orch_registry.write_text(orch_registry.read_text().replace("car = 1", "car = 4"))
     vehicles = CanaryCheck.of(load_registry(registry_file).get("vehicles"))
-    said, probe = asyncio.run(_with_worker(secret, registry_file, orch_registry, [vehicles]))
+    said, probe = await _with_worker(secret, registry_file, orch_registry, [vehicles])
     assert said == [None]  # the worker's registry expectation: met (it loads the model)
     assert probe.canary_ok is False and probe.models == ("vehicles",)
     assert probe.error == "canary of model vehicles saw 1 car, expected >= 4 car"
@@ -84,7 +82,7 @@ def test_loaded_models_reads_info_tolerantly(info: dict[str, object], names: tup
     assert loaded_models(info) == names
 
 
-def test_the_orchestrator_reads_its_registry_for_the_canaries(tmp_path: Path) -> None:
+async def test_the_orchestrator_reads_its_registry_for_the_canaries(tmp_path: Path) -> None:
     registry_file = write_registry(tmp_path)
     settings = orch_settings(tmp_path, model_registry=registry_file)
     trust = PodTrust(ed_keys())
@@ -94,7 +92,7 @@ def test_the_orchestrator_reads_its_registry_for_the_canaries(tmp_path: Path) ->
         assert check is not None and check.expect == {"car": 1} and check.min_confidence == 0.5
         assert prober.canary.check_for("ppe") is None
     finally:
-        asyncio.run(prober.aclose())
+        await prober.aclose()
     bad = tmp_path / "bad.toml"
     bad.write_text("[models.v]\n")
     with pytest.raises(

@@ -11,7 +11,6 @@ whose models are unknown take any model.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 from deploy.ingest_link import definition_key, stream_config
 from deploy.models import StreamSpec
-from deploy.placement import ModelNeeds, Placement, Slot, place, worker_models
+from deploy.placement import ModelNeeds, Slot, place, worker_models
 from framerelay.results import ResultRecord
 from ingest.settings import StreamConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
@@ -60,7 +59,7 @@ async def _info(http: httpx.AsyncClient, url: str, secret: str) -> dict[str, Any
 
 
 @pytest.mark.integration
-def test_a_model_loaded_nowhere_is_placed_where_it_fits_and_loaded_there(
+async def test_a_model_loaded_nowhere_is_placed_where_it_fits_and_loaded_there(
     secret: str, tmp_path: Path
 ) -> None:
     registry = write_registry(tmp_path, extra=EXTRA)
@@ -68,47 +67,42 @@ def test_a_model_loaded_nowhere_is_placed_where_it_fits_and_loaded_there(
     full = _slot("gpu-full", vram_budget_mb=256, loaded={"yolox_nano": 256},
                  pinned=frozenset({"yolox_nano"}))  # fmt: skip
 
-    async def main() -> tuple[Placement, Placement, dict[str, Any], float]:
-        http = httpx.AsyncClient(timeout=10)
-        async with running_worker(secret, model_registry=registry, vram_budget_mb=600) as (
-            _,
-            url,
-        ):
-            real = _slot("gpu-a", **worker_models(await _info(http, url, secret)))
-            streams = [_spec("people", "yolox_nano"), _spec("cars", "vehicles")]
-            first = place(streams, [full, real], {}, {}, models=NEEDS)
-            config = StreamConfig(id="cars", url=str(CLIP), fps=5, realtime=True, loop=True,
-                                  model="vehicles")  # fmt: skip
-            t0 = time.monotonic()
-            async with streaming(url, token(secret), records, config):
-                await wait_until_async(
-                    lambda: bool(records), WAIT_S, "a result of the vehicles model"
-                )
-                first_result_s = time.monotonic() - t0
-                info = await _info(http, url, secret)
-                real = _slot("gpu-a", **worker_models(info))
-                more = [*streams, _spec("trucks", "vehicles2")]
-                full2 = _slot(
-                    "gpu-full",
-                    **worker_models(
-                        {
-                            "vram_budget_mb": 256,
-                            "models": [
-                                {
-                                    "name": "yolox_nano",
-                                    "vram_mb": 256,
-                                    "loaded": True,
-                                    "pinned": True,
-                                }
-                            ],
-                        }
-                    ),
-                )
-                second = place(more, [full2, real], first.assign, {}, models=NEEDS)
-        await http.aclose()
-        return first, second, info, first_result_s
+    http = httpx.AsyncClient(timeout=10)
+    async with running_worker(secret, model_registry=registry, vram_budget_mb=600) as (
+        _,
+        url,
+    ):
+        real = _slot("gpu-a", **worker_models(await _info(http, url, secret)))
+        streams = [_spec("people", "yolox_nano"), _spec("cars", "vehicles")]
+        first = place(streams, [full, real], {}, {}, models=NEEDS)
+        config = StreamConfig(id="cars", url=str(CLIP), fps=5, realtime=True, loop=True,
+                              model="vehicles")  # fmt: skip
+        t0 = time.monotonic()
+        async with streaming(url, token(secret), records, config):
+            await wait_until_async(lambda: bool(records), WAIT_S, "a result of the vehicles model")
+            first_result_s = time.monotonic() - t0
+            info = await _info(http, url, secret)
+            real = _slot("gpu-a", **worker_models(info))
+            more = [*streams, _spec("trucks", "vehicles2")]
+            full2 = _slot(
+                "gpu-full",
+                **worker_models(
+                    {
+                        "vram_budget_mb": 256,
+                        "models": [
+                            {
+                                "name": "yolox_nano",
+                                "vram_mb": 256,
+                                "loaded": True,
+                                "pinned": True,
+                            }
+                        ],
+                    }
+                ),
+            )
+            second = place(more, [full2, real], first.assign, {}, models=NEEDS)
+    await http.aclose()
 
-    first, second, info, first_result_s = asyncio.run(main())
     assert first.assign["cars"] == "gpu-a" and first.unplaced == []  # not a new pod
     loaded = {m["name"]: m for m in info["models"]}
     assert loaded["vehicles"]["loaded"] is True and loaded["vehicles"]["streams"] == 1

@@ -145,36 +145,33 @@ def test_existing_tier_configs_stay_valid() -> None:
 
 
 @pytest.mark.integration
-def test_ingest_measures_round_trips_on_a_tunnel(
+async def test_ingest_measures_round_trips_on_a_tunnel(
     local_worker: LocalWorker, secret: str, tmp_path: Path
 ) -> None:
     """``POST /v1/rtt`` straight to a worker and through a proxy adding 2 x 15 ms; the
     orchestrator's client reads it; bad URLs are 422, an unreachable worker a 502."""
 
-    async def main() -> dict[str, Any]:
-        port = int(local_worker.url.rsplit(":", 1)[1].split("/")[0])
-        proxy = await DelayProxy(port, 0.015).start()
-        out: dict[str, Any] = {}
-        async with running_ingest(secret, tmp_path) as ingest, client(ingest) as http:
-            auth = ingest.auth("routing:write")
-            for label, url in (("direct", local_worker.url),
-                               ("proxied", f"ws://127.0.0.1:{proxy.port}/v1/tunnel")):  # fmt: skip
-                body = {"worker_id": "test-worker", "url": url, "pings": 5, "frames": 3}
-                out[label] = (await http.post("/v1/rtt", json=body, headers=auth)).json()
-            out["refused"] = await _refusals(http, auth)
-            rtt = IngestRtt(ingest.base, TokenIssuer(KeySet.from_secrets([secret])), pings=3)
-            worker = WorkerState(name="test-worker", ready=True, tunnel_url=local_worker.url)
-            latency = Latency(rtt, interval_s=30, wait_s=30)
-            await latency.measure([worker], now=100.0)
-            await latency.measure([worker], now=110.0)  # not due: not asked again
-            out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]),
-                           worker.processing_ms)  # fmt: skip
-            await rtt.aclose()
-            out["stuck"] = await _stuck_worker(ingest.base, secret)
-        await proxy.aclose()
-        return out
+    port = int(local_worker.url.rsplit(":", 1)[1].split("/")[0])
+    proxy = await DelayProxy(port, 0.015).start()
+    out: dict[str, Any] = {}
+    async with running_ingest(secret, tmp_path) as ingest, client(ingest) as http:
+        auth = ingest.auth("routing:write")
+        for label, url in (("direct", local_worker.url),
+                           ("proxied", f"ws://127.0.0.1:{proxy.port}/v1/tunnel")):  # fmt: skip
+            body = {"worker_id": "test-worker", "url": url, "pings": 5, "frames": 3}
+            out[label] = (await http.post("/v1/rtt", json=body, headers=auth)).json()
+        out["refused"] = await _refusals(http, auth)
+        rtt = IngestRtt(ingest.base, TokenIssuer(KeySet.from_secrets([secret])), pings=3)
+        worker = WorkerState(name="test-worker", ready=True, tunnel_url=local_worker.url)
+        latency = Latency(rtt, interval_s=30, wait_s=30)
+        await latency.measure([worker], now=100.0)
+        await latency.measure([worker], now=110.0)  # not due: not asked again
+        out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]),
+                       worker.processing_ms)  # fmt: skip
+        await rtt.aclose()
+        out["stuck"] = await _stuck_worker(ingest.base, secret)
+    await proxy.aclose()
 
-    out = asyncio.run(main())
     direct, proxied = out["direct"], out["proxied"]
     print(f"\nround trip ingest -> worker: direct {direct['rtt_ms']} ms, behind a 2 x 15 ms "
           f"proxy {proxied['rtt_ms']} ms ({proxied['samples_ms']}); probe frames "

@@ -223,7 +223,7 @@ class Rig:
     log: Path
 
 
-def test_a_serverless_tier_scales_its_endpoint_from_zero_and_back_and_the_job_completes(
+async def test_a_serverless_tier_scales_its_endpoint_from_zero_and_back_and_the_job_completes(
     tmp_path: Path,
 ) -> None:
     inputs = clips(tmp_path)
@@ -243,7 +243,7 @@ def test_a_serverless_tier_scales_its_endpoint_from_zero_and_back_and_the_job_co
     try:
         with running_endpoint(queue) as queue_url, running_runpod_v2(server) as base:
             server.knobs.serverless_url = queue_url
-            figures = asyncio.run(scenario(rig, base, queue_url, inputs))
+            figures = await scenario(rig, base, queue_url, inputs)
     finally:
         clear(rig.prefix)
     job = figures["job"]

@@ -10,7 +10,6 @@ failures reach ``unhealthy_after``. Implausible capacities from ``/info``
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,8 +61,8 @@ async def _probe(app: FastAPI, canary: bool) -> Probe:
         await prober.aclose()
 
 
-def test_a_503_readyz_is_not_ready_with_the_workers_reason_and_no_canary() -> None:
-    probe = asyncio.run(_probe(_worker(ready=False), canary=True))
+async def test_a_503_readyz_is_not_ready_with_the_workers_reason_and_no_canary() -> None:
+    probe = await _probe(_worker(ready=False), canary=True)
     assert probe.alive is True and probe.ready is False and probe.canary_ok is None
     assert probe.error == f"worker not ready: HTTP 503: {REASON} [31m more"
 
@@ -80,8 +79,8 @@ def test_a_503_readyz_is_not_ready_with_the_workers_reason_and_no_canary() -> No
         (b'{"capacity_fps": "fast"}', 0.0),
     ],
 )
-def test_implausible_capacities_count_as_unknown(info: bytes, capacity: float) -> None:
-    probe = asyncio.run(_probe(_worker(ready=True, info=info), canary=False))
+async def test_implausible_capacities_count_as_unknown(info: bytes, capacity: float) -> None:
+    probe = await _probe(_worker(ready=True, info=info), canary=False)
     assert probe.alive is True and probe.ready is True and probe.error is None
     assert probe.capacity_fps == capacity
 
