@@ -63,9 +63,9 @@ async def _storm(api: Api, sources: list[str]) -> tuple[list[tuple[int, float, f
     return served, list(await asyncio.gather(*tasks))
 
 
-def test_slow_header_clients_are_closed_and_a_request_is_still_served(api: Api) -> None:
+async def test_slow_header_clients_are_closed_and_a_request_is_still_served(api: Api) -> None:
     sources = [f"127.0.0.{2 + i % 4}" for i in range(200)]  # 50 per address, under its cap
-    served, slows = asyncio.run(_storm(api, sources))
+    served, slows = await _storm(api, sources)
     held = sorted(s.held_s for s in slows)
     took = sorted(took for _, took, _ in served)
     print(
@@ -81,8 +81,8 @@ def test_slow_header_clients_are_closed_and_a_request_is_still_served(api: Api) 
     assert b"HEADER_TIMEOUT_S" in slows[0].said
 
 
-def test_one_address_holds_at_most_its_cap(api: Api) -> None:
-    served, slows = asyncio.run(_storm(api, ["127.0.0.9"] * 200))
+async def test_one_address_holds_at_most_its_cap(api: Api) -> None:
+    served, slows = await _storm(api, ["127.0.0.9"] * 200)
     held = [s for s in slows if s.status == 408]
     refused = [s for s in slows if s.status != 408]
     answered = [s for s in refused if s.status == 503]
@@ -112,7 +112,7 @@ async def _post_raw(port: int, head: bytes, body: bytes) -> bytes:
         await closed(writer)
 
 
-def test_a_10_mb_body_is_answered_413_not_reset(api: Api) -> None:
+async def test_a_10_mb_body_is_answered_413_not_reset(api: Api) -> None:
     def head(version: str, extra: str = "") -> bytes:
         return (
             f"POST /v1/streams HTTP/{version}\r\nHost: 127.0.0.1\r\n"
@@ -120,16 +120,12 @@ def test_a_10_mb_body_is_answered_413_not_reset(api: Api) -> None:
             f"{extra}\r\n"
         ).encode()
 
-    async def main() -> tuple[httpx.Response, list[bytes]]:
-        async with httpx.AsyncClient(base_url=api.base, timeout=30 * TIMEOUT_FACTOR) as http:
-            kept = await http.post("/v1/streams", content=BODY)
-        closing = [
-            await _post_raw(api.port, head("1.1", "Connection: close\r\n"), BODY),
-            await _post_raw(api.port, head("1.0"), BODY),
-        ]
-        return kept, closing
-
-    kept, closing = asyncio.run(main())
+    async with httpx.AsyncClient(base_url=api.base, timeout=30 * TIMEOUT_FACTOR) as http:
+        kept = await http.post("/v1/streams", content=BODY)
+    closing = [
+        await _post_raw(api.port, head("1.1", "Connection: close\r\n"), BODY),
+        await _post_raw(api.port, head("1.0"), BODY),
+    ]
     setting = f"{api.prefix}MAX_BODY_BYTES".encode()
     print(
         f"\n{api.kind}: 10 MB bodies: keep-alive {kept.status_code}, 'Connection: close' and "
@@ -141,25 +137,21 @@ def test_a_10_mb_body_is_answered_413_not_reset(api: Api) -> None:
         assert setting in raw
 
 
-def test_caps_in_all_and_per_address_with_a_trusted_proxy_exempt(tmp_path: Path) -> None:
+async def test_caps_in_all_and_per_address_with_a_trusted_proxy_exempt(tmp_path: Path) -> None:
     env = {
         "FRAMERELAY_INGEST_LISTENER__MAX_CONNECTIONS": "40",
         "FRAMERELAY_INGEST_LISTENER__MAX_CONNECTIONS_PER_PEER": "10",
         "FRAMERELAY_INGEST_LISTENER__TRUSTED_PROXIES": "127.0.0.7",
         "FRAMERELAY_INGEST_LISTENER__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
     }
-
-    async def main(api: Api) -> tuple[list[list[Slow]], Slow, int]:
+    with api_process("ingest", tmp_path, env) as api:
         limit = HEADER_TIMEOUT_S + 30 * TIMEOUT_FACTOR
         groups = []
         for sources in (["127.0.0.7"] * 20, ["127.0.0.8"] * 11, ["127.0.0.9"] * 10):
             groups.append(await slow_clients(api.port, sources, limit))
         full = await (await slow_clients(api.port, ["127.0.0.1"], limit))[0]
-        done = [list(await asyncio.gather(*g)) for g in groups]
-        return done, full, (await timed_get(api.port))[0]
-
-    with api_process("ingest", tmp_path, env) as api:
-        (proxy, eleven, ten), full, after = asyncio.run(main(api))
+        proxy, eleven, ten = [list(await asyncio.gather(*g)) for g in groups]
+        after = (await timed_get(api.port))[0]
     assert [s.status for s in proxy] == [408] * 20  # the proxy: over the per-address cap
     assert sorted(s.status for s in eleven) == [408] * 10 + [503]
     assert [s.status for s in ten] == [408] * 10
@@ -167,7 +159,7 @@ def test_caps_in_all_and_per_address_with_a_trusted_proxy_exempt(tmp_path: Path)
     assert after == 200  # served again once the slow ones were closed
 
 
-def test_worker_listener_closes_slow_heads_and_caps_an_address(tmp_path: Path) -> None:
+async def test_worker_listener_closes_slow_heads_and_caps_an_address(tmp_path: Path) -> None:
     env = {
         "FRAMERELAY_WORKER_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "FRAMERELAY_WORKER_MAX_CONNECTIONS_PER_PEER": "20",
@@ -176,13 +168,9 @@ def test_worker_listener_closes_slow_heads_and_caps_an_address(tmp_path: Path) -
     worker = LocalWorker("s" * 32, worker_id="listen", args=args, env=env)
     with worker.start(120 * TIMEOUT_FACTOR):
         port = int(worker.url.rsplit(":", 1)[1].split("/")[0])
-
-        async def main() -> tuple[list[Slow], tuple[int, float]]:
-            tasks = await slow_clients(port, ["127.0.0.2"] * 25, HEADER_TIMEOUT_S + 30)
-            health = await timed_get(port)
-            return list(await asyncio.gather(*tasks)), health
-
-        slows, (status, took) = asyncio.run(main())
+        tasks = await slow_clients(port, ["127.0.0.2"] * 25, HEADER_TIMEOUT_S + 30)
+        status, took = await timed_get(port)
+        slows = list(await asyncio.gather(*tasks))
     held = [s for s in slows if s.held_s >= 0.8 * HEADER_TIMEOUT_S]
     refused = [s for s in slows if s.held_s < 2 * TIMEOUT_FACTOR]
     print(

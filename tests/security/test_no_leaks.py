@@ -19,7 +19,6 @@ worker pod; each secret raw, URL-encoded and base64-encoded.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -46,7 +45,7 @@ from tests.security.forge import JWT, hs256
 from tests.security.procs import Service, bearer, ready_line, spawn, wait_healthy
 from tests.support.auth import mint
 from tests.support.servers import free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 GPU = "NVIDIA RTX A4000"
@@ -259,7 +258,7 @@ def _bad_tokens(s: Secrets) -> list[str]:
     ]  # fmt: skip
 
 
-def _provoke_auth(w: World, pod_http: str) -> None:
+async def _provoke_auth(w: World, pod_http: str) -> None:
     for token in _bad_tokens(w.s):
         auth = bearer(token)
         for where, url in (("ingest", f"{w.ingest.url}/v1/streams"),
@@ -271,7 +270,7 @@ def _provoke_auth(w: World, pod_http: str) -> None:
             tls = ("wss" in ws, w.tls(), w.pod_name)
             with pytest.raises(InvalidStatus) as refused:
                 try:  # a refusal is an HTTP answer (401/403), never a silent close
-                    asyncio.run(_open_websocket(ws, auth, *tls))
+                    await _open_websocket(ws, auth, *tls)
                 except InvalidMessage as exc:
                     raise AssertionError(f"{ws}: no HTTP answer to a bad token: {exc!r}") from exc
             w.evidence.add(f"{ws} bad token", bytes(refused.value.response.body or b""))
@@ -348,9 +347,9 @@ def _errored(w: World) -> bool:
     return all(errors.get(i) for i in ("cam-1", "cam-3", "cam-9"))
 
 
-def test_no_secret_in_logs_bodies_metrics_or_command_lines(world: World) -> None:
+async def test_no_secret_in_logs_bodies_metrics_or_command_lines(world: World) -> None:
     w = world
-    wait_until(
+    await wait_until_async(
         lambda: w.orch.output().count("no stock for") >= 3,
         30,
         "creates refused: no stock",
@@ -360,9 +359,11 @@ def test_no_secret_in_logs_bodies_metrics_or_command_lines(world: World) -> None
     w.state.knobs.fail_next = 4  # ... after more provider 500s
     _provoke_ingest(w)
     _provoke_orchestrator(w)
-    pod_http = wait_until(lambda: _pod_ready(w), 90, "a ready pod", every_s=0.2)
-    wait_until(lambda: _errored(w), 30, lambda: f"every camera failed ({w.waiting})", every_s=0.2)
-    _provoke_auth(w, pod_http)
+    pod_http = await wait_until_async(lambda: _pod_ready(w), 90, "a ready pod", every_s=0.2)
+    await wait_until_async(
+        lambda: _errored(w), 30, lambda: f"every camera failed ({w.waiting})", every_s=0.2
+    )
+    await _provoke_auth(w, pod_http)
     _collect(w, pod_http)
     for svc in (w.orch, w.ingest):  # their shutdown logs too
         assert svc.stop() == 0, svc.output()[-2000:]

@@ -16,7 +16,6 @@ for every view, checked as a table and as properties, then against the real serv
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -401,7 +400,7 @@ def _task(sidecar: str, clip: Path, sid: str = "job-side-0") -> dict[str, Any]:
 
 
 @pytest.mark.integration
-def test_job_sidecars_are_written_only_under_the_configured_dirs(tmp_path: Path) -> None:
+async def test_job_sidecars_are_written_only_under_the_configured_dirs(tmp_path: Path) -> None:
     allowed, elsewhere, clip = tmp_path / "sidecars", tmp_path / "elsewhere", tmp_path / "a.mp4"
     allowed.mkdir()
     elsewhere.mkdir()
@@ -414,36 +413,32 @@ def test_job_sidecars_are_written_only_under_the_configured_dirs(tmp_path: Path)
     }
     keys = ed_keys()
 
-    async def main() -> dict[str, httpx.Response]:
-        out: dict[str, httpx.Response] = {}
-        with redis_prefix("sidecar") as prefix:
-            over = {"redis_url": REDIS_URL, "results": {"redis_prefix": prefix}}
-            async with running_ingest(keys, tmp_path, job_sidecar_dirs=(allowed,), **over) as ing:
-                async with client(ing, headers=ing.auth()) as http:
-                    for name, path in refused.items():
-                        out[name] = await http.post("/v1/streams", json=_task(path, clip))
-                    await http.post("/v1/streams", json={"id": "cam", "url": str(clip)})
-                    out["update"] = await http.put(
-                        "/v1/streams/cam", json=_task(refused["outside"], clip, "cam")
-                    )
-                    worker = {
-                        "worker_id": "w1",
-                        "url": "ws://127.0.0.1:9/v1/tunnel",
-                        "stream": _task(refused["outside"], clip, "job-side-1"),
-                    }
-                    out["placed"] = await http.put("/v1/streams/job-side-1/worker", json=worker)
-                    out["inside"] = await http.post(
-                        "/v1/streams", json=_task(str(allowed / "night" / "a.jsonl"), clip)
-                    )
-                    out["kept"] = await http.get("/v1/streams/cam")
-            (tmp_path / "none").mkdir()
-            async with running_ingest(keys, tmp_path / "none", **over) as ing:
-                async with client(ing, headers=ing.auth()) as http:
-                    inside = str(allowed / "b.jsonl")
-                    out["no dirs"] = await http.post("/v1/streams", json=_task(inside, clip))
-        return out
-
-    out = asyncio.run(main())
+    out: dict[str, httpx.Response] = {}
+    with redis_prefix("sidecar") as prefix:
+        over = {"redis_url": REDIS_URL, "results": {"redis_prefix": prefix}}
+        async with running_ingest(keys, tmp_path, job_sidecar_dirs=(allowed,), **over) as ing:
+            async with client(ing, headers=ing.auth()) as http:
+                for name, path in refused.items():
+                    out[name] = await http.post("/v1/streams", json=_task(path, clip))
+                await http.post("/v1/streams", json={"id": "cam", "url": str(clip)})
+                out["update"] = await http.put(
+                    "/v1/streams/cam", json=_task(refused["outside"], clip, "cam")
+                )
+                worker = {
+                    "worker_id": "w1",
+                    "url": "ws://127.0.0.1:9/v1/tunnel",
+                    "stream": _task(refused["outside"], clip, "job-side-1"),
+                }
+                out["placed"] = await http.put("/v1/streams/job-side-1/worker", json=worker)
+                out["inside"] = await http.post(
+                    "/v1/streams", json=_task(str(allowed / "night" / "a.jsonl"), clip)
+                )
+                out["kept"] = await http.get("/v1/streams/cam")
+        (tmp_path / "none").mkdir()
+        async with running_ingest(keys, tmp_path / "none", **over) as ing:
+            async with client(ing, headers=ing.auth()) as http:
+                inside = str(allowed / "b.jsonl")
+                out["no dirs"] = await http.post("/v1/streams", json=_task(inside, clip))
     for name in (*refused, "update", "placed"):
         assert out[name].status_code == 422, (name, out[name].text)
     assert "outside FRAMERELAY_INGEST_JOB_SIDECAR_DIRS" in out["outside"].text

@@ -87,7 +87,7 @@ async def _closed_by_revocation(ws_url: str, token: str, revoke: object) -> tupl
         return ws.close_code, last
 
 
-def test_a_revoked_token_ends_its_results_session_and_is_refused(
+async def test_a_revoked_token_ends_its_results_session_and_is_refused(
     ingest: Ingest, tmp_path: Path
 ) -> None:
     token = mint(ingest.keys, ["results:cam-1"], "ingest", ttl=3600, sub="lobby-app")
@@ -95,8 +95,8 @@ def test_a_revoked_token_ends_its_results_session_and_is_refused(
     token_file = tmp_path / "app.token"
     token_file.write_text(token + "\n")
     url = ingest.svc.url.replace("http", "ws", 1) + "/v1/results?stream=cam-1"
-    code, last = asyncio.run(
-        _closed_by_revocation(url, token, lambda: _revoke(ingest, "--token-file", str(token_file)))
+    code, last = await _closed_by_revocation(
+        url, token, lambda: _revoke(ingest, "--token-file", str(token_file))
     )
     assert code == 4401
     said = json.loads(last)
@@ -111,8 +111,8 @@ def test_a_revoked_token_ends_its_results_session_and_is_refused(
         except InvalidStatus as exc:
             return exc.response.status_code
 
-    assert asyncio.run(again(token)) == 401
-    assert asyncio.run(again(other)) == 101  # another token of the same holder still works
+    assert await again(token) == 401
+    assert await again(other) == 101  # another token of the same holder still works
 
 
 def test_revoking_a_holder_ends_its_console_stream(ingest: Ingest) -> None:

@@ -120,10 +120,10 @@ async def _subscribe(base: str, query: str, token: str) -> Answer:
         return Answer(exc.response.status_code, body.get("code", ""), body.get("message", ""))
 
 
-def test_the_stored_results_are_there_for_a_token_that_grants_them(ingest: Ingest) -> None:
+async def test_the_stored_results_are_there_for_a_token_that_grants_them(ingest: Ingest) -> None:
     """The control: what the attack below would have read exists and is served."""
-    answer = asyncio.run(
-        _subscribe(ingest.base, "stream=cam-2&resume=cam-2@0-0", ingest.token("results:cam-2"))
+    answer = await _subscribe(
+        ingest.base, "stream=cam-2&resume=cam-2@0-0", ingest.token("results:cam-2")
     )
     assert answer.status == 101
     assert answer.results is not None and len(answer.results) == STORED
@@ -154,10 +154,10 @@ ATTACKS = [
 @pytest.mark.parametrize(
     ("query", "scopes", "status", "code", "says"), ATTACKS, ids=[a[0] for a in ATTACKS]
 )
-def test_a_narrow_token_cannot_resume_another_stream(
+async def test_a_narrow_token_cannot_resume_another_stream(
     ingest: Ingest, query: str, scopes: tuple[str, ...], status: int, code: str, says: str
 ) -> None:
-    answer = asyncio.run(_subscribe(ingest.base, query, ingest.token(*scopes)))
+    answer = await _subscribe(ingest.base, query, ingest.token(*scopes))
     assert (answer.status, answer.code) == (status, code), answer
     assert says in answer.message and "\n" not in answer.message
     assert answer.results is None  # refused before the handshake: nothing delivered

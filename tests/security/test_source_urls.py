@@ -16,7 +16,6 @@ segment).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import threading
@@ -105,21 +104,18 @@ def _key_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_evil_source_urls_are_refused_and_reach_nothing(
+async def test_evil_source_urls_are_refused_and_reach_nothing(
     tmp_path: Path, listener: CountingListener
 ) -> None:
     key_file = _key_file(tmp_path)
 
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path, file_roots=[]) as ingest:
-            async with client(ingest) as http:
-                for i, (url, needle) in enumerate(_evil_urls(listener.port, key_file)):
-                    reason = await _refused(ingest, http, {"id": f"evil-{i}", "url": url})
-                    assert needle in reason and reason.startswith("url: "), (url, reason)
-                    assert url not in reason and "passwd" not in reason
-                    assert "signing" not in reason and "ANYLINE" not in reason
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path, file_roots=[]) as ingest:
+        async with client(ingest) as http:
+            for i, (url, needle) in enumerate(_evil_urls(listener.port, key_file)):
+                reason = await _refused(ingest, http, {"id": f"evil-{i}", "url": url})
+                assert needle in reason and reason.startswith("url: "), (url, reason)
+                assert url not in reason and "passwd" not in reason
+                assert "signing" not in reason and "ANYLINE" not in reason
     assert listener.connections == 0
 
 
@@ -144,34 +140,28 @@ EVIL_OPTIONS = [
 @pytest.mark.parametrize(
     ("options", "needle"), EVIL_OPTIONS, ids=[next(iter(o)) for o, _ in EVIL_OPTIONS]
 )
-def test_evil_options_are_refused_naming_the_key_and_reach_nothing(
+async def test_evil_options_are_refused_naming_the_key_and_reach_nothing(
     tmp_path: Path, listener: CountingListener, options: dict[str, str], needle: str
 ) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
-            body = {"id": "evil", "url": f"http://127.0.0.1:{listener.port}/x", "options": options}
-            reason = await _refused(ingest, http, body)
-            assert reason.startswith("options: ") and needle in reason, reason
-            assert all(v not in reason for v in options.values())
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
+        body = {"id": "evil", "url": f"http://127.0.0.1:{listener.port}/x", "options": options}
+        reason = await _refused(ingest, http, body)
+        assert reason.startswith("options: ") and needle in reason, reason
+        assert all(v not in reason for v in options.values())
     assert listener.connections == 0
 
 
-def test_the_listener_counts_an_allowed_source_and_safe_options_pass(
+async def test_the_listener_counts_an_allowed_source_and_safe_options_pass(
     tmp_path: Path, listener: CountingListener
 ) -> None:
     """The positive control: the same URL with harmless options is added and connects."""
 
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
-            options = {"user_agent": "cam-agent/1", "headers": "X-Api-Key: k", "timeout": "2000000"}
-            body = {"id": "ok", "url": f"http://127.0.0.1:{listener.port}/x", "options": options}
-            r = await http.post("/v1/streams", json=body, headers=ingest.auth(*WRITE))
-            assert r.status_code == 201, r.text
-            await wait_until_async(lambda: listener.connections > 0, 20, "the source connects")
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
+        options = {"user_agent": "cam-agent/1", "headers": "X-Api-Key: k", "timeout": "2000000"}
+        body = {"id": "ok", "url": f"http://127.0.0.1:{listener.port}/x", "options": options}
+        r = await http.post("/v1/streams", json=body, headers=ingest.auth(*WRITE))
+        assert r.status_code == 201, r.text
+        await wait_until_async(lambda: listener.connections > 0, 20, "the source connects")
 
 
 DENIED = [
@@ -184,36 +174,30 @@ DENIED = [
 ]
 
 
-def test_metadata_and_link_local_hosts_are_refused_by_default(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
-            for i, url in enumerate(DENIED):
-                reason = await _refused(ingest, http, {"id": f"md-{i}", "url": url})
-                assert "FRAMERELAY_INGEST_SOURCE_DENIED_NETWORKS refuses" in reason, (url, reason)
-
-    asyncio.run(main())
+async def test_metadata_and_link_local_hosts_are_refused_by_default(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
+        for i, url in enumerate(DENIED):
+            reason = await _refused(ingest, http, {"id": f"md-{i}", "url": url})
+            assert "FRAMERELAY_INGEST_SOURCE_DENIED_NETWORKS refuses" in reason, (url, reason)
 
 
-def test_loopback_is_refused_when_the_operator_denies_it(
+async def test_loopback_is_refused_when_the_operator_denies_it(
     tmp_path: Path, listener: CountingListener
 ) -> None:
     denied = ["127.0.0.0/8", "::1/128"]
 
-    async def main() -> None:
-        async with (
-            running_ingest(ed_keys(), tmp_path, source_denied_networks=denied) as ingest,
-            client(ingest) as http,
-        ):
-            for i, host in enumerate(("127.0.0.1", "localhost", "127.1", "[::1]")):
-                url = f"http://{host}:{listener.port}/x"
-                reason = await _refused(ingest, http, {"id": f"lo-{i}", "url": url})
-                assert "SOURCE_DENIED_NETWORKS" in reason, (url, reason)
-
-    asyncio.run(main())
+    async with (
+        running_ingest(ed_keys(), tmp_path, source_denied_networks=denied) as ingest,
+        client(ingest) as http,
+    ):
+        for i, host in enumerate(("127.0.0.1", "localhost", "127.1", "[::1]")):
+            url = f"http://{host}:{listener.port}/x"
+            reason = await _refused(ingest, http, {"id": f"lo-{i}", "url": url})
+            assert "SOURCE_DENIED_NETWORKS" in reason, (url, reason)
     assert listener.connections == 0
 
 
-def test_files_over_the_api_only_under_the_roots_and_no_existence_oracle(
+async def test_files_over_the_api_only_under_the_roots_and_no_existence_oracle(
     tmp_path: Path,
     media: Media,  # noqa: F811
 ) -> None:
@@ -224,16 +208,13 @@ def test_files_over_the_api_only_under_the_roots_and_no_existence_oracle(
     key_file = _key_file(tmp_path)
     (root / "link.mp4").symlink_to(key_file)
 
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path, file_roots=[root]) as ingest:
-            async with client(ingest) as http:
-                outside = [str(key_file), f"{root}/../secrets/signing.jwks", "/etc/passwd"]
-                for i, url in enumerate([*outside, str(root / "link.mp4")]):
-                    reason = await _refused(ingest, http, {"id": f"out-{i}", "url": url})
-                    assert "not under FRAMERELAY_INGEST_FILE_ROOTS" in reason, reason
-                await _added_under_the_root(ingest, http, root)
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path, file_roots=[root]) as ingest:
+        async with client(ingest) as http:
+            outside = [str(key_file), f"{root}/../secrets/signing.jwks", "/etc/passwd"]
+            for i, url in enumerate([*outside, str(root / "link.mp4")]):
+                reason = await _refused(ingest, http, {"id": f"out-{i}", "url": url})
+                assert "not under FRAMERELAY_INGEST_FILE_ROOTS" in reason, reason
+            await _added_under_the_root(ingest, http, root)
 
 
 async def _added_under_the_root(ingest: Ingest, http: httpx.AsyncClient, root: Path) -> None:
@@ -265,7 +246,7 @@ def _playlist(segment: str) -> str:
     )
 
 
-def test_hls_segments_cannot_reach_files_or_other_protocols(
+async def test_hls_segments_cannot_reach_files_or_other_protocols(
     tmp_path: Path,
     media: Media,  # noqa: F811
     listener: CountingListener,
@@ -285,7 +266,7 @@ def test_hls_segments_cannot_reach_files_or_other_protocols(
     for name, segment in {**evil, "ok": "seg.ts"}.items():
         (site / f"{name}.m3u8").write_text(_playlist(segment))
 
-    async def main(base: str) -> None:
+    with http_server(site) as base:
         async with running_ingest(ed_keys(), tmp_path, file_roots=[]) as ingest:
             async with client(ingest) as http:
                 auth = ingest.auth(*WRITE)
@@ -294,9 +275,6 @@ def test_hls_segments_cannot_reach_files_or_other_protocols(
                     r = await http.post("/v1/streams", json=body, headers=auth)
                     assert r.status_code == 201, r.text
                 await _hls_outcome(ingest, list(evil), int(base.rsplit(":", 1)[1]))
-
-    with http_server(site) as base:
-        asyncio.run(main(base))
     assert listener.connections == 0
 
 
@@ -331,7 +309,7 @@ def test_every_open_carries_the_protocol_allowlist(listener: CountingListener, u
     assert listener.connections == 0
 
 
-def test_config_file_streams_may_read_any_file(
+async def test_config_file_streams_may_read_any_file(
     tmp_path: Path,
     media: Media,  # noqa: F811
 ) -> None:
@@ -340,14 +318,11 @@ def test_config_file_streams_may_read_any_file(
     config.write_text(f"streams:\n  - {{id: local, url: '{media.short('mp4')}', fps: 0}}\n")
     streams = load_streams(config, {})
 
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path, file_roots=[], streams=streams) as ingest:
-            stream = ingest.service.streams["local"]
-            await wait_until_async(
-                lambda: stream.counters["decoded"] > 0, 20, "the configured file plays"
-            )
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path, file_roots=[], streams=streams) as ingest:
+        stream = ingest.service.streams["local"]
+        await wait_until_async(
+            lambda: stream.counters["decoded"] > 0, 20, "the configured file plays"
+        )
 
 
 def test_the_defaults_and_the_environment_forms(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -241,7 +241,9 @@ def _check_loot(loot: Loot, d: Deployment) -> None:
     assert loot.tokens, "the pod's memory holds the tokens it was sent (tunnel, canary)"
 
 
-def test_a_stolen_pod_cannot_produce_a_token_any_service_accepts(deployment: Deployment) -> None:
+async def test_a_stolen_pod_cannot_produce_a_token_any_service_accepts(
+    deployment: Deployment,
+) -> None:
     d = deployment
     loot = harvest(d.pod_pid)
     _check_loot(loot, d)
@@ -250,15 +252,15 @@ def test_a_stolen_pod_cannot_produce_a_token_any_service_accepts(deployment: Dep
     assert len(tokens) > 100
     before = state(d)
     assert before["routing"] == {STREAM: POD} and before["pods"] == [POD]
-    answers = asyncio.run(attack(d, tokens))
+    answers = await attack(d, tokens)
     accepted = [(where, code) for where, code in answers if code not in (401, 403)]
     assert not accepted, accepted[:20]
     assert state(d) == before
     assert before["results delivered"] == 0 and before["other worker tunnels"] == 0
-    refused = _metric(httpx.get(f"{d.ingest.url}/metrics").text,
-                      "framerelay_ingest_auth_refused_total")  # fmt: skip
+    metrics = await asyncio.to_thread(httpx.get, f"{d.ingest.url}/metrics")
+    refused = _metric(metrics.text, "framerelay_ingest_auth_refused_total")
     assert refused >= sum(1 for w, _ in answers if "-> ingest" in w)  # each reached the check
-    assert asyncio.run(_control(d)) == [200, 101, 200, 200]
+    assert await _control(d) == [200, 101, 200, 200]
 
 
 async def _control(d: Deployment) -> list[int]:

@@ -30,7 +30,7 @@ from tests.security.listener_rig import Api, api_process
 from tests.security.procs import spawn, wait_healthy
 from tests.support.auth import mint
 from tests.support.servers import free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -99,20 +99,16 @@ def _tunnel_up(base: str) -> bool:
     return 'framerelay_ingest_tunnel_connected{worker="default"} 1.0' in text
 
 
-def test_a_neighbour_failing_at_the_worker_does_not_lock_the_ingest_out(
+async def test_a_neighbour_failing_at_the_worker_does_not_lock_the_ingest_out(
     worker: LocalWorker, worker_secret: str, tmp_path: Path
 ) -> None:
     url = worker.url
     valid = mint(worker_secret, f"worker:{WORKER_ID}", "worker", sub="neighbour")
 
-    async def hostile() -> tuple[list[int], list[int], int]:
-        bad = [await _upgrade(url, "junk") for _ in range(MAX_FAILURES + 3)]
-        faults = [await _misbehave(url, valid) for _ in range(MAX_FAULTS + 1)]
-        # the same address, a valid token: served despite the failures above
-        own = await _upgrade(url, mint(worker_secret, f"worker:{WORKER_ID}", "worker"))
-        return bad, faults, own
-
-    bad, faults, own = asyncio.run(hostile())
+    bad = [await _upgrade(url, "junk") for _ in range(MAX_FAILURES + 3)]
+    faults = [await _misbehave(url, valid) for _ in range(MAX_FAULTS + 1)]
+    # the same address, a valid token: served despite the failures above
+    own = await _upgrade(url, mint(worker_secret, f"worker:{WORKER_ID}", "worker"))
     assert bad == [401] * MAX_FAILURES + [429] * 3
     assert faults == [101] * MAX_FAULTS + [429]  # the neighbour's own tunnels are refused
     assert own == 101
@@ -129,7 +125,9 @@ def test_a_neighbour_failing_at_the_worker_does_not_lock_the_ingest_out(
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(ingest, base)
-        wait_until(lambda: _tunnel_up(base), 60, "the ingest's tunnel to the worker", every_s=0.2)
+        await wait_until_async(
+            lambda: _tunnel_up(base), 60, "the ingest's tunnel to the worker", every_s=0.2
+        )
     finally:
         ingest.stop()
     assert "429" not in ingest.output()
