@@ -5,7 +5,6 @@ https ingest with ingest_ca."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ def fake_worker(verifier: TokenVerifier, seen: list[Claims]) -> FastAPI:
     return app
 
 
-def test_heartbeat_sends_a_worker_token_and_verifies_the_pod_by_name(tmp_path: Path) -> None:
+async def test_heartbeat_sends_a_worker_token_and_verifies_the_pod_by_name(tmp_path: Path) -> None:
     keys = ed_keys()
     issuer = TokenIssuer(keys)
     ca = PodCA.load_or_create(tmp_path / "ca")
@@ -72,10 +71,10 @@ def test_heartbeat_sends_a_worker_token_and_verifies_the_pod_by_name(tmp_path: P
             await prober.aclose()
 
     with serving(app, **tls) as url:
-        good = asyncio.run(probe(ca, f"{POD}.pods.framerelay", url))
-        wrong_name = asyncio.run(probe(ca, "fr-b-0-g0.pods.framerelay", url))
+        good = await probe(ca, f"{POD}.pods.framerelay", url)
+        wrong_name = await probe(ca, "fr-b-0-g0.pods.framerelay", url)
         stranger = PodCA.load_or_create(tmp_path / "stranger")
-        wrong_ca = asyncio.run(probe(stranger, f"{POD}.pods.framerelay", url))
+        wrong_ca = await probe(stranger, f"{POD}.pods.framerelay", url)
     assert good.alive and good.capacity_fps == 33.0, good
     assert len(seen) == 1 and seen[0].scope == (f"worker:{POD}",)
     for bad in (wrong_name, wrong_ca):
@@ -95,7 +94,7 @@ def fake_ingest(verifier: TokenVerifier, calls: list[dict[str, Any]]) -> FastAPI
     return app
 
 
-def test_ingest_link_token_tls_server_name_and_https(tmp_path: Path) -> None:
+async def test_ingest_link_token_tls_server_name_and_https(tmp_path: Path) -> None:
     keys = ed_keys()
     ca = PodCA.load_or_create(tmp_path / "ca")
     calls: list[dict[str, Any]] = []
@@ -116,7 +115,7 @@ def test_ingest_link_token_tls_server_name_and_https(tmp_path: Path) -> None:
 
     with serving(app, **_tls(ca, tmp_path / "ingest", ["localhost"], ("127.0.0.1",))) as url:
         assert url.startswith("https://")
-        assert asyncio.run(assign(url)) == [True, True]
+        assert await assign(url) == [True, True]
     first, second = calls
     assert first["body"]["tls_server_name"] == f"{POD}.pods.framerelay"
     assert "tls_server_name" not in second["body"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from tests.deploy.orch_support import orch_settings
 from tests.deploy.test_ca import handshake, sans, tls_server
 from tests.support.auth import ed_keys
 from tests.support.k8s_api import K8sContractServer
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "Tru5tT3stK3y" * 3
@@ -71,7 +71,7 @@ def _private_values(keys: KeySet) -> list[str]:
     return [str(v) for k in keys for m, v in k.jwk.items() if m in ("d", "k")]
 
 
-def test_runpod_pods_get_own_certificates_and_only_the_public_keys(
+async def test_runpod_pods_get_own_certificates_and_only_the_public_keys(
     tmp_path: Path, secret: str
 ) -> None:
     keys = ed_keys()
@@ -82,7 +82,7 @@ def test_runpod_pods_get_own_certificates_and_only_the_public_keys(
         orch = Orchestrator(
             settings, provider=runpod(base), prober=StatusProber(20), ingest=NullIngestLink()
         )
-        records = asyncio.run(addressed(orch))
+        records = await addressed(orch)
     ca = PodCA.load_or_create(tmp_path / "ca")
     pods = {p.name: state.pod_view(p) for p in state.pods.values()}
     assert set(pods) == set(records) == {"fr-community-0-g0", "fr-community-1-g0"}
@@ -114,7 +114,7 @@ def test_runpod_pods_get_own_certificates_and_only_the_public_keys(
     assert not state.key_in_url and state.client_errors == [] and state.violations == []
 
 
-def test_plain_ws_to_a_remote_provider_is_refused_by_default(
+async def test_plain_ws_to_a_remote_provider_is_refused_by_default(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     state = ContractServer(KEY)
@@ -123,12 +123,12 @@ def test_plain_ws_to_a_remote_provider_is_refused_by_default(
         insecure = runpod(base, tls=False)
         with pytest.raises(ConfigError, match=r"plain ws://.*ALLOW_INSECURE"):
             Orchestrator(settings, provider=insecure, prober=StatusProber(20))
-        asyncio.run(insecure.aclose())
+        await insecure.aclose()
         caplog.set_level(logging.WARNING)
         allowed = runpod(base, tls=False, allow_insecure=True)
         orch = Orchestrator(settings, provider=allowed, prober=StatusProber(20),
                             ingest=NullIngestLink())  # fmt: skip
-        records = asyncio.run(addressed(orch))
+        records = await addressed(orch)
     assert "WITHOUT TLS" in caplog.text
     assert all(r.tunnel_url and r.tunnel_url.startswith("ws://") for r in records.values())
     assert all(r.tls_server_name is None for r in records.values())
@@ -137,7 +137,7 @@ def test_plain_ws_to_a_remote_provider_is_refused_by_default(
 
 
 @pytest.mark.parametrize("provider", ["runpod", "kubernetes"])
-def test_remote_providers_refuse_hs256_only_keys(
+async def test_remote_providers_refuse_hs256_only_keys(
     tmp_path: Path, secret: str, provider: str
 ) -> None:
     settings = orch_settings(tmp_path, signing_keys=None, token_secrets=secret, provider=provider)
@@ -148,7 +148,7 @@ def test_remote_providers_refuse_hs256_only_keys(
     )
     with pytest.raises(ConfigError, match="asymmetric signing keys"):
         Orchestrator(settings, provider=remote, prober=StatusProber(20))
-    asyncio.run(remote.aclose())
+    await remote.aclose()
 
 
 def kubeconfig(tmp_path: Path) -> Path:
@@ -157,12 +157,12 @@ def kubeconfig(tmp_path: Path) -> Path:
         return k8s.write_kubeconfig(tmp_path / "kubeconfig")
 
 
-def test_kubernetes_tls_off_needs_allow_insecure(tmp_path: Path) -> None:
+async def test_kubernetes_tls_off_needs_allow_insecure(tmp_path: Path) -> None:
     settings = orch_settings(tmp_path, provider="kubernetes")
     plain = KubernetesProvider(KubernetesSettings(kubeconfig=kubeconfig(tmp_path), tls=False))
     with pytest.raises(ConfigError, match="FRAMERELAY_ORCH_KUBERNETES__ALLOW_INSECURE"):
         Orchestrator(settings, provider=plain, prober=StatusProber(20))
-    asyncio.run(plain.aclose())
+    await plain.aclose()
 
 
 def test_only_local_pods_with_only_shared_secrets_get_the_secret(
@@ -185,7 +185,7 @@ def _process_given(pid: int) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("kind", ["ed25519", "shared secret"])
-def test_local_pod_serves_its_own_certificate_and_the_canary_verifies_it(
+async def test_local_pod_serves_its_own_certificate_and_the_canary_verifies_it(
     tmp_path: Path, secret: str, kind: str
 ) -> None:
     """A real worker process: its canary (token on /info and the tunnel) runs over wss://
@@ -204,33 +204,34 @@ def test_local_pod_serves_its_own_certificate_and_the_canary_verifies_it(
     seen: list[x509.Certificate] = []
     given: list[tuple[str, str]] = []
 
-    async def main() -> PodRecord:
-        orch = Orchestrator(settings, ingest=NullIngestLink())  # the real prober and canary
-        try:
-            deadline = time.monotonic() + 120 * TIMEOUT_FACTOR
-            while True:
-                await orch.fleet.tick()
-                rec = (await orch.store.pods()).get("fr-ondemand-0-g0")
-                if rec is not None and rec.ready:
-                    break
-                failed = [p.failed for p in getattr(orch.provider, "pods", {}).values()]
-                assert not any(failed), failed  # the worker could not start: say why now
-                assert time.monotonic() < deadline, rec
-                await asyncio.sleep(0.3)
-            assert rec.tunnel_url is not None and rec.tls_server_name is not None
-            port = int(rec.tunnel_url.rsplit(":", 1)[1].split("/")[0])
-            seen.append(await asyncio.to_thread(handshake, port, ca_file, rec.tls_server_name))
-            other = "fr-ondemand-1-g0.pods.framerelay"
-            with pytest.raises(OSError, match="mismatch"):
-                await asyncio.to_thread(handshake, port, ca_file, other)
-            worker = getattr(orch.provider, "pods")["fr-ondemand-0-g0"].worker  # noqa: B009
-            given.append(_process_given(worker.proc.pid))
-            return rec
-        finally:
-            await orch.store.clear()
-            await orch.aclose()
+    orch = Orchestrator(settings, ingest=NullIngestLink())  # the real prober and canary
+    try:
+        last: list[PodRecord | None] = [None]
 
-    rec = asyncio.run(main())
+        async def ready() -> PodRecord | None:
+            await orch.fleet.tick()
+            last[0] = (await orch.store.pods()).get("fr-ondemand-0-g0")
+            if last[0] is not None and last[0].ready:
+                return last[0]
+            failed = [p.failed for p in getattr(orch.provider, "pods", {}).values()]
+            assert not any(failed), failed  # the worker could not start: say why now
+            return None
+
+        rec = await wait_until_async(
+            ready, 120, lambda: f"fr-ondemand-0-g0 ready (last: {last[0]})", every_s=0.3
+        )
+        assert rec.tunnel_url is not None and rec.tls_server_name is not None
+        port = int(rec.tunnel_url.rsplit(":", 1)[1].split("/")[0])
+        seen.append(await asyncio.to_thread(handshake, port, ca_file, rec.tls_server_name))
+        other = "fr-ondemand-1-g0.pods.framerelay"
+        with pytest.raises(OSError, match="mismatch"):
+            await asyncio.to_thread(handshake, port, ca_file, other)
+        worker = getattr(orch.provider, "pods")["fr-ondemand-0-g0"].worker  # noqa: B009
+        given.append(_process_given(worker.proc.pid))
+    finally:
+        await orch.store.clear()
+        await orch.aclose()
+
     assert rec.tunnel_url is not None and rec.tunnel_url.startswith("wss://127.0.0.1:")
     assert rec.http_url is not None and rec.http_url.startswith("https://127.0.0.1:")
     assert rec.tls_server_name == "fr-ondemand-0-g0.pods.framerelay"
