@@ -8,8 +8,9 @@ Acceptance 3 (Redis part): with AOF no durable result is lost across a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,9 +37,10 @@ def records(real_results: Path) -> list[ResultRecord]:
     return load_records(real_results)
 
 
-async def _run_with_publisher(
-    url: str, body: Callable[[ResultBus, RedisPublisher], Awaitable[Any]], **kw: Any
-) -> Any:
+@contextlib.asynccontextmanager
+async def publishing(url: str, **kw: Any) -> AsyncIterator[tuple[ResultBus, RedisPublisher]]:
+    """A bus whose results a running publisher writes to the Redis at ``url``; at the end
+    the publisher flushes what it holds and stops."""
     bus = ResultBus()
     client = connect(url, timeout_s=0.5)
     publisher = RedisPublisher(client, KEYS, bus.ids, timeout_s=0.5, **kw)
@@ -46,7 +48,7 @@ async def _run_with_publisher(
     stop = asyncio.Event()
     task = asyncio.create_task(publisher.run(stop, final_flush_s=2))
     try:
-        return await body(bus, publisher)
+        yield bus, publisher
     finally:
         stop.set()
         await task
@@ -57,81 +59,72 @@ async def _xlen(client: Redis, key: str) -> int:
     return int(await client.xlen(key))
 
 
-def test_results_are_published_live_and_stored_with_their_ids(
+async def test_results_are_published_live_and_stored_with_their_ids(
     records: list[ResultRecord], tmp_path: Path
 ) -> None:
-    async def body(bus: ResultBus, pub: RedisPublisher, url: str) -> None:
-        reader = connect(url)
-        pubsub = reader.pubsub()
-        await pubsub.subscribe(KEYS.channel(STREAM))
-        await pubsub.get_message(timeout=1)  # the subscribe confirmation
-        items = [bus.push(r) for r in records[:150]]
-        await wait_until_async(lambda: pub.counts["stored"] == 150, 10, "150 stored")
-        live: list[ResultRecord] = []
-        while len(live) < 150:
-            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2)
-            assert msg is not None, f"only {len(live)} live messages"
-            live.append(ResultRecord.model_validate_json(msg["data"]))
-        stored = cast(  # connect() decodes responses: str ids and fields
-            "list[tuple[str, dict[str, str]]]", await reader.xrange(KEYS.stream(STREAM))
-        )
-        assert [ResultId.parse(i) for i, _ in stored] == [p.id for p in items]
-        assert [p.id for p in items] == [r.id for r in live]
-        assert ResultRecord.model_validate_json(stored[0][1]["r"]) == items[0].record
-        await pubsub.aclose()
-        await reader.aclose()
-
     with redis_server(tmp_path) as server:
-        asyncio.run(_run_with_publisher(server.url, lambda b, p: body(b, p, server.url)))
+        async with publishing(server.url) as (bus, pub):
+            reader = connect(server.url)
+            pubsub = reader.pubsub()
+            await pubsub.subscribe(KEYS.channel(STREAM))
+            await pubsub.get_message(timeout=1)  # the subscribe confirmation
+            items = [bus.push(r) for r in records[:150]]
+            await wait_until_async(lambda: pub.counts["stored"] == 150, 10, "150 stored")
+            live: list[ResultRecord] = []
+            while len(live) < 150:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2)
+                assert msg is not None, f"only {len(live)} live messages"
+                live.append(ResultRecord.model_validate_json(msg["data"]))
+            stored = cast(  # connect() decodes responses: str ids and fields
+                "list[tuple[str, dict[str, str]]]", await reader.xrange(KEYS.stream(STREAM))
+            )
+            assert [ResultId.parse(i) for i, _ in stored] == [p.id for p in items]
+            assert [p.id for p in items] == [r.id for r in live]
+            assert ResultRecord.model_validate_json(stored[0][1]["r"]) == items[0].record
+            await pubsub.aclose()
+            await reader.aclose()
 
 
-def test_maxlen_and_retention_bound_the_stream(records: list[ResultRecord], tmp_path: Path) -> None:
-    async def body(bus: ResultBus, pub: RedisPublisher, url: str) -> tuple[int, int]:
-        reader = connect(url)
-        for i in range(1000):
-            bus.publish(records[i % len(records)])
-        await wait_until_async(lambda: pub.counts["stored"] == 1000, 10, "1000 stored")
-        capped = await _xlen(reader, KEYS.stream(STREAM))
-        await asyncio.sleep(1.2)  # older than the retention now
-        bus.publish(records[0])  # a write after trim_every_s triggers the trim
-        await wait_until_async(lambda: pub.counts["stored"] == 1001, 10, "stored")
-        await asyncio.sleep(0.3)
-        bus.publish(records[1])
-        await wait_until_async(lambda: pub.counts["stored"] == 1002, 10, "stored")
-        left = await _xlen(reader, KEYS.stream(STREAM))
-        ttl = await reader.pttl(KEYS.stream(STREAM))
-        await reader.aclose()
-        assert 0 < ttl <= 61_000
-        return capped, left
-
+async def test_maxlen_and_retention_bound_the_stream(
+    records: list[ResultRecord], tmp_path: Path
+) -> None:
     with redis_server(tmp_path) as server:
-        capped, left = asyncio.run(_run_with_publisher(
-            server.url, lambda b, p: body(b, p, server.url), maxlen=200, retention_s=1.0,
-            trim_every_s=1.0,
-        ))  # fmt: skip
+        trimming = publishing(server.url, maxlen=200, retention_s=1.0, trim_every_s=1.0)
+        async with trimming as (bus, pub):
+            reader = connect(server.url)
+            for i in range(1000):
+                bus.publish(records[i % len(records)])
+            await wait_until_async(lambda: pub.counts["stored"] == 1000, 10, "1000 stored")
+            capped = await _xlen(reader, KEYS.stream(STREAM))
+            await asyncio.sleep(1.2)  # older than the retention now
+            bus.publish(records[0])  # a write after trim_every_s triggers the trim
+            await wait_until_async(lambda: pub.counts["stored"] == 1001, 10, "stored")
+            await asyncio.sleep(0.3)
+            bus.publish(records[1])
+            await wait_until_async(lambda: pub.counts["stored"] == 1002, 10, "stored")
+            left = await _xlen(reader, KEYS.stream(STREAM))
+            ttl = await reader.pttl(KEYS.stream(STREAM))
+            await reader.aclose()
+            assert 0 < ttl <= 61_000
     assert 200 <= capped < 400  # MAXLEN ~ trims whole macro nodes: about 200
     assert left <= 2
 
 
-def test_publishing_never_blocks_while_redis_is_down(
+async def test_publishing_never_blocks_while_redis_is_down(
     records: list[ResultRecord], tmp_path: Path
 ) -> None:
     server = RedisServer(tmp_path)  # not started yet: its port refuses connections
-
-    async def body(bus: ResultBus, pub: RedisPublisher) -> float:
-        await asyncio.sleep(0.3)
-        started = time.perf_counter()
-        for i in range(200):
-            bus.publish(records[i % len(records)])
-        took = time.perf_counter() - started
-        await wait_until_async(lambda: pub.counts["errors"] >= 1, 5, "a failed write")
-        assert pub.counts["dropped_buffer_full"] == 150 and pub.buffered == 50
-        await asyncio.to_thread(server.start)
-        await wait_until_async(lambda: pub.counts["stored"] == 50, 15, "the 50 newest stored")
-        return took
-
     try:
-        took = asyncio.run(_run_with_publisher(server.url, body, buffer=50))
+        async with publishing(server.url, buffer=50) as (bus, pub):
+            await asyncio.sleep(0.3)
+            started = time.perf_counter()
+            for i in range(200):
+                bus.publish(records[i % len(records)])
+            took = time.perf_counter() - started
+            await wait_until_async(lambda: pub.counts["errors"] >= 1, 5, "a failed write")
+            assert pub.counts["dropped_buffer_full"] == 150 and pub.buffered == 50
+            await asyncio.to_thread(server.start)
+            await wait_until_async(lambda: pub.counts["stored"] == 50, 15, "the 50 newest stored")
     finally:
         server.stop()
     assert took < 0.2, f"publishing 200 results took {took:.3f} s with Redis down"
@@ -149,27 +142,24 @@ async def _drain(consumer: ResultConsumer, want: int, seen: list[Entry], ack: bo
 
 
 async def _fill(url: str, records: list[ResultRecord], n: int) -> list[ResultId]:
-    async def body(bus: ResultBus, pub: RedisPublisher) -> list[ResultId]:
+    async with publishing(url) as (bus, pub):
         ids = [bus.push(records[i % len(records)]).id for i in range(n)]
         await wait_until_async(lambda: pub.counts["stored"] == n, 10, f"{n} stored")
-        return ids
-
-    result: list[ResultId] = await _run_with_publisher(url, body)
-    return result
+    return ids
 
 
 def _consumer(client: Redis, name: str, **kw: Any) -> ResultConsumer:
     return ResultConsumer(client, KEYS.stream(STREAM), "rec", name, count=10, block_ms=200, **kw)
 
 
-def test_a_restarted_consumer_gets_its_unacked_entries_first(
+async def test_a_restarted_consumer_gets_its_unacked_entries_first(
     records: list[ResultRecord], tmp_path: Path
 ) -> None:
-    async def main(url: str) -> None:
-        client = connect(url)
+    with redis_server(tmp_path) as server:
+        client = connect(server.url)
         first = _consumer(client, "rec-1")
         await first.ensure_group()
-        ids = await _fill(url, records, 50)
+        ids = await _fill(server.url, records, 50)
         lost: list[Entry] = []
         await _drain(first, 20, lost, ack=False)  # read, never acknowledged: "crash"
         again = _consumer(client, "rec-1")
@@ -181,18 +171,15 @@ def test_a_restarted_consumer_gets_its_unacked_entries_first(
         assert int((await client.xpending(KEYS.stream(STREAM), "rec"))["pending"]) == 0
         await client.aclose()
 
-    with redis_server(tmp_path) as server:
-        asyncio.run(main(server.url))
 
-
-def test_stale_entries_of_a_dead_consumer_are_claimed(
+async def test_stale_entries_of_a_dead_consumer_are_claimed(
     records: list[ResultRecord], tmp_path: Path
 ) -> None:
-    async def main(url: str) -> None:
-        client = connect(url)
+    with redis_server(tmp_path) as server:
+        client = connect(server.url)
         dead = _consumer(client, "rec-dead")
         await dead.ensure_group()
-        ids = await _fill(url, records, 30)
+        ids = await _fill(server.url, records, 30)
         taken: list[Entry] = []
         await _drain(dead, 10, taken, ack=False)
         await asyncio.sleep(0.3)
@@ -202,17 +189,13 @@ def test_stale_entries_of_a_dead_consumer_are_claimed(
         assert heir.counts["claimed"] == 10 and {e.id for e in seen} == set(ids)
         await client.aclose()
 
-    with redis_server(tmp_path) as server:
-        asyncio.run(main(server.url))
-
 
 @pytest.mark.parametrize("appendonly", [True, False], ids=["aof", "no-persistence"])
-def test_redis_kill9_and_restart(
+async def test_redis_kill9_and_restart(
     records: list[ResultRecord], tmp_path: Path, appendonly: bool
 ) -> None:
     server = RedisServer(tmp_path, appendonly=appendonly).start()
-
-    async def main() -> None:
+    try:
         client = connect(server.url, timeout_s=0.5)
         consumer = _consumer(client, "rec-1")
         await consumer.ensure_group()
@@ -235,14 +218,11 @@ def test_redis_kill9_and_restart(
             assert [e.id for e in fresh] == after
             assert consumer.counts["group_recreated"] == 1
         await client.aclose()
-
-    try:
-        asyncio.run(main())
     finally:
         server.stop()
 
 
-def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
+async def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
     records: list[ResultRecord], tmp_path: Path
 ) -> None:
     from prometheus_client import CollectorRegistry
@@ -254,25 +234,27 @@ def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
     from tests.results.support import hub_guard, serving
     from tests.support.auth import mint
 
-    async def body(
-        bus: ResultBus, pub: RedisPublisher
-    ) -> tuple[Any, list[ResultId], list[ResultId | None]]:
-        bus.resize_history(5)  # the hub itself remembers only the last 5
-        ids = [bus.push(r).id for r in records[:40]]
-        await wait_until_async(lambda: pub.counts["stored"] == 40, 10, "40 stored")
-        hub = ResultHub(bus, guard=hub_guard(SECRET), config=HubConfig(resume_max=100),
-                        registry=CollectorRegistry(), durable=pub.read_after)  # fmt: skip
-        settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
-        async with serving(hub, settings) as url:
-            query = f"{url}?stream={records[0].stream_id}&resume={records[0].stream_id}@{ids[9]}"
-            headers = {"Authorization": f"Bearer {mint(SECRET, ['results:*'], 'ingest')}"}
-            async with ws_connect(query, proxy=None, additional_headers=headers) as ws:
-                first = SERVER_MESSAGE.validate_json(await ws.recv())
-                got = [SERVER_MESSAGE.validate_json(await ws.recv()) for _ in range(30)]
-        assert all(isinstance(m, ResultMessage) for m in got)
-        return first, ids, [m.id for m in got if isinstance(m, ResultMessage)]
-
     with redis_server(tmp_path) as server:
-        first, ids, got = asyncio.run(_run_with_publisher(server.url, body))
+        async with publishing(server.url) as (bus, pub):
+            bus.resize_history(5)  # the hub itself remembers only the last 5
+            ids = [bus.push(r).id for r in records[:40]]
+            await wait_until_async(lambda: pub.counts["stored"] == 40, 10, "40 stored")
+            hub = ResultHub(
+                bus,
+                guard=hub_guard(SECRET),
+                config=HubConfig(resume_max=100),
+                registry=CollectorRegistry(),
+                durable=pub.read_after,
+            )
+            settings = IngestSettings(api_port=0, results=ResultsSettings(ping_interval_s=0))
+            async with serving(hub, settings) as url:
+                stream = records[0].stream_id
+                query = f"{url}?stream={stream}&resume={stream}@{ids[9]}"
+                headers = {"Authorization": f"Bearer {mint(SECRET, ['results:*'], 'ingest')}"}
+                async with ws_connect(query, proxy=None, additional_headers=headers) as ws:
+                    first = SERVER_MESSAGE.validate_json(await ws.recv())
+                    msgs = [SERVER_MESSAGE.validate_json(await ws.recv()) for _ in range(30)]
+            assert all(isinstance(m, ResultMessage) for m in msgs)
+            got = [m.id for m in msgs if isinstance(m, ResultMessage)]
     assert isinstance(first, SubscribedMessage) and first.durable
     assert got == ids[10:40]  # 25 from Redis, the last 5 from memory, in order, once
