@@ -144,95 +144,84 @@ def bad_tokens(keys: KeySet, tmp_path: Path) -> dict[str, tuple[str | None, int]
     return out
 
 
-def test_every_route_but_healthz_has_a_scope(tmp_path: Path) -> None:
-    async def main() -> None:
-        for metrics_auth in (False, True):
-            orch = Orchestrator(orch_settings(tmp_path, metrics_auth=metrics_auth),
-                                prober=StatusProber(20), ingest=NullIngestLink())  # fmt: skip
-            try:
-                scopes = route_scopes(create_app(orch))
-            finally:
-                await orch.aclose()
-            want = dict(EXPECTED_SCOPES)
-            if metrics_auth:
-                want[("GET", "/metrics")] = "metrics:read"
-            assert scopes == want  # no route unaudited; /docs and /openapi.json open
-            open_routes = [*DOCS, ("GET", "/healthz")]
-            open_routes += [] if metrics_auth else [("GET", "/metrics")]
-            assert [k for k, v in scopes.items() if v is None] == open_routes
-
-    asyncio.run(main())
+async def test_every_route_but_healthz_has_a_scope(tmp_path: Path) -> None:
+    for metrics_auth in (False, True):
+        orch = Orchestrator(orch_settings(tmp_path, metrics_auth=metrics_auth),
+                            prober=StatusProber(20), ingest=NullIngestLink())  # fmt: skip
+        try:
+            scopes = route_scopes(create_app(orch))
+        finally:
+            await orch.aclose()
+        want = dict(EXPECTED_SCOPES)
+        if metrics_auth:
+            want[("GET", "/metrics")] = "metrics:read"
+        assert scopes == want  # no route unaudited; /docs and /openapi.json open
+        open_routes = [*DOCS, ("GET", "/healthz")]
+        open_routes += [] if metrics_auth else [("GET", "/metrics")]
+        assert [k for k, v in scopes.items() if v is None] == open_routes
 
 
-def test_unauthenticated_post_pods_and_streams_are_refused_and_change_nothing(
+async def test_unauthenticated_post_pods_and_streams_are_refused_and_change_nothing(
     tmp_path: Path,
 ) -> None:
-    async def main() -> None:
-        async with api(tmp_path, ed_keys()) as (orch, url):
-            before = await state_of(orch)
-            async with httpx.AsyncClient(base_url=url) as http:
-                pods = await http.post("/v1/pods", json={"tier": "ondemand"})
-                streams = await http.post("/v1/streams", json={"id": "cam-9", "url": "rtsp://x/1"})
-                health = await http.get("/healthz")
-                broken = await http.post("/v1/streams", content=b"{not json",
-                                         headers={"content-type": "application/json"})  # fmt: skip
-            assert pods.status_code == 401 and streams.status_code == 401
-            assert broken.status_code == 401  # the token first, then the body (never a 422)
-            assert "Authorization" in pods.json()["detail"]
-            assert pods.headers["www-authenticate"].startswith("Bearer")
-            assert health.status_code == 200
-            assert await state_of(orch) == before
-            assert await orch.store.floors() == {} and await orch.store.streams() == {}
-
-    asyncio.run(main())
+    async with api(tmp_path, ed_keys()) as (orch, url):
+        before = await state_of(orch)
+        async with httpx.AsyncClient(base_url=url) as http:
+            pods = await http.post("/v1/pods", json={"tier": "ondemand"})
+            streams = await http.post("/v1/streams", json={"id": "cam-9", "url": "rtsp://x/1"})
+            health = await http.get("/healthz")
+            broken = await http.post("/v1/streams", content=b"{not json",
+                                     headers={"content-type": "application/json"})  # fmt: skip
+        assert pods.status_code == 401 and streams.status_code == 401
+        assert broken.status_code == 401  # the token first, then the body (never a 422)
+        assert "Authorization" in pods.json()["detail"]
+        assert pods.headers["www-authenticate"].startswith("Bearer")
+        assert health.status_code == 200
+        assert await state_of(orch) == before
+        assert await orch.store.floors() == {} and await orch.store.streams() == {}
 
 
-def test_attack_matrix_every_route_refused_and_state_unchanged(tmp_path: Path) -> None:
+async def test_attack_matrix_every_route_refused_and_state_unchanged(tmp_path: Path) -> None:
     keys = ed_keys()
 
-    async def main() -> dict[str, int]:
-        async with api(tmp_path, keys, auth_max_failures=10_000) as (orch, url):
-            await orch.store.put_stream(StreamSpec(id="cam-1", url="rtsp://cam/1"))
-            before = await state_of(orch)
-            async with httpx.AsyncClient(base_url=url) as http:
-                for name, (token, want) in bad_tokens(keys, tmp_path).items():
-                    headers = {"Authorization": f"Bearer {token}"} if token else {}
-                    for method, path, body in ROUTES:
-                        resp = await http.request(method, path, json=body, headers=headers)
-                        assert resp.status_code == want, (name, method, path, resp.text)
-                        assert token is None or token not in resp.text
-            assert await state_of(orch) == before
-            return dict(orch.auth_refused)
+    async with api(tmp_path, keys, auth_max_failures=10_000) as (orch, url):
+        await orch.store.put_stream(StreamSpec(id="cam-1", url="rtsp://cam/1"))
+        before = await state_of(orch)
+        async with httpx.AsyncClient(base_url=url) as http:
+            for name, (token, want) in bad_tokens(keys, tmp_path).items():
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                for method, path, body in ROUTES:
+                    resp = await http.request(method, path, json=body, headers=headers)
+                    assert resp.status_code == want, (name, method, path, resp.text)
+                    assert token is None or token not in resp.text
+        assert await state_of(orch) == before
+        refused = dict(orch.auth_refused)
 
-    refused = asyncio.run(main())
     for reason in ("missing", "malformed", "bad_signature", "unknown_key", "expired",
                    "not_yet_valid", "wrong_audience", "scope"):  # fmt: skip
         assert refused.get(reason, 0) > 0, (reason, refused)
 
 
-def test_good_tokens_read_and_write(tmp_path: Path) -> None:
+async def test_good_tokens_read_and_write(tmp_path: Path) -> None:
     keys = ed_keys()
 
-    async def main() -> None:
-        async with api(tmp_path, keys) as (orch, url):
-            read = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
-            write = {"Authorization": f"Bearer {mint(keys, ['fleet:*'], 'orchestrator')}"}
-            async with httpx.AsyncClient(base_url=url) as http:
-                body = {"id": "cam-2", "url": f"rtsp://admin:{PASSWORD}@cam/2?token={PASSWORD}"}
-                assert (await http.post("/v1/streams", json=body, headers=read)).status_code == 403
-                added = await http.post("/v1/streams", json=body, headers=write)
-                assert added.status_code == 201, added.text
-                listed = await http.get("/v1/streams", headers=read)
-                fleet = await http.get("/v1/fleet", headers=read)
-                pods = await http.post("/v1/pods", json={"tier": "ondemand"}, headers=write)
-            assert listed.status_code == 200 and listed.json()[0]["id"] == "cam-2"
-            assert pods.status_code == 202
-            for text in (added.text, listed.text, fleet.text):
-                assert PASSWORD not in text and "rtsp://***@cam/2?token=***" in text
-            stored = (await orch.store.streams())["cam-2"]
-            assert PASSWORD in stored.url  # the ingest still gets the real URL
-
-    asyncio.run(main())
+    async with api(tmp_path, keys) as (orch, url):
+        read = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
+        write = {"Authorization": f"Bearer {mint(keys, ['fleet:*'], 'orchestrator')}"}
+        async with httpx.AsyncClient(base_url=url) as http:
+            body = {"id": "cam-2", "url": f"rtsp://admin:{PASSWORD}@cam/2?token={PASSWORD}"}
+            assert (await http.post("/v1/streams", json=body, headers=read)).status_code == 403
+            added = await http.post("/v1/streams", json=body, headers=write)
+            assert added.status_code == 201, added.text
+            listed = await http.get("/v1/streams", headers=read)
+            fleet = await http.get("/v1/fleet", headers=read)
+            pods = await http.post("/v1/pods", json={"tier": "ondemand"}, headers=write)
+        assert listed.status_code == 200 and listed.json()[0]["id"] == "cam-2"
+        assert pods.status_code == 202
+        for text in (added.text, listed.text, fleet.text):
+            assert PASSWORD not in text and "rtsp://***@cam/2?token=***" in text
+        stored = (await orch.store.streams())["cam-2"]
+        assert PASSWORD in stored.url  # the ingest still gets the real URL
 
 
 @pytest.mark.parametrize(
@@ -244,39 +233,33 @@ def test_good_tokens_read_and_write(tmp_path: Path) -> None:
         {"id": "cam-3", "url": f"rtsp://admin:{PASSWORD}@cam/1", "priority": PASSWORD},
     ],
 )
-def test_422_never_echoes_submitted_values(tmp_path: Path, body: dict[str, Any]) -> None:
+async def test_422_never_echoes_submitted_values(tmp_path: Path, body: dict[str, Any]) -> None:
     """The quoted bug: the orchestrator's 422 bodies echoed submitted values, a password too."""
     keys = ed_keys()
 
-    async def main() -> httpx.Response:
-        async with api(tmp_path, keys) as (orch, url):
-            write = {"Authorization": f"Bearer {mint(keys, [WRITE], 'orchestrator')}"}
-            async with httpx.AsyncClient(base_url=url) as http:
-                resp = await http.post("/v1/streams", json=body, headers=write)
-            assert await orch.store.streams() == {}
-            return resp
+    async with api(tmp_path, keys) as (orch, url):
+        write = {"Authorization": f"Bearer {mint(keys, [WRITE], 'orchestrator')}"}
+        async with httpx.AsyncClient(base_url=url) as http:
+            resp = await http.post("/v1/streams", json=body, headers=write)
+        assert await orch.store.streams() == {}
 
-    resp = asyncio.run(main())
     assert resp.status_code == 422
     assert PASSWORD not in resp.text and "admin" not in resp.text
     assert all({"type", "loc", "msg"} == set(e) for e in resp.json()["detail"])
 
 
-def test_failed_authentication_is_throttled_per_peer_and_counted(tmp_path: Path) -> None:
+async def test_failed_authentication_is_throttled_per_peer_and_counted(tmp_path: Path) -> None:
     keys = ed_keys()
 
-    async def main() -> tuple[list[int], httpx.Response, int, str, int]:
-        async with api(tmp_path, keys, auth_max_failures=3, auth_window_s=60) as (_orch, url):
-            async with httpx.AsyncClient(base_url=url) as http:
-                codes = [(await http.get("/v1/pods")).status_code for _ in range(4)]
-                throttled = await http.get("/v1/pods")
-                good = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
-                served = (await http.get("/v1/pods", headers=good)).status_code  # never waits
-                metrics = (await http.get("/metrics")).text
-                health = (await http.get("/healthz")).status_code
-            return codes, throttled, served, metrics, health
+    async with api(tmp_path, keys, auth_max_failures=3, auth_window_s=60) as (_orch, url):
+        async with httpx.AsyncClient(base_url=url) as http:
+            codes = [(await http.get("/v1/pods")).status_code for _ in range(4)]
+            throttled = await http.get("/v1/pods")
+            good = {"Authorization": f"Bearer {mint(keys, [READ], 'orchestrator')}"}
+            served = (await http.get("/v1/pods", headers=good)).status_code  # never waits
+            metrics = (await http.get("/metrics")).text
+            health = (await http.get("/healthz")).status_code
 
-    codes, throttled, served, metrics, health = asyncio.run(main())
     assert codes == [401, 401, 401, 429]
     assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
     assert served == 200 and health == 200
@@ -284,39 +267,35 @@ def test_failed_authentication_is_throttled_per_peer_and_counted(tmp_path: Path)
     assert 'framerelay_orch_auth_refused_total{reason="throttled"} 2.0' in metrics
 
 
-def test_metrics_behind_a_token_when_asked(tmp_path: Path) -> None:
+async def test_metrics_behind_a_token_when_asked(tmp_path: Path) -> None:
     keys = ed_keys()
 
-    async def main() -> list[int]:
-        async with api(tmp_path, keys, metrics_auth=True) as (_orch, url):
-            async with httpx.AsyncClient(base_url=url) as http:
-                out = [(await http.get("/metrics")).status_code]
-                for scopes in ([READ], ["metrics:read"]):
-                    token = mint(keys, scopes, "orchestrator")
-                    resp = await http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
-                    out.append(resp.status_code)
-            return out
+    async with api(tmp_path, keys, metrics_auth=True) as (_orch, url):
+        async with httpx.AsyncClient(base_url=url) as http:
+            out = [(await http.get("/metrics")).status_code]
+            for scopes in ([READ], ["metrics:read"]):
+                token = mint(keys, scopes, "orchestrator")
+                resp = await http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+                out.append(resp.status_code)
 
-    assert asyncio.run(main()) == [401, 403, 200]
+    assert out == [401, 403, 200]
 
 
-def test_single_host_shared_secret_works_for_the_api(tmp_path: Path, secret: str) -> None:
-    async def main() -> int:
-        settings = orch_settings(tmp_path, token_secrets=secret, signing_keys=None)
-        orch = Orchestrator(settings, prober=StatusProber(20), ingest=NullIngestLink())
-        try:
-            async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
-                auth = {"Authorization": f"Bearer {mint(secret, [READ], 'orchestrator')}"}
-                resp = await http.get(f"{url}/v1/fleet", headers=auth)
-                return resp.status_code
-        finally:
-            await orch.store.clear()
-            await orch.aclose()
+async def test_single_host_shared_secret_works_for_the_api(tmp_path: Path, secret: str) -> None:
+    settings = orch_settings(tmp_path, token_secrets=secret, signing_keys=None)
+    orch = Orchestrator(settings, prober=StatusProber(20), ingest=NullIngestLink())
+    try:
+        async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:
+            auth = {"Authorization": f"Bearer {mint(secret, [READ], 'orchestrator')}"}
+            resp = await http.get(f"{url}/v1/fleet", headers=auth)
+    finally:
+        await orch.store.clear()
+        await orch.aclose()
 
-    assert asyncio.run(main()) == 200
+    assert resp.status_code == 200
 
 
-def test_a_revoked_token_is_refused_without_a_restart(tmp_path: Path) -> None:
+async def test_a_revoked_token_is_refused_without_a_restart(tmp_path: Path) -> None:
     """Issue 28: FRAMERELAY_REVOKED_TOKENS_FILE, read again when it changes."""
     keys = ed_keys()
     revoked = tmp_path / "revoked.txt"
@@ -324,21 +303,18 @@ def test_a_revoked_token_is_refused_without_a_restart(tmp_path: Path) -> None:
     token = mint(keys, [READ], "orchestrator", sub="ops-laptop")
     other = mint(keys, [READ], "orchestrator", sub="ops-desk")
 
-    async def main() -> list[tuple[int, str]]:
-        async with (
-            api(tmp_path, keys, revoked_tokens_file=revoked) as (_orch, url),
-            httpx.AsyncClient(base_url=url) as http,
-        ):
-            out = []
-            for step in ("before", "after"):
-                if step == "after":
-                    revoked.write_text("sub:ops-laptop\n")
-                    await asyncio.sleep(1.2)  # the file is looked at again at most once a second
-                for tok in (token, other):
-                    resp = await http.get("/v1/fleet", headers={"Authorization": f"Bearer {tok}"})
-                    out.append((resp.status_code, resp.text if resp.status_code != 200 else ""))
-            return out
+    async with (
+        api(tmp_path, keys, revoked_tokens_file=revoked) as (_orch, url),
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        out = []
+        for step in ("before", "after"):
+            if step == "after":
+                revoked.write_text("sub:ops-laptop\n")
+                await asyncio.sleep(1.2)  # the file is looked at again at most once a second
+            for tok in (token, other):
+                resp = await http.get("/v1/fleet", headers={"Authorization": f"Bearer {tok}"})
+                out.append((resp.status_code, resp.text if resp.status_code != 200 else ""))
 
-    got = asyncio.run(main())
-    assert [code for code, _ in got] == [200, 200, 401, 200]
-    assert "revoked" in got[2][1]
+    assert [code for code, _ in out] == [200, 200, 401, 200]
+    assert "revoked" in out[2][1]
