@@ -10,7 +10,6 @@ most ``fps`` on a clock damage cannot speed up.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 import random
@@ -25,7 +24,7 @@ from pydantic import ValidationError
 from framerelay.timeline import EpochBudget, FrameClock, Sampler, Timeline
 from ingest import stream as stream_module
 from ingest.settings import StreamConfig
-from ingest.stream import IngestStream, Outgoing, StreamState
+from ingest.stream import Outgoing, StreamState
 from tests.support.harness import run_to_end, standalone
 from tests.support.media import ffmpeg
 from tests.support.waiting import wait_until_async
@@ -157,11 +156,11 @@ def test_frame_clock_follows_the_typical_step(steps: list[float], expect: float)
 # -- a real byte-flipped file -----------------------------------------------------
 
 
-def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None:
-    unbudgeted, got_u = run_to_end(
+async def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None:
+    unbudgeted, got_u = await run_to_end(
         StreamConfig(id="flip-free", url=str(flipped), fps=FPS, max_epochs_per_min=3600)
     )
-    stream, got = run_to_end(StreamConfig(id="flip", url=str(flipped), fps=FPS))
+    stream, got = await run_to_end(StreamConfig(id="flip", url=str(flipped), fps=FPS))
     decoded = stream.counters["decoded"]
     duration_s = decoded / SOURCE_FPS
     storm = unbudgeted.epoch
@@ -185,9 +184,9 @@ def test_byte_flipped_mp4_keeps_its_epoch_budget_and_rate(flipped: Path) -> None
         assert _monotonic_within_epochs(sent), s.id
 
 
-def test_byte_flipped_mp4_in_real_time_is_capped_by_the_wall_clock(flipped: Path) -> None:
+async def test_byte_flipped_mp4_in_real_time_is_capped_by_the_wall_clock(flipped: Path) -> None:
     cfg = StreamConfig(id="flip-rt", url=str(flipped), fps=FPS, realtime=True, max_frames=75)
-    stream, got = run_to_end(cfg)
+    stream, got = await run_to_end(cfg)
     times = [o.timing.captured_at for o in got]
     span = max(times) - min(times)
     worst = _max_in_window(times, 1.0)
@@ -199,8 +198,8 @@ def test_byte_flipped_mp4_in_real_time_is_capped_by_the_wall_clock(flipped: Path
     assert _monotonic_within_epochs(got)
 
 
-def test_a_clean_file_is_sampled_at_fps_in_one_epoch(flipped: Path) -> None:
-    stream, got = run_to_end(
+async def test_a_clean_file_is_sampled_at_fps_in_one_epoch(flipped: Path) -> None:
+    stream, got = await run_to_end(
         StreamConfig(id="clean", url=str(flipped.with_name("clean.mp4")), fps=FPS)
     )
     assert stream.epoch == 0 and stream.error is None
@@ -245,24 +244,20 @@ def test_time_fields_are_all_covered() -> None:
 # -- failing at start -------------------------------------------------------------
 
 
-def test_a_stream_that_fails_at_start_is_failed_with_a_message(
+async def test_a_stream_that_fails_at_start_is_failed_with_a_message(
     monkeypatch: pytest.MonkeyPatch, flipped: Path
 ) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no decoder today")
 
-    async def main() -> tuple[IngestStream, IngestStream, IngestStream]:
-        good = StreamConfig(id="good", url=str(flipped.with_name("clean.mp4")), fps=FPS)
-        missing = StreamConfig(id="missing", url=str(flipped.with_name("nope.mp4")))
-        async with standalone(good) as (ok, _), standalone(missing) as (gone, _):
-            with monkeypatch.context() as m:
-                m.setattr(stream_module, "AVSource", broken)
-                async with standalone(StreamConfig(id="bug", url=str(flipped))) as (bug, _):
-                    await wait_until_async(lambda: not bug.alive, 10, "the broken stream to end")
-            await wait_until_async(lambda: ok.finished and not gone.alive, 30, "the others to end")
-        return ok, gone, bug
-
-    ok, gone, bug = asyncio.run(main())
+    good = StreamConfig(id="good", url=str(flipped.with_name("clean.mp4")), fps=FPS)
+    missing = StreamConfig(id="missing", url=str(flipped.with_name("nope.mp4")))
+    async with standalone(good) as (ok, _), standalone(missing) as (gone, _):
+        with monkeypatch.context() as m:
+            m.setattr(stream_module, "AVSource", broken)
+            async with standalone(StreamConfig(id="bug", url=str(flipped))) as (bug, _):
+                await wait_until_async(lambda: not bug.alive, 10, "the broken stream to end")
+        await wait_until_async(lambda: ok.finished and not gone.alive, 30, "the others to end")
     assert bug.state is StreamState.FAILED and bug.error == "RuntimeError: no decoder today"
     assert gone.state is StreamState.FAILED
     assert gone.error is not None and "cannot open" in gone.error

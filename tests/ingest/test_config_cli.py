@@ -8,11 +8,9 @@ over the API winning over the file's (README "Cameras and other sources").
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from ingest.store import FileStore
 from tests.conftest import ROOT, TIMEOUT_FACTOR
 from tests.support.auth import mint
 from tests.support.cli_runs import Run, clean_env, run_all
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 KEY = "config-file-secret-config-file-secret-0123456789"
@@ -146,17 +145,17 @@ def toml_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def stored(tmp_path: Path) -> Iterator[Path]:
+async def stored(tmp_path: Path) -> Path:
     """A stream store where 'campus' was changed over the API (fps 1)."""
     store = tmp_path / "store"
     store.mkdir()
     config = StreamConfig(id="campus", url=str(ROOT / "samples/mot15/TUD-Campus/TUD-Campus.mp4"),
                           fps=1, realtime=True, loop=True)  # fmt: skip
-    asyncio.run(FileStore(store / "streams.json").put(config))
-    yield store
+    await FileStore(store / "streams.json").put(config)
+    return store
 
 
-def test_yaml_and_toml_files_start_their_cameras(
+async def test_yaml_and_toml_files_start_their_cameras(
     tmp_path: Path, toml_file: Path, stored: Path
 ) -> None:
     env_streams = '[{"id": "from-env", "url": "x.mp4"}]'
@@ -183,11 +182,11 @@ def test_yaml_and_toml_files_start_their_cameras(
 
 
 def _until_running(ingest: Ingest, sid: str) -> None:
-    deadline = time.monotonic() + 20 * TIMEOUT_FACTOR
     state = ""
-    while time.monotonic() < deadline:
-        state = ingest.get(f"/v1/streams/{sid}")["state"]
-        if state == "RUNNING":
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{sid} is {state}, not RUNNING")
+
+    def running() -> bool:
+        nonlocal state
+        state = str(ingest.get(f"/v1/streams/{sid}")["state"])
+        return state == "RUNNING"
+
+    wait_until(running, 20, lambda: f"{sid} is {state}, not RUNNING", every_s=0.2)

@@ -11,20 +11,17 @@ import pytest
 from ingest.handoff import LatestSlot, SlotClosed
 
 
-def test_live_slot_newest_wins_and_reports_replaced() -> None:
-    async def main() -> None:
-        slot: LatestSlot[int] = LatestSlot(asyncio.get_running_loop())
-        assert slot.put(1) is None
-        assert slot.put(2) == 1
-        assert slot.put(3) == 2
-        assert await slot.get() == 3
-        assert slot.empty()
-
-    asyncio.run(main())
+async def test_live_slot_newest_wins_and_reports_replaced() -> None:
+    slot: LatestSlot[int] = LatestSlot(asyncio.get_running_loop())
+    assert slot.put(1) is None
+    assert slot.put(2) == 1
+    assert slot.put(3) == 2
+    assert await slot.get() == 3
+    assert slot.empty()
 
 
-def test_lossless_slot_blocks_producer_until_taken() -> None:
-    async def main() -> None:
+async def test_lossless_slot_blocks_producer_until_taken() -> None:
+    async with asyncio.timeout(20):
         slot: LatestSlot[int] = LatestSlot(asyncio.get_running_loop(), lossless=True)
         got: list[int] = []
 
@@ -44,11 +41,9 @@ def test_lossless_slot_blocks_producer_until_taken() -> None:
         t.join(5)
         assert got == list(range(50))
 
-    asyncio.run(asyncio.wait_for(main(), 20))
 
-
-def test_close_wakes_waiting_consumer_and_producer() -> None:
-    async def main() -> None:
+async def test_close_wakes_waiting_consumer_and_producer() -> None:
+    async with asyncio.timeout(5):
         slot: LatestSlot[int] = LatestSlot(asyncio.get_running_loop(), lossless=True)
         waiter = asyncio.create_task(slot.get())
         await asyncio.sleep(0.01)
@@ -58,14 +53,11 @@ def test_close_wakes_waiting_consumer_and_producer() -> None:
         with pytest.raises(SlotClosed):
             slot.put(1)
 
-    asyncio.run(asyncio.wait_for(main(), 5))
 
-
-def test_put_from_thread_wakes_consumer_quickly() -> None:
-    async def main() -> float:
+async def test_put_from_thread_wakes_consumer_quickly() -> None:
+    async with asyncio.timeout(5):
         slot: LatestSlot[float] = LatestSlot(asyncio.get_running_loop())
         threading.Timer(0.05, lambda: slot.put(time.monotonic())).start()
         sent = await slot.get()
-        return time.monotonic() - sent
-
-    assert asyncio.run(asyncio.wait_for(main(), 5)) < 0.05
+        elapsed = time.monotonic() - sent
+    assert elapsed < 0.05

@@ -165,13 +165,11 @@ def test_bad_sizes_are_refused(kwargs: dict[str, float]) -> None:
         HistorySampler(**kwargs)  # type: ignore[arg-type]
 
 
-def test_run_samples_every_interval_until_stopped() -> None:
-    async def main() -> int:
-        sampler, stop = HistorySampler(interval_s=0.05), asyncio.Event()
-        task = asyncio.create_task(sampler.run({"a": FakeStream()}, stop))
-        await asyncio.sleep(0.4)
-        stop.set()
-        await asyncio.wait_for(task, 2)
-        return len(sampler)
-
-    assert 2 <= asyncio.run(main()) <= 8
+async def test_run_samples_every_interval_until_stopped() -> None:
+    sampler, stop = HistorySampler(interval_s=0.05), asyncio.Event()
+    task = asyncio.create_task(sampler.run({"a": FakeStream()}, stop))
+    await asyncio.sleep(0.4)
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    samples = len(sampler)
+    assert 2 <= samples <= 8

@@ -7,7 +7,6 @@ the figures moving with real results are in tests/integration/test_latency_slo.p
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
@@ -99,51 +98,46 @@ BAD = [("nan", "NaN"), ("inf", "Infinity"), ("-inf", "-Infinity"), ("zero", "0")
 
 @pytest.mark.parametrize("method", ["POST", "PUT"])
 @pytest.mark.parametrize(("label", "raw"), BAD, ids=[b[0] for b in BAD])
-def test_bad_objectives_are_a_clear_422(
+async def test_bad_objectives_are_a_clear_422(
     method: str, label: str, raw: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = json.dumps({"id": "cam", "url": "/nonexistent/x.mp4", "latency_slo_ms": "@@"})
     body = body.replace('"@@"', raw)
     path = "/v1/streams" if method == "POST" else "/v1/streams/cam"
 
-    async def main() -> None:
-        async with running(FileStore(tmp_path / "s.json")) as (service, http):
-            r = await http.request(method, path, content=body,
-                                   headers={"Content-Type": "application/json"})  # fmt: skip
-            assert r.status_code == 422, r.text
-            assert "Traceback" not in r.text
-            errors = r.json()["detail"]
-            assert [e["loc"] for e in errors] == [["body", "latency_slo_ms"]], errors
-            assert not [e for e in errors if "input" in e], errors  # never echoed
-            assert all(any(c in e["msg"] for c in CLEAR) for e in errors), errors
-            assert not service.streams
-
     caplog.set_level(logging.ERROR)
-    asyncio.run(main())
+    async with running(FileStore(tmp_path / "s.json")) as (service, http):
+        r = await http.request(
+            method, path, content=body, headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 422, r.text
+        assert "Traceback" not in r.text
+        errors = r.json()["detail"]
+        assert [e["loc"] for e in errors] == [["body", "latency_slo_ms"]], errors
+        assert not [e for e in errors if "input" in e], errors  # never echoed
+        assert all(any(c in e["msg"] for c in CLEAR) for e in errors), errors
+        assert not service.streams
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 
 
-def test_objective_set_shown_changed_and_its_series_removed(tmp_path: Path) -> None:
+async def test_objective_set_shown_changed_and_its_series_removed(tmp_path: Path) -> None:
     # a file that is not there, under the roots the API may read (tests/conftest.py)
     cam = {"id": "cam", "url": str(tmp_path / "missing.mp4"), "latency_slo_ms": 250}
 
-    async def main() -> None:
-        async with running(FileStore(tmp_path / "s.json")) as (_service, http):
-            r = await http.post("/v1/streams", json=cam)
-            assert r.status_code == 201, r.text
-            got = r.json()
-            assert got["config"]["latency_slo_ms"] == 250 and got["latency_slo_ms"] == 250
-            assert got["latency_from"] == "decode" and got["slo_breaches"] == 0
-            text = (await http.get("/metrics")).text
-            assert 'framerelay_ingest_latency_slo_seconds{stream="cam"} 0.25' in text
-            assert 'framerelay_ingest_slo_breaches_total{stream="cam"} 0.0' in text
-            assert 'framerelay_ingest_result_latency_seconds_count{stream="cam"} 0.0' in text
-            r = await http.put("/v1/streams/cam", json={**cam, "latency_slo_ms": None})
-            assert r.status_code == 200 and r.json()["latency_slo_ms"] is None
-            text = (await http.get("/metrics")).text
-            assert 'latency_slo_seconds{stream="cam"}' not in text
-            assert 'slo_breaches_total{stream="cam"}' not in text
-            assert (await http.delete("/v1/streams/cam")).status_code == 204
-            assert 'stream="cam"' not in (await http.get("/metrics")).text
-
-    asyncio.run(main())
+    async with running(FileStore(tmp_path / "s.json")) as (_service, http):
+        r = await http.post("/v1/streams", json=cam)
+        assert r.status_code == 201, r.text
+        got = r.json()
+        assert got["config"]["latency_slo_ms"] == 250 and got["latency_slo_ms"] == 250
+        assert got["latency_from"] == "decode" and got["slo_breaches"] == 0
+        text = (await http.get("/metrics")).text
+        assert 'framerelay_ingest_latency_slo_seconds{stream="cam"} 0.25' in text
+        assert 'framerelay_ingest_slo_breaches_total{stream="cam"} 0.0' in text
+        assert 'framerelay_ingest_result_latency_seconds_count{stream="cam"} 0.0' in text
+        r = await http.put("/v1/streams/cam", json={**cam, "latency_slo_ms": None})
+        assert r.status_code == 200 and r.json()["latency_slo_ms"] is None
+        text = (await http.get("/metrics")).text
+        assert 'latency_slo_seconds{stream="cam"}' not in text
+        assert 'slo_breaches_total{stream="cam"}' not in text
+        assert (await http.delete("/v1/streams/cam")).status_code == 204
+        assert 'stream="cam"' not in (await http.get("/metrics")).text

@@ -81,10 +81,6 @@ def _settings(url: str, **over: Any) -> ServerlessSettings:
     return ServerlessSettings(**{**base, **over})
 
 
-def _run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 60 * TIMEOUT_FACTOR))
-
-
 def _urls(base: str, template: bool) -> EndpointUrls:
     """Request URLs as RunPod's answer gives them: ``{job_id}`` in status and cancel (its
     documentation's examples) or the bare operation (the contract server's)."""
@@ -105,7 +101,7 @@ def _urls(base: str, template: bool) -> EndpointUrls:
         ({"IN_QUEUE": "IN_QUEUE", "IN_PROGRESS": "RUNNING"}, {"IN_QUEUE", "RUNNING"}),
     ],
 )
-def test_queued_in_progress_and_running_are_polled_until_the_job_completes(
+async def test_queued_in_progress_and_running_are_polled_until_the_job_completes(
     endpoint: tuple[EndpointState, str], handler: Gated, shown: dict[str, str], seen: set[str]
 ) -> None:
     state, url = endpoint
@@ -113,39 +109,35 @@ def test_queued_in_progress_and_running_are_polled_until_the_job_completes(
     state.faults.job_delay_s = 0.1 if "IN_QUEUE" in seen else 0.0
     handler.gate.clear()
 
-    async def main() -> tuple[Any, set[str]]:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             job = asyncio.create_task(link.run({"frames": [{"pts": 7}]}))
             await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
             await asyncio.sleep(0.15)  # a few polls while a worker has it
             handler.gate.set()
-            return await job, set(link.states)
-
-    output, states = _run(main())
+            output, states = await job, set(link.states)
     assert output["results"][0]["pts"] == 7
     assert seen <= states and "COMPLETED" in states
     assert states <= {"IN_QUEUE", "IN_PROGRESS", "RUNNING", "COMPLETED"}
 
 
-def test_a_state_runpod_does_not_document_is_logged_once_and_polled_on(
+async def test_a_state_runpod_does_not_document_is_logged_once_and_polled_on(
     endpoint: tuple[EndpointState, str], handler: Gated, caplog: pytest.LogCaptureFixture
 ) -> None:
     state, url = endpoint
     state.faults.shown_as = {"IN_PROGRESS": "WARMING_UP"}
     handler.gate.clear()
 
-    async def main() -> tuple[Any, int]:
-        async with ServerlessLink(_settings(url), ENDPOINT) as link:
-            job = asyncio.create_task(link.run({"frames": [{"pts": 3}]}))
-            await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
-            await wait_until_async(
-                lambda: link.states["WARMING_UP"] >= 3, 10, "several polls of it"
-            )
-            handler.gate.set()
-            return await job, link.states["WARMING_UP"]
-
     with caplog.at_level(logging.WARNING, logger="ingest.serverless_link"):
-        output, polls = _run(main())
+        async with asyncio.timeout(60 * TIMEOUT_FACTOR):
+            async with ServerlessLink(_settings(url), ENDPOINT) as link:
+                job = asyncio.create_task(link.run({"frames": [{"pts": 3}]}))
+                await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
+                await wait_until_async(
+                    lambda: link.states["WARMING_UP"] >= 3, 10, "several polls of it"
+                )
+                handler.gate.set()
+                output, polls = await job, link.states["WARMING_UP"]
     assert output["results"][0]["pts"] == 3 and polls >= 3
     said = [r.getMessage() for r in caplog.records if "WARMING_UP" in r.getMessage()]
     assert len(said) == 1 and "not one RunPod documents" in said[0], said
@@ -153,7 +145,7 @@ def test_a_state_runpod_does_not_document_is_logged_once_and_polled_on(
 
 
 @pytest.mark.parametrize("end", ["FAILED", "TIMED_OUT", "CANCELLED"])
-def test_each_terminal_state_but_completed_fails_the_job_with_it(
+async def test_each_terminal_state_but_completed_fails_the_job_with_it(
     endpoint: tuple[EndpointState, str], handler: Gated, end: str
 ) -> None:
     state, url = endpoint
@@ -164,38 +156,36 @@ def test_each_terminal_state_but_completed_fails_the_job_with_it(
     else:
         handler.gate.clear()
 
-    async def main() -> None:
-        async with ServerlessLink(_settings(url), ENDPOINT) as link:
-            job = asyncio.create_task(link.run({"frames": []}))
-            if end == "CANCELLED":  # cancelled by someone else (the console, a purge)
-                await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
-                state.cancel(next(iter(state.jobs.values())))
-                handler.gate.set()
-            await job
-
     with pytest.raises(JobFailed) as failed:
-        _run(main())
+        async with asyncio.timeout(60 * TIMEOUT_FACTOR):
+            async with ServerlessLink(_settings(url), ENDPOINT) as link:
+                job = asyncio.create_task(link.run({"frames": []}))
+                if end == "CANCELLED":  # cancelled by someone else (the console, a purge)
+                    await wait_until_async(
+                        lambda: state.handler_calls == 1, 10, "the job on a worker"
+                    )
+                    state.cancel(next(iter(state.jobs.values())))
+                    handler.gate.set()
+                await job
     assert failed.value.status == end
 
 
-def test_a_job_whose_status_cannot_be_read_is_cancelled_before_the_error_goes_on(
+async def test_a_job_whose_status_cannot_be_read_is_cancelled_before_the_error_goes_on(
     endpoint: tuple[EndpointState, str], handler: Gated
 ) -> None:
     state, url = endpoint
     handler.gate.clear()
 
-    async def main() -> None:
-        async with ServerlessLink(_settings(url), ENDPOINT) as link:
-            job = asyncio.create_task(link.run({"frames": []}))
-            await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
-            state.faults.fail_next = 2  # /status answers 500 through the retries
-            try:
-                await job
-            finally:
-                handler.gate.set()
-
     with pytest.raises(ServerlessError, match="HTTP 500"):
-        _run(main())
+        async with asyncio.timeout(60 * TIMEOUT_FACTOR):
+            async with ServerlessLink(_settings(url), ENDPOINT) as link:
+                running = asyncio.create_task(link.run({"frames": []}))
+                await wait_until_async(lambda: state.handler_calls == 1, 10, "the job on a worker")
+                state.faults.fail_next = 2  # /status answers 500 through the retries
+                try:
+                    await running
+                finally:
+                    handler.gate.set()
     (job,) = state.jobs.values()
     assert job.status == "CANCELLED"
     assert ("POST", f"/v2/{ENDPOINT}/cancel/{job.id}") in state.requests
@@ -214,7 +204,7 @@ def _frame(pts: int) -> SinkFrame:
     return SinkFrame(timing, Prepared(b"\xff" * 500, Letterbox.fit(640, 480, 416, 416)))
 
 
-def test_a_batch_is_submitted_again_only_after_its_earlier_job_is_cancelled(
+async def test_a_batch_is_submitted_again_only_after_its_earlier_job_is_cancelled(
     endpoint: tuple[EndpointState, str], handler: Gated
 ) -> None:
     state, url = endpoint
@@ -224,7 +214,7 @@ def test_a_batch_is_submitted_again_only_after_its_earlier_job_is_cancelled(
     async def on_results(results: list[FrameResult]) -> None:
         got.extend(results)
 
-    async def main() -> int:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             sink = ServerlessSink(link, on_results, max_frames=2, attempts=2)
             await sink.put(_frame(0))
@@ -236,9 +226,7 @@ def test_a_batch_is_submitted_again_only_after_its_earlier_job_is_cancelled(
             await wait_until_async(lambda: len(state.jobs) == 2, 10, "the batch submitted again")
             handler.gate.set()
             await sink.drain()
-            return sink.resubmits
-
-    resubmits = _run(main())
+            resubmits = sink.resubmits
     first, second = state.jobs.values()
     calls = state.requests
     cancel = calls.index(("POST", f"/v2/{ENDPOINT}/cancel/{first.id}"))
@@ -250,18 +238,16 @@ def test_a_batch_is_submitted_again_only_after_its_earlier_job_is_cancelled(
 
 
 @pytest.mark.parametrize("template", [True, False])
-def test_an_endpoints_own_request_urls_are_used_as_given(
+async def test_an_endpoints_own_request_urls_are_used_as_given(
     endpoint: tuple[EndpointState, str], template: bool
 ) -> None:
     state, url = endpoint
     urls = _urls(f"{url}/{ENDPOINT}", template)
 
-    async def main() -> tuple[Any, dict[str, Any]]:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         # an id that is not the endpoint's: only the URLs can have led there
         async with ServerlessLink(_settings(url), "not-its-id", urls=urls) as link:
-            return await link.run({"frames": [{"pts": 1}]}), await link.health()
-
-    output, health = _run(main())
+            output, health = await link.run({"frames": [{"pts": 1}]}), await link.health()
     assert output["results"][0]["pts"] == 1 and health["jobs"]["completed"] == 1
     (job,) = state.jobs.values()
     assert ("GET", f"/v2/{ENDPOINT}/status/{job.id}") in state.requests

@@ -72,27 +72,20 @@ def _settings(url: str, **over: Any) -> ServerlessSettings:
     return ServerlessSettings(**{**base, **over})
 
 
-def _run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 60 * TIMEOUT_FACTOR))
-
-
-def _once(url: str, op: str, arg: Any, **over: Any) -> Any:
+async def _once(url: str, op: str, arg: Any, **over: Any) -> Any:
     """``link.<op>(arg)`` on a link that is closed afterwards."""
-
-    async def main() -> Any:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(_settings(url, **over), ENDPOINT) as link:
             return await getattr(link, op)(arg)
 
-    return _run(main())
 
-
-def test_run_moves_through_the_documented_states(
+async def test_run_moves_through_the_documented_states(
     endpoint: tuple[EndpointState, str], handler: Echo
 ) -> None:
     state, url = endpoint
     handler.gate.clear()
 
-    async def main() -> tuple[list[str], Any]:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             job_id = await link.submit({"n": 1})
             seen = [(await link.status(job_id))["status"]]
@@ -107,35 +100,30 @@ def test_run_moves_through_the_documented_states(
             seen.append(final["status"])
             assert final["executionTime"] >= 150 and final["delayTime"] >= 0
             assert link.execution_s == pytest.approx(final["executionTime"] / 1000)
-            return seen, output
-
-    seen, output = _run(main())
     assert seen[0] in ("IN_QUEUE", "IN_PROGRESS")
     assert "IN_PROGRESS" in seen and seen[-1] == "COMPLETED"
     assert output["echo"] == {"n": 1}
     assert ("POST", f"/v2/{ENDPOINT}/run") in state.requests
 
 
-def test_retries_429_and_5xx_then_succeeds(endpoint: tuple[EndpointState, str]) -> None:
+async def test_retries_429_and_5xx_then_succeeds(endpoint: tuple[EndpointState, str]) -> None:
     state, url = endpoint
     state.faults.fail_next = 2
     state.faults.rate_limit_next = 1
 
-    async def main() -> tuple[Any, int]:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             out = await link.run({"n": 2})
-            return out, link.retries
-
-    out, retries = _run(main())
+            retries = link.retries
     assert out["echo"] == {"n": 2}
     assert retries == 3
 
 
-def test_gives_up_after_max_retries(endpoint: tuple[EndpointState, str]) -> None:
+async def test_gives_up_after_max_retries(endpoint: tuple[EndpointState, str]) -> None:
     state, url = endpoint
     state.faults.fail_next = 10
     with pytest.raises(ServerlessError, match=r"HTTP 500 \(after 3 attempts\)"):
-        _once(url, "run", {"n": 3}, max_retries=2)
+        await _once(url, "run", {"n": 3}, max_retries=2)
 
 
 @pytest.mark.parametrize(
@@ -147,28 +135,28 @@ def test_gives_up_after_max_retries(endpoint: tuple[EndpointState, str]) -> None
         (lambda s, h: setattr(s.faults, "time_out_next_jobs", 1), "TIMED_OUT", "timed out"),
     ],
 )
-def test_a_failed_job_raises_with_its_status(
+async def test_a_failed_job_raises_with_its_status(
     endpoint: tuple[EndpointState, str], handler: Echo, setup: Any, status: str, text: str
 ) -> None:
     state, url = endpoint
     setup(state, handler)
     with pytest.raises(JobFailed, match=text) as info:
-        _once(url, "run", {"n": 4})
+        await _once(url, "run", {"n": 4})
     assert info.value.status == status
 
 
-def test_deadline_cancels_the_job(endpoint: tuple[EndpointState, str], handler: Echo) -> None:
+async def test_deadline_cancels_the_job(endpoint: tuple[EndpointState, str], handler: Echo) -> None:
     state, url = endpoint
     handler.gate.clear()
     with pytest.raises(ServerlessTimeout, match="cancelled"):
-        _once(url, "run", {"n": 5}, job_deadline_s=0.3)
+        await _once(url, "run", {"n": 5}, job_deadline_s=0.3)
     handler.gate.set()
     assert [p for m, p in state.requests if m == "POST" and "/cancel/" in p]
     (job,) = state.jobs.values()
     assert job.status == "CANCELLED"
 
 
-def test_wrong_key_is_refused_without_echoing_it(
+async def test_wrong_key_is_refused_without_echoing_it(
     endpoint: tuple[EndpointState, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, url = endpoint
@@ -176,18 +164,18 @@ def test_wrong_key_is_refused_without_echoing_it(
     caplog.set_level(logging.DEBUG, logger="ingest")
     wrong = "rp_wrong_" + "w" * 20
     with pytest.raises(ServerlessError, match=r"HTTP 401.*check the RunPod API key") as info:
-        _once(url, "run", {}, api_key=SecretStr(wrong))
+        await _once(url, "run", {}, api_key=SecretStr(wrong))
     assert wrong not in str(info.value) and wrong not in caplog.text
 
 
-def test_key_travels_only_in_the_header(
+async def test_key_travels_only_in_the_header(
     endpoint: tuple[EndpointState, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     state, url = endpoint
     caplog.set_level(logging.INFO)
     caplog.set_level(logging.DEBUG, logger="ingest")
     state.faults.fail_next = 1  # a retry is logged
-    _once(url, "run", {"n": 6})
+    await _once(url, "run", {"n": 6})
     assert not state.key_in_url
     assert KEY not in caplog.text
     assert "retrying" in caplog.text
@@ -204,38 +192,38 @@ def test_contract_takes_bearer_or_bare_key_and_refuses_others(
     assert httpx.get(f"{url}/other/health", headers={"Authorization": KEY}).status_code == 404
 
 
-def test_run_body_over_10_mb(endpoint: tuple[EndpointState, str]) -> None:
+async def test_run_body_over_10_mb(endpoint: tuple[EndpointState, str]) -> None:
     state, url = endpoint
     big = {"blob": "x" * (10 * 1024 * 1024)}
     with pytest.raises(ServerlessError, match="over RunPod's 10485760-byte limit"):
-        _once(url, "submit", big)
+        await _once(url, "submit", big)
     assert not [p for _, p in state.requests if p.endswith("/run")]  # never sent
-    resp = httpx.post(f"{url}/{ENDPOINT}/run", json={"input": big},
-                      headers={"Authorization": KEY}, timeout=30)  # fmt: skip
+    async with httpx.AsyncClient(timeout=30) as http:
+        resp = await http.post(
+            f"{url}/{ENDPOINT}/run", json={"input": big}, headers={"Authorization": KEY}
+        )
     assert resp.status_code == 400 and "limit" in resp.json()["error"]
 
 
-def test_health_counts_jobs_and_workers(endpoint: tuple[EndpointState, str]) -> None:
+async def test_health_counts_jobs_and_workers(endpoint: tuple[EndpointState, str]) -> None:
     state, url = endpoint
     state.faults.crash_next_jobs = 1
 
-    async def main() -> dict[str, Any]:
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(_settings(url), ENDPOINT) as link:
             with pytest.raises(JobFailed):
                 await link.run({"n": 7})
             await link.run({"n": 8})
-            return await link.health()
-
-    health = _run(main())
+            health = await link.health()
     jobs = health["jobs"]
     assert (jobs["completed"], jobs["failed"], jobs["inQueue"], jobs["inProgress"]) == (1, 1, 0, 0)
     assert health["workers"] == {"idle": 2, "running": 0}
 
 
-def test_status_of_an_unknown_job_is_an_error(endpoint: tuple[EndpointState, str]) -> None:
+async def test_status_of_an_unknown_job_is_an_error(endpoint: tuple[EndpointState, str]) -> None:
     _, url = endpoint
     with pytest.raises(ServerlessError, match="HTTP 404"):
-        _once(url, "status", "no-such-job")
+        await _once(url, "status", "no-such-job")
 
 
 @pytest.mark.parametrize(
@@ -258,14 +246,13 @@ def test_link_needs_a_key_and_a_clean_endpoint_id() -> None:
         ServerlessLink(ServerlessSettings(api_key=SecretStr(KEY)), "ep/../x")
 
 
-def test_workers_start_cold_and_scale_back_to_zero(handler: Echo) -> None:
+async def test_workers_start_cold_and_scale_back_to_zero(handler: Echo) -> None:
     """The contract's endpoint has no worker until a job comes (a cold start, inside the
     job's executionTime), keeps them idle for ``idle_timeout_s``, then has none again."""
     state = EndpointState(KEY, handler, endpoint_id=ENDPOINT, workers=2, cold_start_s=0.2,
                           idle_timeout_s=0.3)  # fmt: skip
     with running_endpoint(state) as url:
-
-        async def main() -> list[dict[str, Any]]:
+        async with asyncio.timeout(60 * TIMEOUT_FACTOR):
             async with ServerlessLink(_settings(url), ENDPOINT) as link:
                 seen = [await link.health()]
                 await link.run({"n": 9})
@@ -274,9 +261,7 @@ def test_workers_start_cold_and_scale_back_to_zero(handler: Echo) -> None:
                 seen.append(await link.health())
                 await link.run({"n": 10})
                 assert link.execution_s >= 0.4  # two cold starts of 0.2 s
-                return seen
-
-        before, warm, after = _run(main())
+                before, warm, after = seen
     assert before["workers"] == {"idle": 0, "running": 0}
     assert warm["workers"] == {"idle": 2, "running": 0}
     assert after["workers"] == {"idle": 0, "running": 0}

@@ -70,16 +70,17 @@ def _frame(pts: int, size: int = 2000) -> SinkFrame:
     return SinkFrame(timing, Prepared(b"\xff" * size, Letterbox.fit(640, 480, 416, 416)))
 
 
-def _send(url: str, frames: list[SinkFrame], **sink: Any) -> tuple[list[FrameResult], Any]:
+async def _send(url: str, frames: list[SinkFrame], **sink: Any) -> tuple[list[FrameResult], Any]:
     got: list[FrameResult] = []
     lost: list[tuple[list[SinkFrame], ServerlessError]] = []
 
     async def on_results(results: list[FrameResult]) -> None:
         got.extend(results)
 
-    async def main() -> ServerlessSink:
-        settings = ServerlessSettings(base_url=url, api_key=SecretStr(KEY), poll_initial_s=0.02,
-                                      poll_max_s=0.1, backoff_s=0.02)  # fmt: skip
+    settings = ServerlessSettings(
+        base_url=url, api_key=SecretStr(KEY), poll_initial_s=0.02, poll_max_s=0.1, backoff_s=0.02
+    )
+    async with asyncio.timeout(60 * TIMEOUT_FACTOR):
         async with ServerlessLink(settings, ENDPOINT) as link:
             if sink.pop("keep_lost", False):
                 sink["on_lost"] = lambda batch, exc: lost.append((batch, exc))
@@ -87,17 +88,14 @@ def _send(url: str, frames: list[SinkFrame], **sink: Any) -> tuple[list[FrameRes
             for f in frames:
                 await s.put(f)
             await s.drain()
-            return s
-
-    s = asyncio.run(asyncio.wait_for(main(), 60 * TIMEOUT_FACTOR))
     return got, (s, lost)
 
 
-def test_batches_by_count_every_frame_once(
+async def test_batches_by_count_every_frame_once(
     endpoint: tuple[EndpointState, str], boxes: Boxes
 ) -> None:
     _, url = endpoint
-    got, (sink, _) = _send(url, [_frame(p) for p in range(40)], max_frames=8, max_jobs=4)
+    got, (sink, _) = await _send(url, [_frame(p) for p in range(40)], max_frames=8, max_jobs=4)
     assert sorted(r.frame.timing.pts for r in got) == list(range(40))
     assert sorted(boxes.sizes) == [8] * 5 and sink.jobs == 5
     first = got[0]
@@ -106,34 +104,36 @@ def test_batches_by_count_every_frame_once(
     assert first.detections.tracker_id.tolist() == [-1]
 
 
-def test_batches_by_body_size(endpoint: tuple[EndpointState, str], boxes: Boxes) -> None:
+async def test_batches_by_body_size(endpoint: tuple[EndpointState, str], boxes: Boxes) -> None:
     _, url = endpoint
     frames = [_frame(p, size=300_000) for p in range(7)]  # ~400 KB of base64 each
-    got, _ = _send(url, frames, max_frames=64, max_body_bytes=1_000_000)
+    got, _ = await _send(url, frames, max_frames=64, max_body_bytes=1_000_000)
     assert len(got) == 7
     assert max(boxes.sizes) == 2 and sum(boxes.sizes) == 7
 
 
-def test_jobs_out_at_once_are_bounded(endpoint: tuple[EndpointState, str], boxes: Boxes) -> None:
+async def test_jobs_out_at_once_are_bounded(
+    endpoint: tuple[EndpointState, str], boxes: Boxes
+) -> None:
     _, url = endpoint
-    got, _ = _send(url, [_frame(p) for p in range(24)], max_frames=2, max_jobs=2)
+    got, _ = await _send(url, [_frame(p) for p in range(24)], max_frames=2, max_jobs=2)
     assert len(got) == 24
     assert boxes.most <= 2
 
 
-def test_a_failed_job_is_submitted_again(endpoint: tuple[EndpointState, str]) -> None:
+async def test_a_failed_job_is_submitted_again(endpoint: tuple[EndpointState, str]) -> None:
     state, url = endpoint
     state.faults.crash_next_jobs = 1
     state.faults.time_out_next_jobs = 1
-    got, (sink, _) = _send(url, [_frame(p) for p in range(16)], max_frames=8, max_jobs=1)
+    got, (sink, _) = await _send(url, [_frame(p) for p in range(16)], max_frames=8, max_jobs=1)
     assert sorted(r.frame.timing.pts for r in got) == list(range(16))
     assert sink.resubmits == 2
 
 
-def test_a_batch_lost_for_good(endpoint: tuple[EndpointState, str]) -> None:
+async def test_a_batch_lost_for_good(endpoint: tuple[EndpointState, str]) -> None:
     state, url = endpoint
     state.faults.crash_next_jobs = 2
-    got, (sink, lost) = _send(url, [_frame(p) for p in range(8)], max_frames=4, max_jobs=1,
+    got, (sink, lost) = await _send(url, [_frame(p) for p in range(8)], max_frames=4, max_jobs=1,
                               attempts=2, keep_lost=True)  # fmt: skip
     assert [f.timing.pts for f in lost[0][0]] == [0, 1, 2, 3]
     assert "failed 2 times" in str(lost[0][1])
@@ -141,7 +141,7 @@ def test_a_batch_lost_for_good(endpoint: tuple[EndpointState, str]) -> None:
     assert sink.batches_lost == 1
     state.faults.crash_next_jobs = 2
     with pytest.raises(ServerlessError, match="failed 2 times"):
-        _send(url, [_frame(p) for p in range(4)], max_frames=4, attempts=2)
+        await _send(url, [_frame(p) for p in range(4)], max_frames=4, attempts=2)
 
 
 def _answer(**over: Any) -> dict[str, Any]:

@@ -5,13 +5,11 @@ loopback Redis)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 
 from deploy.ingest_link import HttpIngestLink
 from deploy.models import StreamSpec
@@ -20,24 +18,24 @@ from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import RedisStore
-from tests.conftest import CLIP
+from tests.conftest import CLIP, REDIS_URL, RedisSpace
 from tests.deploy.orch_support import serving_here
 from tests.support.auth import ed_keys
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
-URL = "redis://127.0.0.1:6379/0"
 
 
 @asynccontextmanager
 async def replica(name: str, prefix: str, keys: str) -> AsyncIterator[tuple[IngestService, str]]:
     settings = IngestSettings(
-        signing_keys=keys, redis_url=URL, store_key=f"{prefix}:streams",
+        signing_keys=keys, redis_url=REDIS_URL, store_key=f"{prefix}:streams",
         worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel",  # nobody there
         shards={"enabled": True, "replica_id": name, "lease_ttl_s": 2, "renew_interval_s": 0.2,
                 "prefix": prefix},
     )  # fmt: skip
-    store = RedisStore(URL, settings.store_key)
+    store = RedisStore(REDIS_URL, settings.store_key)
     service = IngestService(settings, store=store)
     stop = asyncio.Event()
     run = asyncio.create_task(service.run(stop))
@@ -50,11 +48,12 @@ async def replica(name: str, prefix: str, keys: str) -> AsyncIterator[tuple[Inge
         await store.close()
 
 
-async def _scenario() -> None:
+async def test_the_link_reaches_every_replica_and_one_runs_the_stream(
+    redis_space: RedisSpace,
+) -> None:
+    redis, prefix = redis_space.client, redis_space.prefix
     keys = ed_keys()
-    prefix = f"test:shards:{uuid.uuid4().hex[:8]}"
-    redis = Redis.from_url(URL)
-    try:
+    async with asyncio.timeout(60):
         async with AsyncExitStack() as stack:
             a, base_a = await stack.enter_async_context(replica("a", prefix, keys.to_json()))
             b, base_b = await stack.enter_async_context(replica("b", prefix, keys.to_json()))
@@ -74,29 +73,21 @@ async def _scenario() -> None:
             assert await redis.hexists(f"{prefix}:routes", "cam-1")
             assert await link.unassign("cam-1")
             assert not await redis.hexists(f"{prefix}:routes", "cam-1")
-            for _ in range(50):  # the owner stops it at once or within a renewal
-                if "cam-1" not in a.streams and "cam-1" not in b.streams:
-                    break
-                await asyncio.sleep(0.1)
+            await wait_until_async(  # the owner stops it at once or within a renewal
+                lambda: "cam-1" not in a.streams and "cam-1" not in b.streams,
+                5,
+                "cam-1 stopped",
+                every_s=0.1,
+            )
             assert "cam-1" not in a.streams and "cam-1" not in b.streams
-    finally:
-        found = [k async for k in redis.scan_iter(f"{prefix}:*")]
-        if found:
-            await redis.delete(*found)
-        await redis.aclose()
 
 
-def test_the_link_reaches_every_replica_and_one_runs_the_stream() -> None:
-    asyncio.run(asyncio.wait_for(_scenario(), 60))
-
-
-async def _stream_api() -> None:
+async def test_the_stream_api_across_replicas(redis_space: RedisSpace) -> None:
+    prefix = redis_space.prefix
     keys = ed_keys()
-    prefix = f"test:shards:{uuid.uuid4().hex[:8]}"
     token = TokenIssuer(keys).mint("test", ["streams:read", "streams:write"], 600, aud="ingest")
     auth = {"Authorization": f"Bearer {token}"}
-    redis = Redis.from_url(URL)
-    try:
+    async with asyncio.timeout(60):
         async with AsyncExitStack() as stack:
             a, base_a = await stack.enter_async_context(replica("a", prefix, keys.to_json()))
             b, base_b = await stack.enter_async_context(replica("b", prefix, keys.to_json()))
@@ -111,17 +102,7 @@ async def _stream_api() -> None:
             assert r.status_code == 404 and "replica 'a'" in r.text, r.text
             r = await http.delete(f"{base_b}/v1/streams/cam-9")
             assert r.status_code in (200, 204), r.text
-            for _ in range(50):  # a stops it at its next renewal
-                if "cam-9" not in a.streams:
-                    break
-                await asyncio.sleep(0.1)
+            await wait_until_async(  # a stops it at its next renewal
+                lambda: "cam-9" not in a.streams, 5, "cam-9 stopped on a", every_s=0.1
+            )
             assert "cam-9" not in a.streams and "cam-9" not in b.streams
-    finally:
-        found = [k async for k in redis.scan_iter(f"{prefix}:*")]
-        if found:
-            await redis.delete(*found)
-        await redis.aclose()
-
-
-def test_the_stream_api_across_replicas() -> None:
-    asyncio.run(asyncio.wait_for(_stream_api(), 60))

@@ -8,7 +8,6 @@ dropped and counted, never raised. Decoding 8K frames gives its memory back.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,13 +51,10 @@ def sized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     yield files
 
 
-def _run(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStream, list[Outgoing]]:
-    async def main() -> tuple[IngestStream, list[Outgoing]]:
-        async with standalone(config) as (stream, got):
-            await wait_until_async(lambda: not stream.alive, timeout_s, f"{config.id} to end")
-        return stream, got
-
-    return asyncio.run(main())
+async def _run(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStream, list[Outgoing]]:
+    async with standalone(config) as (stream, got):
+        await wait_until_async(lambda: not stream.alive, timeout_s, f"{config.id} to end")
+    return stream, got
 
 
 # -- sizes --------------------------------------------------------------------
@@ -94,10 +90,10 @@ def test_min_above_max_is_refused() -> None:
 
 
 @pytest.mark.parametrize("name", ["1x1.mp4", "7x7.mp4"])
-def test_tiny_file_is_failed_before_any_frame_with_the_reason(
+async def test_tiny_file_is_failed_before_any_frame_with_the_reason(
     sized: dict[str, Path], name: str
 ) -> None:
-    stream, got = _run(StreamConfig(id="tiny", url=str(sized[name]), fps=0))
+    stream, got = await _run(StreamConfig(id="tiny", url=str(sized[name]), fps=0))
     print(f"\n{name}: {stream.state.value}: {stream.error}")
     assert stream.state is StreamState.FAILED and got == []
     assert stream.error is not None
@@ -105,21 +101,21 @@ def test_tiny_file_is_failed_before_any_frame_with_the_reason(
     assert stream.counters["size_refused"] == 1 and stream.counters["decoded"] == 0
 
 
-def test_tiny_network_source_is_not_retried(sized: dict[str, Path]) -> None:
+async def test_tiny_network_source_is_not_retried(sized: dict[str, Path]) -> None:
     with http_server(sized["7x7.ts"].parent) as base:
         cfg = StreamConfig(id="tiny-http", url=f"{base}/7x7.ts", fps=0, reconnect_initial_s=0.05)
-        stream, got = _run(cfg)
+        stream, got = await _run(cfg)
     assert stream.state is StreamState.FAILED and got == []
     assert stream.counters["size_refused"] == 1 and stream.counters["reconnects"] == 0
     assert stream.error is not None and "7x7" in stream.error
 
 
-def test_a_source_growing_past_max_mid_stream_is_failed(media: Media) -> None:
+async def test_a_source_growing_past_max_mid_stream_is_failed(media: Media) -> None:
     # 3 s at 320x240, then 640x480: over a 400x300 maximum at the change.
     cfg = StreamConfig(
         id="grow", url=str(media.resolution_change_ts()), fps=0, max_width=400, max_height=300
     )
-    stream, got = _run(cfg)
+    stream, got = await _run(cfg)
     assert stream.state is StreamState.FAILED
     assert stream.error is not None and "640x480" in stream.error and "max_width" in stream.error
     assert got and {(o.prepared.letterbox.src_w, o.prepared.letterbox.src_h) for o in got} == {
@@ -173,10 +169,10 @@ def test_preparer_refuses_a_frame_the_wire_cannot_carry() -> None:
         Preparer(416, 416).prepare(frame)
 
 
-def test_frames_past_the_wire_limits_are_dropped_and_counted(sized: dict[str, Path]) -> None:
+async def test_frames_past_the_wire_limits_are_dropped_and_counted(sized: dict[str, Path]) -> None:
     # With the size check opened wide, the preparer still keeps 1x1 frames off the wire.
     cfg = StreamConfig(id="one", url=str(sized["1x1.mp4"]), fps=0, min_width=1, min_height=1)
-    stream, got = _run(cfg)
+    stream, got = await _run(cfg)
     print(f"\n1x1 allowed: {stream.state.value}, counters {stream.counters}")
     assert stream.state is StreamState.STOPPED and stream.error is None and got == []
     assert stream.counters["decoded"] == 50 == stream.counters["out_of_range"]
@@ -194,13 +190,15 @@ def _rss_mb() -> float:
     raise AssertionError("no VmRSS")
 
 
-def test_8k_is_refused_by_default_and_its_memory_released_when_allowed(
+async def test_8k_is_refused_by_default_and_its_memory_released_when_allowed(
     sized: dict[str, Path],
 ) -> None:
-    _run(StreamConfig(id="warm", url=str(sized["32x32.mp4"]), fps=0))  # imports, pools, arenas
+    await _run(
+        StreamConfig(id="warm", url=str(sized["32x32.mp4"]), fps=0)
+    )  # imports, pools, arenas
     gc.collect()
     before = _rss_mb()
-    refused, got = _run(StreamConfig(id="8k-default", url=str(sized["8k"]), fps=0))
+    refused, got = await _run(StreamConfig(id="8k-default", url=str(sized["8k"]), fps=0))
     gc.collect()
     after_refused = _rss_mb()
     assert refused.state is StreamState.FAILED and got == []
@@ -212,7 +210,7 @@ def test_8k_is_refused_by_default_and_its_memory_released_when_allowed(
         cfg = StreamConfig(
             id=f"8k-{n}", url=str(sized["8k"]), fps=0, max_width=UHD_8K[0], max_height=UHD_8K[1]
         )
-        allowed, got = _run(cfg)
+        allowed, got = await _run(cfg)
         assert allowed.state is StreamState.STOPPED and allowed.counters["decoded"] == 5
         assert len(got) == 5
         del allowed, got

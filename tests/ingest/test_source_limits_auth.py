@@ -19,7 +19,7 @@ import pytest
 
 from ingest.settings import StreamConfig
 from ingest.source import SizeRefused, SourceAuthFailed
-from ingest.stream import IngestStream, StreamState
+from ingest.stream import StreamState
 from tests.conftest import TIMEOUT_FACTOR
 from tests.ingest.test_reconnect import DOWN, NET, Hooks, Scripted, _runner
 from tests.support.harness import standalone
@@ -77,40 +77,33 @@ async def refusing(code: int) -> AsyncIterator[tuple[Refuser, int]]:
 
 
 @pytest.mark.parametrize(("scheme", "code"), [("rtsp", 401), ("rtsp", 403), ("http", 401)])
-def test_refused_credentials_are_auth_failed_and_retried_slowly(
+async def test_refused_credentials_are_auth_failed_and_retried_slowly(
     media: Media, scheme: str, code: int
 ) -> None:
-    async def main() -> tuple[IngestStream, IngestStream, Refuser, float]:
-        async with refusing(code) as (refuser, port):
-            cam = StreamConfig(
-                id="cam",
-                url=f"{scheme}://127.0.0.1:{port}/cam",
-                username="admin",
-                password=PASSWORD,
-                auth_retry_s=AUTH_RETRY_S,
-                reconnect_initial_s=0.05,
-                reconnect_max_s=0.05,
-                open_timeout_s=3,
+    async with refusing(code) as (refuser, port):
+        cam = StreamConfig(
+            id="cam",
+            url=f"{scheme}://127.0.0.1:{port}/cam",
+            username="admin",
+            password=PASSWORD,
+            auth_retry_s=AUTH_RETRY_S,
+            reconnect_initial_s=0.05,
+            reconnect_max_s=0.05,
+            open_timeout_s=3,
+        )
+        good = StreamConfig(id="good", url=str(media.short("mp4")), fps=5, realtime=True, loop=True)
+        started = time.monotonic()
+        async with standalone(good) as (ok, got), standalone(cam) as (bad, _):
+            await wait_until_async(
+                lambda: bad.state is StreamState.AUTH_FAILED, 5, "AUTH_FAILED", every_s=0.02
             )
-            good = StreamConfig(
-                id="good", url=str(media.short("mp4")), fps=5, realtime=True, loop=True
-            )
-            started = time.monotonic()
-            async with standalone(good) as (ok, got), standalone(cam) as (bad, _):
-                await wait_until_async(
-                    lambda: bad.state is StreamState.AUTH_FAILED, 5, "AUTH_FAILED", every_s=0.02
-                )
-                seen = time.monotonic()
-                await wait_until_async(
-                    lambda: bad.counters["auth_failed"] >= 4, 10, "4 auth failures"
-                )
-                sent_before = len(got)
-                await asyncio.sleep(0.5)
-                assert len(got) > sent_before, "the healthy stream must keep going"
-                assert ok.state is StreamState.RUNNING and ok.error is None
-            return ok, bad, refuser, seen - started
-
-    ok, bad, refuser, after_s = asyncio.run(main())
+            seen = time.monotonic()
+            await wait_until_async(lambda: bad.counters["auth_failed"] >= 4, 10, "4 auth failures")
+            sent_before = len(got)
+            await asyncio.sleep(0.5)
+            assert len(got) > sent_before, "the healthy stream must keep going"
+            assert ok.state is StreamState.RUNNING and ok.error is None
+        after_s = seen - started
     gaps = [b - a for a, b in pairwise(attempts(refuser.connections))]
     print(
         f"\n{scheme} {code}: AUTH_FAILED after {after_s:.2f} s, {bad.counters['auth_failed']} "

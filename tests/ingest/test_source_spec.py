@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from pathlib import Path
@@ -116,29 +115,26 @@ def test_opened_describes_the_stream(media: Media) -> None:
     assert (opened.codec, opened.format, opened.wrap_bits, opened.fps) == ("h264", "mpegts", 33, 25)
 
 
-def test_file_store_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None:
-    async def main() -> None:
-        store = FileStore(tmp_path / "a" / "streams.json")
-        assert await store.load() == []
-        cfg = StreamConfig(id="s", url="rtsp://cam/s", username="u", password="pw")
-        await store.put(cfg)
-        await store.put(StreamConfig(id="t", url="/x.mp4"))
-        await store.delete("t")
-        await store.delete("never-there")
-        (loaded,) = await store.load()
-        assert loaded.password is not None and loaded.password.get_secret_value() == "pw"
-        assert loaded == cfg
-        (tmp_path / "foreign.json").write_text(json.dumps({"streams": []}))
-        with pytest.raises(StoreError, match="not a framerelay stream store"):
-            await FileStore(tmp_path / "foreign.json").load()
-        (tmp_path / "broken.json").write_text("{")
-        with pytest.raises(StoreError, match="cannot read"):
-            await FileStore(tmp_path / "broken.json").load()
-        memory = MemoryStore()
-        await memory.put(cfg)
-        assert await memory.load() == [cfg]
-
-    asyncio.run(main())
+async def test_file_store_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "a" / "streams.json")
+    assert await store.load() == []
+    cfg = StreamConfig(id="s", url="rtsp://cam/s", username="u", password="pw")
+    await store.put(cfg)
+    await store.put(StreamConfig(id="t", url="/x.mp4"))
+    await store.delete("t")
+    await store.delete("never-there")
+    (loaded,) = await store.load()
+    assert loaded.password is not None and loaded.password.get_secret_value() == "pw"
+    assert loaded == cfg
+    (tmp_path / "foreign.json").write_text(json.dumps({"streams": []}))
+    with pytest.raises(StoreError, match="not a framerelay stream store"):
+        await FileStore(tmp_path / "foreign.json").load()
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(StoreError, match="cannot read"):
+        await FileStore(tmp_path / "broken.json").load()
+    memory = MemoryStore()
+    await memory.put(cfg)
+    assert await memory.load() == [cfg]
 
 
 def test_repr_and_answers_hide_url_credentials_and_sensitive_options() -> None:

@@ -28,31 +28,28 @@ def decoded(counters: dict[str, int]) -> bool:
     return counters["decoded"] >= 5
 
 
-def test_a_removed_stream_is_freed_without_the_cyclic_collector(tmp_path: Path) -> None:
-    async def main() -> None:
-        service = IngestService(settings_for(ed_keys(), tmp_path))
-        stop = asyncio.Event()
-        run = asyncio.create_task(service.run(stop))
-        await asyncio.wait_for(service.started.wait(), 10)
-        config = StreamConfig(id="cam-1", url=str(DEFAULT_CLIP), realtime=True, loop=True)
-        gone = []
-        gc.disable()  # only reference counting from here
-        try:
-            for _ in range(3):
-                stream = await service.create_stream(config)
-                await wait_until_async(partial(decoded, stream.counters), 10, "frames decoded")
-                ref = weakref.ref(stream)
-                del stream
-                await service.remove_stream("cam-1")
-                for _ in range(50):  # the decode thread ends, then the sender task
-                    if ref() is None:
-                        break
-                    await asyncio.sleep(0.1)
-                gone.append(ref() is None)
-        finally:
-            gc.enable()
-            stop.set()
-            await asyncio.wait_for(run, 30)
-        assert all(gone), f"removed streams still alive without a full collection: {gone}"
-
-    asyncio.run(main())
+async def test_a_removed_stream_is_freed_without_the_cyclic_collector(tmp_path: Path) -> None:
+    service = IngestService(settings_for(ed_keys(), tmp_path))
+    stop = asyncio.Event()
+    run = asyncio.create_task(service.run(stop))
+    await asyncio.wait_for(service.started.wait(), 10)
+    config = StreamConfig(id="cam-1", url=str(DEFAULT_CLIP), realtime=True, loop=True)
+    gone = []
+    gc.disable()  # only reference counting from here
+    try:
+        for _ in range(3):
+            stream = await service.create_stream(config)
+            await wait_until_async(partial(decoded, stream.counters), 10, "frames decoded")
+            ref = weakref.ref(stream)
+            del stream
+            await service.remove_stream("cam-1")
+            for _ in range(50):  # the decode thread ends, then the sender task
+                if ref() is None:
+                    break
+                await asyncio.sleep(0.1)
+            gone.append(ref() is None)
+    finally:
+        gc.enable()
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    assert all(gone), f"removed streams still alive without a full collection: {gone}"

@@ -14,14 +14,14 @@ from tests.support.media import WRAP, Media
 
 
 @pytest.mark.parametrize("ffmpeg_unwraps", [True, False], ids=["ffmpeg-corrects", "raw-wrap"])
-def test_mpegts_crosses_2_33_with_continuous_time_and_one_epoch(
+async def test_mpegts_crosses_2_33_with_continuous_time_and_one_epoch(
     media: Media, ffmpeg_unwraps: bool
 ) -> None:
     # FFmpeg corrects one wrap itself (correct_ts_overflow); with that off the raw
     # 33-bit counter wraps and our Timeline must unwrap it.
     options = {} if ffmpeg_unwraps else {"correct_ts_overflow": "0"}
     cfg = StreamConfig(id="wrap", url=str(media.ts_near_wrap(3.0)), fps=0, options=options)
-    stream, got = run_to_end(cfg)
+    stream, got = await run_to_end(cfg)
     assert stream.state is StreamState.STOPPED and stream.error is None
     assert len(got) == stream.counters["decoded"] == 250
     assert {o.timing.epoch for o in got} == {0}
@@ -33,9 +33,9 @@ def test_mpegts_crosses_2_33_with_continuous_time_and_one_epoch(
     assert crossed
 
 
-def test_resolution_change_mid_stream_is_letterboxed_per_frame(media: Media) -> None:
+async def test_resolution_change_mid_stream_is_letterboxed_per_frame(media: Media) -> None:
     cfg = StreamConfig(id="res", url=str(media.resolution_change_ts()), fps=0)
-    stream, got = run_to_end(cfg)
+    stream, got = await run_to_end(cfg)
     sizes = {(o.prepared.letterbox.src_w, o.prepared.letterbox.src_h) for o in got}
     assert sizes == {(320, 240), (640, 480)}
     assert stream.counters["decode_error"] == 0 and stream.counters["encode_error"] == 0
@@ -44,9 +44,9 @@ def test_resolution_change_mid_stream_is_letterboxed_per_frame(media: Media) -> 
         assert (lb.new_w, lb.new_h) == (416, 312)  # both are 4:3
 
 
-def test_looping_file_starts_a_new_epoch_each_pass(media: Media) -> None:
+async def test_looping_file_starts_a_new_epoch_each_pass(media: Media) -> None:
     cfg = StreamConfig(id="loop", url=str(media.short("ts")), fps=5, loop=True, max_frames=600)
-    stream, got = run_to_end(cfg)
+    stream, got = await run_to_end(cfg)
     assert stream.counters["decoded"] == 600
     assert next(o.timing.epoch for o in got) == 0 and {o.timing.epoch for o in got} == {0, 1, 2}
     for epoch in (0, 1, 2):
@@ -56,12 +56,12 @@ def test_looping_file_starts_a_new_epoch_each_pass(media: Media) -> None:
     assert 115 <= len(got) <= 125
 
 
-def test_frames_without_pts_are_dropped_counted_and_explained(
+async def test_frames_without_pts_are_dropped_counted_and_explained(
     media: Media, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ingest.stream")
     cfg = StreamConfig(id="raw", url=str(media.short("h264")), fps=0)
-    stream, got = run_to_end(cfg)
+    stream, got = await run_to_end(cfg)
     assert got == []
     assert stream.counters["no_pts"] == stream.counters["decoded"] == 250
     assert stream.state is StreamState.STOPPED

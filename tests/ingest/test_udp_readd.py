@@ -72,43 +72,43 @@ async def _stream(http: httpx.AsyncClient, sid: str) -> dict[str, Any]:
 
 
 async def _decoding(http: httpx.AsyncClient, sid: str, after: int = 0) -> None:
-    async def decoded() -> int:
-        return int((await _stream(http, sid))["decoded"])
+    status: dict[str, Any] = {}
 
-    deadline = time.monotonic() + 15
-    while await decoded() <= after:
-        assert time.monotonic() < deadline, await _stream(http, sid)
-        await asyncio.sleep(0.05)
+    async def decoded() -> bool:
+        nonlocal status
+        status = await _stream(http, sid)
+        return int(status["decoded"]) > after
+
+    await wait_until_async(decoded, 15, lambda: f"{sid} decoding: {status}")
 
 
 @pytest.mark.parametrize("camera", ["silent", "sending"])
-def test_delete_then_readd_on_the_same_udp_port_within_a_second(camera: str) -> None:
+async def test_delete_then_readd_on_the_same_udp_port_within_a_second(camera: str) -> None:
     port = free_port()
     body = {"id": "udp-cam", "url": f"udp://127.0.0.1:{port}", "fps": 5}
 
-    async def main() -> None:
-        async with ingest() as (service, http):
-            with udp_sender(port) as sender:
-                assert (await http.post("/v1/streams", json=body)).status_code == 201
-                await _decoding(http, "udp-cam")
-                old = service.registry.get("udp-cam")
-                if camera == "silent":
-                    sender.kill()
-                    sender.wait(10)
-                    await asyncio.sleep(1.0)  # the decode thread now blocks in a read
-                t0 = time.monotonic()
-                assert (await http.delete("/v1/streams/udp-cam")).status_code == 204
-                await wait_until_async(lambda: not old.alive, 1.0, "the old decode thread to end")
-                freed = time.monotonic() - t0
-            with udp_sender(port):
-                assert (await http.post("/v1/streams", json=body)).status_code == 201
-                readded = time.monotonic() - t0
-                await _decoding(http, "udp-cam")
-                status = await _stream(http, "udp-cam")
-            print(f"\n{camera}: port freed {freed:.2f} s after DELETE, re-added after "
-                  f"{readded:.2f} s, decoding")  # fmt: skip
-            assert readded < 1.0
-            assert status["state"] == "RUNNING" and status["open_error"] == 0, status
-            assert status["last_error"] is None, status
-
-    asyncio.run(main())
+    async with ingest() as (service, http):
+        with udp_sender(port) as sender:
+            assert (await http.post("/v1/streams", json=body)).status_code == 201
+            await _decoding(http, "udp-cam")
+            old = service.registry.get("udp-cam")
+            if camera == "silent":
+                sender.kill()
+                await asyncio.to_thread(sender.wait, 10)
+                await asyncio.sleep(1.0)  # the decode thread now blocks in a read
+            t0 = time.monotonic()
+            assert (await http.delete("/v1/streams/udp-cam")).status_code == 204
+            await wait_until_async(lambda: not old.alive, 1.0, "the old decode thread to end")
+            freed = time.monotonic() - t0
+        with udp_sender(port):
+            assert (await http.post("/v1/streams", json=body)).status_code == 201
+            readded = time.monotonic() - t0
+            await _decoding(http, "udp-cam")
+            status = await _stream(http, "udp-cam")
+        print(
+            f"\n{camera}: port freed {freed:.2f} s after DELETE, re-added after "
+            f"{readded:.2f} s, decoding"
+        )
+        assert readded < 1.0
+        assert status["state"] == "RUNNING" and status["open_error"] == 0, status
+        assert status["last_error"] is None, status

@@ -41,12 +41,10 @@ async def standalone(
         assert not stream.alive, f"decode thread of {stream.id} did not end"
 
 
-def run_to_end(config: StreamConfig, timeout_s: float = 30) -> tuple[IngestStream, list[Outgoing]]:
+async def run_to_end(
+    config: StreamConfig, timeout_s: float = 30
+) -> tuple[IngestStream, list[Outgoing]]:
     """Run ``config`` standalone until its source ends; the stream and every frame it sent."""
-
-    async def main() -> tuple[IngestStream, list[Outgoing]]:
-        async with standalone(config) as (stream, got):
-            await wait_until_async(lambda: stream.finished, timeout_s, f"{config.id} to end")
-        return stream, got
-
-    return asyncio.run(main())
+    async with standalone(config) as (stream, got):
+        await wait_until_async(lambda: stream.finished, timeout_s, f"{config.id} to end")
+    return stream, got
