@@ -5,7 +5,6 @@ RFC 9457 problems as one line, idempotent creates, unreachable and ERROR pods.""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -75,19 +74,15 @@ def spec(name: str = "fr-community-0-g0", **over: Any) -> PodSpec:
     return replace(base, **over)
 
 
-def run(provider: RunPodProvider, *steps: Any) -> list[Any]:
+async def run(provider: RunPodProvider, *steps: Any) -> list[Any]:
     """Await each step (a coroutine function of the provider) in turn; close the provider."""
-
-    async def main() -> list[Any]:
-        try:
-            return [await step(provider) for step in steps]
-        finally:
-            await provider.aclose()
-
-    return asyncio.run(main())
+    try:
+        return [await step(provider) for step in steps]
+    finally:
+        await provider.aclose()
 
 
-def test_create_get_list_stop_start_terminate(rig: Rig) -> None:
+async def test_create_get_list_stop_start_terminate(rig: Rig) -> None:
     async def lifecycle(p: RunPodProvider) -> dict[str, Any]:
         info = await p.create(spec())
         got = await p.get(info.id)
@@ -108,7 +103,7 @@ def test_create_get_list_stop_start_terminate(rig: Rig) -> None:
             "gone": gone,
         }
 
-    (out,) = run(rig.provider(), lifecycle)
+    (out,) = await run(rig.provider(), lifecycle)
     info, got = out["info"], out["got"]
     assert info.name == "fr-community-0-g0" and not info.spot
     assert (info.gpu_type, info.cloud_type) == (A4000, "COMMUNITY")  # the cheapest with stock
@@ -129,8 +124,8 @@ def test_create_get_list_stop_start_terminate(rig: Rig) -> None:
     assert [e.status for e in actions] == [200, 200, 204, 404]
 
 
-def test_the_create_body_is_nested_and_asks_for_cuda_12_8(rig: Rig) -> None:
-    (info,) = run(rig.provider(registry="reg1"), lambda p: p.create(spec()))
+async def test_the_create_body_is_nested_and_asks_for_cuda_12_8(rig: Rig) -> None:
+    (info,) = await run(rig.provider(registry="reg1"), lambda p: p.create(spec()))
     pod = rig.server.pods[info.id]
     assert pod.gpu == {"id": A4000, "count": 1} and pod.cuda == "12.8"  # minCudaVersion 12.8
     assert (pod.image, pod.disk, pod.registry, pod.args) == ("img:1", 20, "reg1", "")
@@ -143,31 +138,33 @@ def test_the_create_body_is_nested_and_asks_for_cuda_12_8(rig: Rig) -> None:
     )
 
 
-def test_the_cheapest_type_that_fits_the_vram_need_and_has_stock_wins(rig: Rig) -> None:
+async def test_the_cheapest_type_that_fits_the_vram_need_and_has_stock_wins(rig: Rig) -> None:
     need_20 = spec(gpu_types=(A4000, L4, A5000), min_vram_gb=20)  # the 16 GB A4000 is out
     per_fps = replace(need_20, name="fr-community-1-g0", gpu_fps={L4: 60.0, A5000: 40.0})
 
-    infos = run(rig.provider(), lambda p: p.create(need_20), lambda p: p.create(per_fps))
+    infos = await run(rig.provider(), lambda p: p.create(need_20), lambda p: p.create(per_fps))
     # per hour: A5000 community 0.26 < L4 0.30; per fps: L4 0.30/60 < A5000 0.26/40
     assert [(i.gpu_type, i.cloud_type) for i in infos] == [(A5000, "COMMUNITY"), (L4, "COMMUNITY")]
 
 
-def test_no_stock_for_the_first_type_goes_to_the_next_without_a_blind_create(rig: Rig) -> None:
+async def test_no_stock_for_the_first_type_goes_to_the_next_without_a_blind_create(
+    rig: Rig,
+) -> None:
     rig.server.knobs.no_stock = {(A4000, "*")}
-    (info,) = run(rig.provider(), lambda p: p.create(spec()))
+    (info,) = await run(rig.provider(), lambda p: p.create(spec()))
     assert info.gpu_type == A5000 and rig.posts() == [201]  # nothing sent into no stock
 
 
-def test_no_stock_anywhere_sends_no_create_and_says_why(rig: Rig) -> None:
+async def test_no_stock_anywhere_sends_no_create_and_says_why(rig: Rig) -> None:
     rig.server.knobs.no_stock = {(A4000, "*"), (A5000, "COMMUNITY")}
     with pytest.raises(NoCapacityError) as err:
-        run(rig.provider(), lambda p: p.create(spec(cloud_types=("COMMUNITY",))))
+        await run(rig.provider(), lambda p: p.create(spec(cloud_types=("COMMUNITY",))))
     assert rig.posts() == []
     assert "NVIDIA RTX A4000/COMMUNITY: no stock (NONE)" in str(err.value)
     assert "\n" not in str(err.value) and "nothing created" in str(err.value)
 
 
-def test_stock_gone_since_the_catalog_read_moves_on_and_is_remembered(rig: Rig) -> None:
+async def test_stock_gone_since_the_catalog_read_moves_on_and_is_remembered(rig: Rig) -> None:
     async def race(p: RunPodProvider) -> list[PodInfo]:
         await p.prices()  # the catalog read...
         await p.catalog.offers("COMMUNITY", 1)
@@ -176,21 +173,21 @@ def test_stock_gone_since_the_catalog_read_moves_on_and_is_remembered(rig: Rig) 
         second = await p.create(spec("fr-community-1-g0"))
         return [first, second]
 
-    (infos,) = run(rig.provider(), race)
+    (infos,) = await run(rig.provider(), race)
     assert [i.gpu_type for i in infos] == [A5000, A5000]
     assert rig.posts() == [400, 201, 201]  # the refused one is not asked again
 
 
-def test_a_500_after_the_pod_was_made_creates_no_second_pod(rig: Rig) -> None:
+async def test_a_500_after_the_pod_was_made_creates_no_second_pod(rig: Rig) -> None:
     rig.server.knobs.fail_after_create = 1
     p = rig.provider()
-    (info,) = run(p, lambda p: p.create(spec()))
+    (info,) = await run(p, lambda p: p.create(spec()))
     assert [pod.name for pod in rig.server.pods.values()] == ["fr-community-0-g0"]
     assert info.id in rig.server.pods and rig.posts() == [500]  # found by name, not re-sent
     assert rig.server.requests("GET", "/v2/pods")
 
 
-def test_500s_and_429s_are_retried_and_a_create_looks_before_it_resends(rig: Rig) -> None:
+async def test_500s_and_429s_are_retried_and_a_create_looks_before_it_resends(rig: Rig) -> None:
     rig.server.knobs.rate_limit_next = 1  # the catalog read: 429, then 500s on the way
     rig.server.knobs.retry_after_s = 0
     p = rig.provider()
@@ -201,27 +198,27 @@ def test_500s_and_429s_are_retried_and_a_create_looks_before_it_resends(rig: Rig
         rig.server.knobs.fail_next = 2  # the create, then the look-up by name
         return await p.create(spec())
 
-    (info,) = run(p, create)
+    (info,) = await run(p, create)
     assert p.retries == 3 and len(rig.server.pods) == 1 and info.id in rig.server.pods
     assert rig.posts() == [500, 201]
 
 
-def test_persistent_500s_give_up_without_leaking_the_key(
+async def test_persistent_500s_give_up_without_leaking_the_key(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig.server.knobs.fail_next = 100
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ProviderError, match="after 3 attempts: HTTP 500") as info:
-        run(rig.provider(max_retries=2), lambda p: p.list())
+        await run(rig.provider(max_retries=2), lambda p: p.list())
     assert KEY not in str(info.value) and KEY not in repr(info.value)
     assert KEY not in caplog.text
     assert KEY not in repr(RunPodSettings(api_key=SecretStr(KEY)))
 
 
-def test_a_bad_key_says_which_setting_to_fix_and_is_not_retried(rig: Rig) -> None:
+async def test_a_bad_key_says_which_setting_to_fix_and_is_not_retried(rig: Rig) -> None:
     settings = RunPodSettings(api_key=SecretStr("wrong"), base_url=rig.url)
     with pytest.raises(ProviderError) as err:
-        run(RunPodProvider(settings), lambda p: p.list())
+        await run(RunPodProvider(settings), lambda p: p.list())
     assert str(err.value) == (
         "RunPod could not list pods: HTTP 401 Unauthorized: invalid API key: RunPod refused "
         "the API key: set a valid one in FRAMERELAY_ORCH_RUNPOD__API_KEY (or ..._API_KEY_FILE)"
@@ -239,37 +236,39 @@ def test_a_refused_field_comes_back_as_one_line_naming_it(rig: Rig) -> None:
     rig.server.exchanges.clear()  # that body was ours on purpose, not the provider's
 
 
-def test_an_unknown_template_is_a_clear_error(rig: Rig) -> None:
+async def test_an_unknown_template_is_a_clear_error(rig: Rig) -> None:
     with pytest.raises(ProviderError, match="HTTP 404 Not Found: template nosuch not found"):
-        run(rig.provider(), lambda p: p.create(spec(template_id="nosuch")))
+        await run(rig.provider(), lambda p: p.create(spec(template_id="nosuch")))
     assert not rig.server.pods
 
 
-def test_a_pod_from_a_template_leaves_the_image_and_disk_to_it(rig: Rig) -> None:
-    made = httpx.post(
-        f"{rig.url}/templates",
-        headers={"Authorization": f"Bearer {KEY}"},
-        json={
-            "name": "framerelay-worker",
-            "image": "framerelay/worker:9.9",
-            "disk": 30,
-            "ports": ["8443/tcp"],
-            "env": {"FRAMERELAY_WORKER_MAX_BATCH": "8"},
-        },
-    ).json()
-    (info,) = run(rig.provider(), lambda p: p.create(spec(template_id=made["id"])))
+async def test_a_pod_from_a_template_leaves_the_image_and_disk_to_it(rig: Rig) -> None:
+    async with httpx.AsyncClient() as http:
+        resp = await http.post(
+            f"{rig.url}/templates",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={
+                "name": "framerelay-worker",
+                "image": "framerelay/worker:9.9",
+                "disk": 30,
+                "ports": ["8443/tcp"],
+                "env": {"FRAMERELAY_WORKER_MAX_BATCH": "8"},
+            },
+        )
+    made = resp.json()
+    (info,) = await run(rig.provider(), lambda p: p.create(spec(template_id=made["id"])))
     pod = rig.server.pods[info.id]
     assert (pod.template, pod.image, pod.disk) == (made["id"], "framerelay/worker:9.9", 30)
     assert pod.env["FRAMERELAY_WORKER_MAX_BATCH"] == "8"  # the template's shared env
     assert pod.env["FRAMERELAY_WORKER_WORKER_ID"] == "fr-community-0-g0"  # and the pod's own
 
 
-def test_a_two_gpu_pod_exposes_a_port_and_a_worker_per_gpu(rig: Rig) -> None:
+async def test_a_two_gpu_pod_exposes_a_port_and_a_worker_per_gpu(rig: Rig) -> None:
     async def two(p: RunPodProvider) -> PodInfo | None:
         info = await p.create(spec(gpu_count=2))
         return await p.get(info.id)
 
-    (got,) = run(rig.provider(), two)
+    (got,) = await run(rig.provider(), two)
     (pod,) = rig.server.pods.values()
     assert pod.gpu == {"id": A4000, "count": 2} and pod.ports == ["8443/tcp", "8444/tcp"]
     assert pod.args == "worker --gpus 2" and pod.price == pytest.approx(0.40)
@@ -278,7 +277,7 @@ def test_a_two_gpu_pod_exposes_a_port_and_a_worker_per_gpu(rig: Rig) -> None:
     assert got.tls_server_name == "fr-community-0-g0.pods.framerelay"  # one certificate
 
 
-def test_a_pod_without_a_public_port_fails_after_the_grace_and_its_host_goes_last(
+async def test_a_pod_without_a_public_port_fails_after_the_grace_and_its_host_goes_last(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig.server.knobs.community_public_ip = False
@@ -296,7 +295,7 @@ def test_a_pod_without_a_public_port_fails_after_the_grace_and_its_host_goes_las
         after = await p.create(replace(near, name="fr-community-0-g1"))
         return [early, within, late, after]
 
-    (infos,) = run(rig.provider(), unreachable)
+    (infos,) = await run(rig.provider(), unreachable)
     early, within, late, after = infos
     assert early is not None and within is not None and late is not None and after is not None
     assert early.status is within.status is PodStatus.PROVISIONING
@@ -309,41 +308,41 @@ def test_a_pod_without_a_public_port_fails_after_the_grace_and_its_host_goes_las
     assert after.data_center == "US-KS-2"  # EU-RO-1/COMMUNITY is tried last now
 
 
-def test_a_pod_in_error_is_reported_with_its_reason(rig: Rig) -> None:
+async def test_a_pod_in_error_is_reported_with_its_reason(rig: Rig) -> None:
     rig.server.knobs.boot_errors = ["CUDA driver too old"]
 
     async def boot(p: RunPodProvider) -> PodInfo | None:
         return await p.get((await p.create(spec())).id)
 
-    (got,) = run(rig.provider(), boot)
+    (got,) = await run(rig.provider(), boot)
     assert got is not None and got.status is PodStatus.ERROR
     assert got.reason == (
         "RunPod says ERROR (its container cannot recover) for NVIDIA RTX A4000 in EU-RO-1/COMMUNITY"
     )
 
 
-def test_allowed_cuda_versions_go_to_the_catalog_and_the_body(rig: Rig) -> None:
-    (info,) = run(rig.provider(allowed_cuda_versions=("12.4",)), lambda p: p.create(spec()))
+async def test_allowed_cuda_versions_go_to_the_catalog_and_the_body(rig: Rig) -> None:
+    (info,) = await run(rig.provider(allowed_cuda_versions=("12.4",)), lambda p: p.create(spec()))
     assert rig.server.pods[info.id].cuda == "12.4"
     reads = rig.server.requests("GET", "/v2/catalog/gpus")
     assert all("cudaVersions" in e.query_names for e in reads)
 
 
-def test_logs_and_errors_never_carry_the_pod_certificate(
+async def test_logs_and_errors_never_carry_the_pod_certificate(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     rig.server.knobs.no_stock = {(A4000, "*"), (A5000, "*")}
     with pytest.raises(NoCapacityError) as err:
-        run(rig.provider(), lambda p: p.create(spec()))
+        await run(rig.provider(), lambda p: p.create(spec()))
     rig.server.knobs.no_stock = set()
-    run(rig.provider(), lambda p: p.create(spec()))
+    await run(rig.provider(), lambda p: p.create(spec()))
     assert TLS_KEY not in str(err.value) and TLS_KEY not in caplog.text
 
 
-def test_a_spot_pod_is_refused_before_anything_is_sent(rig: Rig) -> None:
+async def test_a_spot_pod_is_refused_before_anything_is_sent(rig: Rig) -> None:
     with pytest.raises(ProviderError, match='"cloud_types": \\["COMMUNITY"\\]'):
-        run(rig.provider(), lambda p: p.create(spec(spot=True)))
+        await run(rig.provider(), lambda p: p.create(spec(spot=True)))
     assert rig.server.exchanges == []
 
 
@@ -382,7 +381,7 @@ def test_settings_runpod_v2_cannot_take_are_refused_in_one_line(
     assert message in line and "\n" not in line
 
 
-def test_every_page_of_a_list_is_read() -> None:
+async def test_every_page_of_a_list_is_read() -> None:
     """RunPod's schema of 2026-08 defines no paging, and the contract server plays none;
     the client still follows ``pagination.nextCursor`` where an answer has one (a later
     schema pages its lists), checked with a scripted transport."""
@@ -402,10 +401,9 @@ def test_every_page_of_a_list_is_read() -> None:
         httpx.MockTransport(answer),
     )
 
-    async def main() -> list[dict[str, Any]]:
-        try:
-            return await http.pages("/pods", "pods", "list pods")
-        finally:
-            await http.aclose()
+    try:
+        got = await http.pages("/pods", "pods", "list pods")
+    finally:
+        await http.aclose()
 
-    assert [p["id"] for p in asyncio.run(main())] == ["a", "b"] and seen == [None, "c2"]
+    assert [p["id"] for p in got] == ["a", "b"] and seen == [None, "c2"]
