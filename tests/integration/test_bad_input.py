@@ -77,11 +77,9 @@ BAD_MESSAGES = [
 
 
 @pytest.fixture(scope="module")
-def outcome(secret: str) -> dict[str, object]:
-    return asyncio.run(_scenario(secret))
-
-
-async def _scenario(secret: str) -> dict[str, object]:
+async def outcome(secret: str, anyio_backend: str) -> dict[str, object]:
+    """One scenario for the module's tests (on the module-scoped loop: ``anyio_backend`` in
+    tests/integration/conftest.py), what it saw by name."""
     out: dict[str, object] = {}
     async with running_worker(secret) as (_, url):
         settings = IngestSettings(

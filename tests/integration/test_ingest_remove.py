@@ -28,7 +28,7 @@ def worker_sessions(worker: Worker) -> int:
     return int(float(match[1]))
 
 
-def test_remove_and_replace_free_state_on_both_sides(
+async def test_remove_and_replace_free_state_on_both_sides(
     media: Media,  # noqa: F811
     secret: str,
 ) -> None:
@@ -41,35 +41,30 @@ def test_remove_and_replace_free_state_on_both_sides(
     def count(sid: str, epoch: int | None = None) -> int:
         return sum(1 for r in results if r.stream_id == sid and epoch in (None, r.epoch))
 
-    async def main() -> None:
-        async with running_worker(secret) as (worker, url):
-            settings = IngestSettings(worker_url=url, token_secrets=secret, worker_id="gpu-a")
-            service = IngestService(settings, store=MemoryStore())
-            service.bus.tap(results.append)
-            stop = asyncio.Event()
-            task = asyncio.create_task(service.run(stop))
-            a = await service.create_stream(cam("a"))
-            await service.create_stream(cam("b"))
-            await wait_until_async(
-                lambda: count("a") > 2 and count("b") > 2, 20, "results of a and b"
-            )
-            assert worker_sessions(worker) == 2
+    async with running_worker(secret) as (worker, url):
+        settings = IngestSettings(worker_url=url, token_secrets=secret, worker_id="gpu-a")
+        service = IngestService(settings, store=MemoryStore())
+        service.bus.tap(results.append)
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        a = await service.create_stream(cam("a"))
+        await service.create_stream(cam("b"))
+        await wait_until_async(lambda: count("a") > 2 and count("b") > 2, 20, "results of a and b")
+        assert worker_sessions(worker) == 2
 
-            await service.remove_stream("a")
-            assert "a" not in service.streams and "a" not in service.client.snapshots
-            await wait_until_async(lambda: worker_sessions(worker) == 1, 5, "the worker to close a")
-            await wait_until_async(lambda: not a.alive, 10, "a's decode thread to end")
-            after = count("a")
-            before_b = count("b")
-            await wait_until_async(lambda: count("b") > before_b + 5, 10, "b to keep flowing")
-            assert count("a") == after
+        await service.remove_stream("a")
+        assert "a" not in service.streams and "a" not in service.client.snapshots
+        await wait_until_async(lambda: worker_sessions(worker) == 1, 5, "the worker to close a")
+        await wait_until_async(lambda: not a.alive, 10, "a's decode thread to end")
+        after = count("a")
+        before_b = count("b")
+        await wait_until_async(lambda: count("b") > before_b + 5, 10, "b to keep flowing")
+        assert count("a") == after
 
-            b = await service.update_stream(cam("b", fps=2))
-            assert b.epoch == 1 and b.config.fps == 2
-            await wait_until_async(lambda: count("b", epoch=1) > 3, 15, "b's new epoch")
-            assert worker_sessions(worker) == 1
-            assert b.counters["worker_error"] == 0 and b.error is None
-            stop.set()
-            await task
-
-    asyncio.run(main())
+        b = await service.update_stream(cam("b", fps=2))
+        assert b.epoch == 1 and b.config.fps == 2
+        await wait_until_async(lambda: count("b", epoch=1) > 3, 15, "b's new epoch")
+        assert worker_sessions(worker) == 1
+        assert b.counters["worker_error"] == 0 and b.error is None
+        stop.set()
+        await task

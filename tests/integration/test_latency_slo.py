@@ -64,7 +64,7 @@ async def _check_stream(
     }
 
 
-def test_latency_histogram_breaches_and_clock(
+async def test_latency_histogram_breaches_and_clock(
     local_worker: LocalWorker,
     secret: str,
     media: Media,  # noqa: F811
@@ -77,7 +77,8 @@ def test_latency_histogram_breaches_and_clock(
         "latency_slo_ms": 600_000,
     }  # fmt: skip
 
-    async def main(rtsp_url: str) -> None:
+    with RtspServer(media.h264_clip()) as cam:
+        cam.start()
         service = IngestService(settings, store=MemoryStore())
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
@@ -87,33 +88,28 @@ def test_latency_histogram_breaches_and_clock(
             transport=transport, base_url="http://ingest", headers=auth
         ) as http:
             try:
-                await _run(service, http, rtsp_url)
+                rtsp = {"id": "rtsp", "url": cam.url, "fps": 5, "latency_slo_ms": 0.001}
+                for body in (file_cam, rtsp):
+                    assert (await http.post("/v1/streams", json=body)).status_code == 201
+                streams = service.streams
+
+                def ready() -> bool:
+                    lat = streams["rtsp"].latency
+                    return (
+                        lat.source.value == "capture"
+                        and len(lat.window) >= 3
+                        and all(s.counters["results"] >= 3 for s in streams.values())
+                    )
+
+                await wait_until_async(
+                    ready, 60, "results of both streams, the RTSP one from capture"
+                )
+                await _check_stream(http, "rtsp", 0.001, "capture", all_breach=True)
+                await _check_stream(http, "file", 600_000, "decode", all_breach=False)
+                for sid in ("rtsp", "file"):
+                    assert (await http.delete(f"/v1/streams/{sid}")).status_code == 204
+                text = (await http.get("/metrics")).text
+                assert "stream=" not in text, [x for x in text.splitlines() if "stream=" in x][:5]
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 30)
-
-    async def _run(service: IngestService, http: httpx.AsyncClient, rtsp_url: str) -> None:
-        rtsp = {"id": "rtsp", "url": rtsp_url, "fps": 5, "latency_slo_ms": 0.001}
-        for body in (file_cam, rtsp):
-            assert (await http.post("/v1/streams", json=body)).status_code == 201
-        streams = service.streams
-
-        def ready() -> bool:
-            lat = streams["rtsp"].latency
-            return (
-                lat.source.value == "capture"
-                and len(lat.window) >= 3
-                and all(s.counters["results"] >= 3 for s in streams.values())
-            )
-
-        await wait_until_async(ready, 60, "results of both streams, the RTSP one from capture")
-        await _check_stream(http, "rtsp", 0.001, "capture", all_breach=True)
-        await _check_stream(http, "file", 600_000, "decode", all_breach=False)
-        for sid in ("rtsp", "file"):
-            assert (await http.delete(f"/v1/streams/{sid}")).status_code == 204
-        text = (await http.get("/metrics")).text
-        assert "stream=" not in text, [x for x in text.splitlines() if "stream=" in x][:5]
-
-    with RtspServer(media.h264_clip()) as cam:
-        cam.start()
-        asyncio.run(main(cam.url))

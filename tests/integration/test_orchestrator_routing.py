@@ -3,7 +3,6 @@ snapshot travels, track ids continue, and no stream is served twice at once."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 
 import pytest
@@ -19,31 +18,29 @@ from tests.support.worker_harness import running_worker
 pytestmark = pytest.mark.integration
 
 
-def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
+async def test_move_carries_the_snapshot_and_never_serves_twice(secret: str) -> None:
     records: list[ResultRecord] = []
 
-    async def main() -> tuple[int, int]:
-        fast = {"snapshot_interval_s": 0.2}
-        async with (
-            running_worker(secret, "gpu-a", **fast) as (_, url_a),
-            running_worker(secret, "gpu-b", **fast) as (worker_b, url_b),
-        ):
-            pool = StreamRegistry(lambda w: mint(secret, [f"worker:{w}"], "worker"), records.append)
-            cfg = StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True)
-            pool.create(cfg)
-            try:
-                await pool.place("cam", "gpu-a", url_a)
-                await wait_until_async(lambda: len(records) >= 15, 60, "15 results")
-                assert not await pool.place("cam", "gpu-a", url_a)  # idempotent
-                await pool.place("cam", "gpu-b", url_b)
-                n = len(records)
-                await wait_until_async(lambda: len(records) >= n + 15, 60, "15 more results")
-                assert set(pool.clients) == {"gpu-b"}  # the idle tunnel to gpu-a closed
-            finally:
-                await pool.aclose()
-            return n, int(worker_b.metrics.resumed._value.get())
+    fast = {"snapshot_interval_s": 0.2}
+    async with (
+        running_worker(secret, "gpu-a", **fast) as (_, url_a),
+        running_worker(secret, "gpu-b", **fast) as (worker_b, url_b),
+    ):
+        pool = StreamRegistry(lambda w: mint(secret, [f"worker:{w}"], "worker"), records.append)
+        cfg = StreamConfig(id="cam", url=str(CLIP), fps=10, realtime=True)
+        pool.create(cfg)
+        try:
+            await pool.place("cam", "gpu-a", url_a)
+            await wait_until_async(lambda: len(records) >= 15, 60, "15 results")
+            assert not await pool.place("cam", "gpu-a", url_a)  # idempotent
+            await pool.place("cam", "gpu-b", url_b)
+            n = len(records)
+            await wait_until_async(lambda: len(records) >= n + 15, 60, "15 more results")
+            assert set(pool.clients) == {"gpu-b"}  # the idle tunnel to gpu-a closed
+        finally:
+            await pool.aclose()
+        moved_at, resumed = n, int(worker_b.metrics.resumed._value.get())
 
-    moved_at, resumed = asyncio.run(main())
     workers = [r.worker_id for r in records]
     switches = sum(1 for a, b in itertools.pairwise(workers) if a != b)
     assert switches == 1, workers  # never back and forth: one worker at a time

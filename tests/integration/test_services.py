@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -20,6 +20,7 @@ from framerelay.launcher import LocalWorker
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
 from tests.support.auth import mint
 from tests.support.servers import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,13 +36,19 @@ def ingest(local_worker: LocalWorker, secret: str) -> Iterator[str]:
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30 * TIMEOUT_FACTOR
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{base}/healthz").status_code == 200:
-                break
+            return httpx.get(f"{base}/healthz").status_code == 200
         except httpx.TransportError:
-            time.sleep(0.2)
+            return False
+
+    try:
+        wait_until(healthy, 30, "the ingest's /healthz answering 200", every_s=0.2)
+    except TimeoutError:
+        proc.kill()
+        proc.communicate(timeout=20)
+        raise
     yield base
     proc.terminate()
     out, _ = proc.communicate(timeout=20)
@@ -52,39 +59,37 @@ def ingest(local_worker: LocalWorker, secret: str) -> Iterator[str]:
 def test_streams_api_reports_state_and_counters(ingest: str, secret: str) -> None:
     assert httpx.get(f"{ingest}/v1/streams").status_code == 401
     headers = {"Authorization": f"Bearer {mint(secret, ['streams:read'], 'ingest')}"}
-    deadline = time.monotonic() + 20 * TIMEOUT_FACTOR
-    while time.monotonic() < deadline:
+
+    def with_results() -> dict[str, Any] | None:
         (stream,) = httpx.get(f"{ingest}/v1/streams", headers=headers).json()
-        if stream["results"] > 0:
-            break
-        time.sleep(0.2)
+        return cast("dict[str, Any]", stream) if stream["results"] > 0 else None
+
+    stream = wait_until(with_results, 20, "a result of stream-1", every_s=0.2)
     assert stream["id"] == "stream-1"
     assert stream["state"] == "RUNNING"
     assert stream["results"] > 0 and stream["decode_error"] == 0
 
 
-def test_results_websocket_needs_a_results_token(ingest: str, secret: str) -> None:
+async def test_results_websocket_needs_a_results_token(ingest: str, secret: str) -> None:
     url = ingest.replace("http://", "ws://") + "/v1/results?stream=stream-1"
 
-    async def main() -> dict[str, object]:
-        with pytest.raises(InvalidStatus):
-            async with connect(url, proxy=None):
-                pass
-        other = mint(secret, ["results:other"], "ingest")
-        with pytest.raises(InvalidStatus):
-            async with connect(
-                url, proxy=None, additional_headers={"Authorization": f"Bearer {other}"}
-            ):
-                pass
-        good = mint(secret, ["results:stream-1"], "ingest")
+    with pytest.raises(InvalidStatus):
+        async with connect(url, proxy=None):
+            pass
+    other = mint(secret, ["results:other"], "ingest")
+    with pytest.raises(InvalidStatus):
         async with connect(
-            url, proxy=None, additional_headers={"Authorization": f"Bearer {good}"}
-        ) as ws:
-            while True:  # the hub says "subscribed" first, then sends results
-                message = json.loads(await asyncio.wait_for(ws.recv(), 20 * TIMEOUT_FACTOR))
-                if message["type"] == "result":
-                    return dict(message)
-
-    record = asyncio.run(main())
+            url, proxy=None, additional_headers={"Authorization": f"Bearer {other}"}
+        ):
+            pass
+    good = mint(secret, ["results:stream-1"], "ingest")
+    async with connect(
+        url, proxy=None, additional_headers={"Authorization": f"Bearer {good}"}
+    ) as ws:
+        while True:  # the hub says "subscribed" first, then sends results
+            message = json.loads(await asyncio.wait_for(ws.recv(), 20 * TIMEOUT_FACTOR))
+            if message["type"] == "result":
+                record: dict[str, object] = dict(message)
+                break
     assert record["stream_id"] == "stream-1"
     assert {"epoch", "pts", "time_base", "pts_time", "captured_at", "detections"} <= set(record)
