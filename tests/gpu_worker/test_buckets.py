@@ -70,7 +70,7 @@ def test_auto_is_off_on_the_cpu_provider() -> None:
     assert _detector().acceleration.batch_buckets == ()
 
 
-def test_the_worker_prepares_and_warms_up_on_its_inference_thread(secret: str) -> None:
+async def test_the_worker_prepares_and_warms_up_on_its_inference_thread(secret: str) -> None:
     """The CUDA provider keeps per-thread state: the thread that runs inference is the one
     that must have seen every shape first (on the H200 the tunnel's first runs stalled)."""
     import asyncio
@@ -95,12 +95,9 @@ def test_the_worker_prepares_and_warms_up_on_its_inference_thread(secret: str) -
     settings = WorkerSettings(host="127.0.0.1", port=0, worker_id="w", token_secrets=secret,
                               detector=settings_for_model(MODEL), warmup_runs=1)  # fmt: skip
 
-    async def start() -> None:
-        worker = Worker(settings, detector=det)
-        await worker.start()
-        stop = asyncio.Event()
-        stop.set()
-        await worker.serve_forever(stop)
-
-    asyncio.run(start())
+    worker = Worker(settings, detector=det)
+    await worker.start()
+    stop = asyncio.Event()
+    stop.set()
+    await worker.serve_forever(stop)
     assert threads[:2] == ["prepare:infer_0", "infer:infer_0"], threads

@@ -66,36 +66,33 @@ def test_the_heartbeat_is_busy_from_the_oldest_batch_in_flight() -> None:
 
 
 @pytest.mark.integration
-def test_a_real_worker_decodes_in_batches_and_fails_bad_images_alone(secret: str) -> None:
-    async def scenario() -> None:
-        async with running_worker(secret, jpeg_decoder="cpu-batch", max_batch=4,
-                                  batch_wait_ms=20, max_inflight=8) as (worker, url):  # fmt: skip
-            assert worker.batcher.decoder is not None
-            info = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
-                                   + "/info", token(secret))).json()  # fmt: skip
-            assert info["jpeg_decoder"] == "cpu-batch"
-            # the capacity is measured on a full batch (issue 14: "for the chosen batch")
-            assert info["capacity_batch"] == 4
-            assert info["capacity_fps"] == pytest.approx(4000 / info["ms_per_inference"], 0.01)
-            async with open_tunnel(url, token(secret)) as tunnel:
-                a, b = await tunnel.open_stream("a"), await tunnel.open_stream("b")
-                for seq in range(6):
-                    bad = {2: b"\xff\xd8 not a jpeg", 4: SMALL_JPEG}.get(seq)
-                    await tunnel.send_frame(frame("a", seq), bad or JPEG)
-                    await tunnel.send_frame(frame("b", seq))
-                await settle(tunnel, ["a", "b"], 30 * T)
-                assert [r.seq for r in a.results] == [0, 1, 3, 5]
-                assert [(e.code, e.seq) for e in a.errors] == [("bad_image", 2), ("bad_image", 4)]
-                assert "32x32" in a.errors[1].message
-                assert [r.seq for r in b.results] == list(range(6)) and not b.errors
-                assert all(r.timings["batch"] >= 1 for r in a.results + b.results)
-                assert tunnel.close_code is None
-            text = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
-                                   + "/metrics", token(secret))).text  # fmt: skip
-            assert metric(text, 'framerelay_worker_drops_total{reason="bad_image"}') == 2
-            assert metric(text, 'framerelay_worker_stage_seconds_count{stage="decode"}') == 10
-
-    asyncio.run(scenario())
+async def test_a_real_worker_decodes_in_batches_and_fails_bad_images_alone(secret: str) -> None:
+    async with running_worker(secret, jpeg_decoder="cpu-batch", max_batch=4,
+                              batch_wait_ms=20, max_inflight=8) as (worker, url):  # fmt: skip
+        assert worker.batcher.decoder is not None
+        info = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+                               + "/info", token(secret))).json()  # fmt: skip
+        assert info["jpeg_decoder"] == "cpu-batch"
+        # the capacity is measured on a full batch (issue 14: "for the chosen batch")
+        assert info["capacity_batch"] == 4
+        assert info["capacity_fps"] == pytest.approx(4000 / info["ms_per_inference"], 0.01)
+        async with open_tunnel(url, token(secret)) as tunnel:
+            a, b = await tunnel.open_stream("a"), await tunnel.open_stream("b")
+            for seq in range(6):
+                bad = {2: b"\xff\xd8 not a jpeg", 4: SMALL_JPEG}.get(seq)
+                await tunnel.send_frame(frame("a", seq), bad or JPEG)
+                await tunnel.send_frame(frame("b", seq))
+            await settle(tunnel, ["a", "b"], 30 * T)
+            assert [r.seq for r in a.results] == [0, 1, 3, 5]
+            assert [(e.code, e.seq) for e in a.errors] == [("bad_image", 2), ("bad_image", 4)]
+            assert "32x32" in a.errors[1].message
+            assert [r.seq for r in b.results] == list(range(6)) and not b.errors
+            assert all(r.timings["batch"] >= 1 for r in a.results + b.results)
+            assert tunnel.close_code is None
+        text = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+                               + "/metrics", token(secret))).text  # fmt: skip
+        assert metric(text, 'framerelay_worker_drops_total{reason="bad_image"}') == 2
+        assert metric(text, 'framerelay_worker_stage_seconds_count{stage="decode"}') == 10
 
 
 class _Echo:
@@ -122,31 +119,27 @@ class _Broken:
         return CpuBatchDecoder().decode(items, width, height)
 
 
-def test_a_decoder_bug_fails_its_batch_and_the_stage_goes_on() -> None:
-    async def scenario() -> list[Outcome]:
-        decoder = _Broken()
-        batcher = Batcher(_Echo(), WorkerMetrics(), max_batch=2, capacity=8, decoder=decoder)
-        lane = batcher.open_lane()
-        got: list[Outcome] = []
-        session = new_session("s", "none", 0.0, 0.0)
+async def test_a_decoder_bug_fails_its_batch_and_the_stage_goes_on() -> None:
+    decoder = _Broken()
+    batcher = Batcher(_Echo(), WorkerMetrics(), max_batch=2, capacity=8, decoder=decoder)
+    lane = batcher.open_lane()
+    got: list[Any] = []
+    session = new_session("s", "none", 0.0, 0.0)
 
-        def reply(item: WorkItem, outcome: Outcome) -> None:
-            got.append(outcome)
+    def reply(item: WorkItem, outcome: Outcome) -> None:
+        got.append(outcome)
 
-        def item(seq: int) -> WorkItem:
-            return WorkItem(frame("s", seq), None, session, reply, 0.0, 0.0, lane, JPEG)
+    def item(seq: int) -> WorkItem:
+        return WorkItem(frame("s", seq), None, session, reply, 0.0, 0.0, lane, JPEG)
 
-        task = asyncio.create_task(batcher.run())
-        for seq in range(2):
-            assert batcher.submit(item(seq))
-        await wait_until_async(lambda: len(got) >= 2, 10, "2 results")
-        assert batcher.submit(item(2))
-        await wait_until_async(lambda: len(got) >= 3, 10, "3 results")
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return got
-
-    got: Any = asyncio.run(scenario())
+    task = asyncio.create_task(batcher.run())
+    for seq in range(2):
+        assert batcher.submit(item(seq))
+    await wait_until_async(lambda: len(got) >= 2, 10, "2 results")
+    assert batcher.submit(item(2))
+    await wait_until_async(lambda: len(got) >= 3, 10, "3 results")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
     assert [o.code for o in got[:2]] == ["decode_error"] * 2
     assert all(isinstance(o, Failure) and "decoder bug" in o.message for o in got[:2])
     assert isinstance(got[2], list)  # the next batch: a RESULT

@@ -56,64 +56,55 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-def test_each_stream_keeps_its_order_whatever_finishes_first() -> None:
+async def test_each_stream_keeps_its_order_whatever_finishes_first() -> None:
     delivered: list[tuple[str, int, str]] = []
 
     def deliver(job: Decoding, outcome: Image | ProtocolError) -> None:
         kind = "error" if isinstance(outcome, ProtocolError) else f"{outcome.shape[0]}px"
         delivered.append((job.frame.stream_id, job.frame.seq, kind))
 
-    async def main() -> list[int]:
-        pool = HeldExecutor()
-        decoder = OrderedDecoder(pool, (SIDE, SIDE), limit=8, deliver=deliver)
-        session = new_session("a", "none", 0.1)
-        sent = [("a", 0, JPEG), ("b", 0, JPEG), ("a", 1, b"not a jpeg"), ("a", 2, JPEG)]
-        for sid, seq, payload in sent:
-            await decoder.start(_frame(sid, seq), payload, session)
-        assert decoder.pending == 4
-        for index in (3, 2, 1):  # a2, a1 (bad), b0 finish before a0
-            pool.finish(index)
-            await _settle()
-        waiting = decoder.pending
-        pool.finish(0)
+    pool = HeldExecutor()
+    decoder = OrderedDecoder(pool, (SIDE, SIDE), limit=8, deliver=deliver)
+    session = new_session("a", "none", 0.1)
+    sent = [("a", 0, JPEG), ("b", 0, JPEG), ("a", 1, b"not a jpeg"), ("a", 2, JPEG)]
+    for sid, seq, payload in sent:
+        await decoder.start(_frame(sid, seq), payload, session)
+    assert decoder.pending == 4
+    for index in (3, 2, 1):  # a2, a1 (bad), b0 finish before a0
+        pool.finish(index)
         await _settle()
-        return [waiting, decoder.pending]
-
-    waiting, left = asyncio.run(main())
+    waiting = decoder.pending
+    pool.finish(0)
+    await _settle()
+    left = decoder.pending
     assert (waiting, left) == (3, 0)  # b0 went at once; a1 and a2 waited for a0
     assert delivered == [("b", 0, "64px"), ("a", 0, "64px"), ("a", 1, "error"), ("a", 2, "64px")]
 
 
-def test_at_most_limit_decodes_run_then_start_waits() -> None:
-    async def main() -> tuple[bool, bool]:
-        pool = HeldExecutor()
-        decoder = OrderedDecoder(pool, (SIDE, SIDE), limit=2, deliver=lambda job, out: None)
-        session = new_session("a", "none", 0.1)
-        for seq in (0, 1):
-            await decoder.start(_frame("a", seq), JPEG, session)
-        third = asyncio.create_task(decoder.start(_frame("a", 2), JPEG, session))
-        await _settle()
-        blocked = not third.done() and len(pool.jobs) == 2
-        pool.finish(0)
-        await asyncio.wait_for(third, 5)
-        return blocked, len(pool.jobs) == 3
-
-    assert asyncio.run(main()) == (True, True)
+async def test_at_most_limit_decodes_run_then_start_waits() -> None:
+    pool = HeldExecutor()
+    decoder = OrderedDecoder(pool, (SIDE, SIDE), limit=2, deliver=lambda job, out: None)
+    session = new_session("a", "none", 0.1)
+    for seq in (0, 1):
+        await decoder.start(_frame("a", seq), JPEG, session)
+    third = asyncio.create_task(decoder.start(_frame("a", 2), JPEG, session))
+    await _settle()
+    blocked = not third.done() and len(pool.jobs) == 2
+    pool.finish(0)
+    await asyncio.wait_for(third, 5)
+    assert (blocked, len(pool.jobs) == 3) == (True, True)
 
 
-def test_after_close_nothing_is_delivered() -> None:
+async def test_after_close_nothing_is_delivered() -> None:
     delivered: list[int] = []
 
-    async def main() -> None:
-        pool = HeldExecutor()
-        decoder = OrderedDecoder(pool, (SIDE, SIDE), 4, lambda job, out: delivered.append(1))
-        await decoder.start(_frame("a", 0), JPEG, new_session("a", "none", 0.1))
-        decoder.close()
-        pool.finish(0)
-        await _settle()
-        await decoder.start(_frame("a", 1), JPEG, new_session("a", "none", 0.1))
-
-    asyncio.run(main())
+    pool = HeldExecutor()
+    decoder = OrderedDecoder(pool, (SIDE, SIDE), 4, lambda job, out: delivered.append(1))
+    await decoder.start(_frame("a", 0), JPEG, new_session("a", "none", 0.1))
+    decoder.close()
+    pool.finish(0)
+    await _settle()
+    await decoder.start(_frame("a", 1), JPEG, new_session("a", "none", 0.1))
     assert delivered == []
 
 

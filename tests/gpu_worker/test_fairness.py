@@ -298,7 +298,7 @@ def _worker_figures(text: str) -> dict[str, float]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_a_flooding_tunnel_cannot_push_ahead_of_another_tunnels_frames(
+async def test_a_flooding_tunnel_cannot_push_ahead_of_another_tunnels_frames(
     worker: LocalWorker, secret: str
 ) -> None:
     """Every frame of the normal tunnel answered while others flood, each served after at
@@ -311,7 +311,7 @@ def test_a_flooding_tunnel_cannot_push_ahead_of_another_tunnels_frames(
             "valid": _flooders(stack, worker, tok, {"127.0.0.5": _valid_blob}),
         }
         t0 = time.monotonic()
-        out = asyncio.run(_compare(worker, tok, floods))
+        out = await _compare(worker, tok, floods)
         took = time.monotonic() - t0
         counts = {k: [f.counts for f in fs] for k, fs in floods.items()}
     seen, tun, text = out["seen"], out["tun"], out["metrics"]

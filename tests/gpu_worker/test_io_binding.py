@@ -88,14 +88,14 @@ async def _serve_and_read(worker: Worker, token: str) -> tuple[dict[str, Any], s
     return info, metrics
 
 
-def test_info_metrics_and_hello_say_what_is_really_on() -> None:
+async def test_info_metrics_and_hello_say_what_is_really_on() -> None:
     secret = "s" * 32
     settings = WorkerSettings(
         host="127.0.0.1", port=0, worker_id="acc", token_secrets=secret, warmup_runs=1,
         detector=settings_for_model(MODEL, io_binding="on", threads=1),
     )  # fmt: skip
     worker = Worker(settings)
-    info, metrics = asyncio.run(_serve_and_read(worker, mint(secret, "worker:acc", "worker")))
+    info, metrics = await _serve_and_read(worker, mint(secret, "worker:acc", "worker"))
     assert info["providers"] == [op.CPU] == worker.hello.providers
     assert (info["fp16"], info["io_binding"], info["engine_cache_dir"]) == (False, True, None)
     assert 'framerelay_worker_provider_info{provider="CPUExecutionProvider"} 1.0' in metrics

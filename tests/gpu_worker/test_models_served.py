@@ -12,7 +12,6 @@ real second model derived from it ("vehicles": car, bus, truck).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -38,25 +37,24 @@ def _loaded(worker: Worker) -> dict[str, bool]:
     return {m.name: m.loaded is not None for m in worker.models.models.values()}
 
 
-def test_two_models_on_one_worker_results_carry_the_model_name(secret: str, tmp_path: Path) -> None:
+async def test_two_models_on_one_worker_results_carry_the_model_name(
+    secret: str, tmp_path: Path
+) -> None:
     registry = write_registry(tmp_path)
     records: list[ResultRecord] = []
     scraped: list[str] = []
 
-    async def main() -> tuple[dict[str, bool], dict[str, bool]]:
-        async with running_worker(secret, model_registry=registry) as (worker, url):
-            before = _loaded(worker)
-            async with (
-                streaming(url, token(secret), records, _config("people")),
-                streaming(url, token(secret), records, _config("cars", "vehicles")),
-            ):
-                await wait_until_async(lambda: {r.stream_id for r in records} >= {"people", "cars"},
-                               WAIT_S, "results of both streams")  # fmt: skip
-                await wait_until_async(lambda: len(records) >= 10, WAIT_S, "more results")
-                scraped.append(worker.metrics.render().decode())
-                return before, _loaded(worker)
-
-    before, during = asyncio.run(main())
+    async with running_worker(secret, model_registry=registry) as (worker, url):
+        before = _loaded(worker)
+        async with (
+            streaming(url, token(secret), records, _config("people")),
+            streaming(url, token(secret), records, _config("cars", "vehicles")),
+        ):
+            await wait_until_async(lambda: {r.stream_id for r in records} >= {"people", "cars"},
+                                   WAIT_S, "results of both streams")  # fmt: skip
+            await wait_until_async(lambda: len(records) >= 10, WAIT_S, "more results")
+            scraped.append(worker.metrics.render().decode())
+            during = _loaded(worker)
     assert before == {"yolox_nano": True}
     assert during == {"yolox_nano": True, "vehicles": True}
     by_stream = {sid: [r for r in records if r.stream_id == sid] for sid in ("people", "cars")}
@@ -75,21 +73,18 @@ def test_two_models_on_one_worker_results_carry_the_model_name(secret: str, tmp_
         assert line in metrics, line
 
 
-def test_an_unknown_model_is_refused_and_the_stream_says_why(secret: str, tmp_path: Path) -> None:
+async def test_an_unknown_model_is_refused_and_the_stream_says_why(
+    secret: str, tmp_path: Path
+) -> None:
     registry = write_registry(tmp_path)
 
-    async def main() -> tuple[str | None, str | None]:
-        async with (
-            running_worker(secret, model_registry=registry) as (_, url),
-            streaming(url, token(secret), [], _config("cam", "ppe")) as (_, stream),
-        ):
-            await wait_until_async(
-                lambda: stream.last_error is not None, WAIT_S, "the stream's error"
-            )
-            await wait_until_async(lambda: stream.error is not None, WAIT_S, "the stream failing")
-            return stream.last_error, stream.error
-
-    last, error = asyncio.run(main())
+    async with (
+        running_worker(secret, model_registry=registry) as (_, url),
+        streaming(url, token(secret), [], _config("cam", "ppe")) as (_, stream),
+    ):
+        await wait_until_async(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
+        await wait_until_async(lambda: stream.error is not None, WAIT_S, "the stream failing")
+        last, error = stream.last_error, stream.error
     said = (
         "the worker refused the stream: unknown_model: unknown model 'ppe'; "
         "the registry has vehicles, yolox_nano"
@@ -97,7 +92,7 @@ def test_an_unknown_model_is_refused_and_the_stream_says_why(secret: str, tmp_pa
     assert last == said and error is not None and said in error
 
 
-def test_a_model_that_does_not_fit_is_refused_then_the_lru_one_is_evicted(
+async def test_a_model_that_does_not_fit_is_refused_then_the_lru_one_is_evicted(
     secret: str, tmp_path: Path
 ) -> None:
     extra = """
@@ -113,29 +108,22 @@ canary = { image = "vehicles.onnx", expect = { car = 1 } }
     registry = write_registry(tmp_path, extra=extra)
     records: list[ResultRecord] = []
 
-    async def main() -> tuple[str | None, dict[str, bool], dict[str, bool]]:
-        async with running_worker(secret, model_registry=registry, vram_budget_mb=600) as (
-            worker,
-            url,
-        ):
-            async with streaming(url, token(secret), records, _config("a", "vehicles")):
-                await wait_until_async(lambda: bool(records), WAIT_S, "a result of vehicles")
-                async with streaming(url, token(secret), [], _config("b", "vehicles2")) as (
-                    _,
-                    refused,
-                ):
-                    await wait_until_async(
-                        lambda: refused.last_error is not None, WAIT_S, "refusal"
-                    )
-                    said = refused.last_error
-            with_a = _loaded(worker)
-            async with streaming(url, token(secret), records, _config("b", "vehicles2")):
-                await wait_until_async(
-                    lambda: any(r.stream_id == "b" for r in records), WAIT_S, "b"
-                )
-                return said, with_a, _loaded(worker)
-
-    said, with_a, after = asyncio.run(main())
+    async with running_worker(secret, model_registry=registry, vram_budget_mb=600) as (
+        worker,
+        url,
+    ):
+        async with streaming(url, token(secret), records, _config("a", "vehicles")):
+            await wait_until_async(lambda: bool(records), WAIT_S, "a result of vehicles")
+            async with streaming(url, token(secret), [], _config("b", "vehicles2")) as (
+                _,
+                refused,
+            ):
+                await wait_until_async(lambda: refused.last_error is not None, WAIT_S, "refusal")
+                said = refused.last_error
+        with_a = _loaded(worker)
+        async with streaming(url, token(secret), records, _config("b", "vehicles2")):
+            await wait_until_async(lambda: any(r.stream_id == "b" for r in records), WAIT_S, "b")
+            after = _loaded(worker)
     assert said == (
         "the worker refused the stream: model_capacity: model vehicles2 needs 300 MiB; "
         "44 of 600 MiB are free and every other model has streams"

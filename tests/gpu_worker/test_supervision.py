@@ -88,16 +88,14 @@ def test_watchdog_reports_a_stall_once_and_the_recovery() -> None:
     assert beat.batches == 1 and beat.busy_for(200.0) == 0.0
 
 
-def test_watchdog_sees_a_loop_that_ended() -> None:
-    async def main() -> str | None:
-        task: asyncio.Task[None] = asyncio.create_task(asyncio.sleep(0))
-        dog = Watchdog(Heartbeat(), 10.0, on_stall=lambda r: None, on_recover=lambda: None)
-        dog.watch(task)
-        assert dog.check() is None
-        await task
-        return dog.check()
-
-    assert asyncio.run(main()) == "inference loop ended"
+async def test_watchdog_sees_a_loop_that_ended() -> None:
+    task: asyncio.Task[None] = asyncio.create_task(asyncio.sleep(0))
+    dog = Watchdog(Heartbeat(), 10.0, on_stall=lambda r: None, on_recover=lambda: None)
+    dog.watch(task)
+    assert dog.check() is None
+    await task
+    ended = dog.check()
+    assert ended == "inference loop ended"
 
 
 def test_error_log_logs_each_distinct_error_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
@@ -165,30 +163,25 @@ def test_every_float_setting_must_be_finite(
 # -- the real worker --------------------------------------------------------------
 
 
-def test_nan_and_infinite_headers_fail_only_their_frame(secret: str) -> None:
+async def test_nan_and_infinite_headers_fail_only_their_frame(secret: str) -> None:
     """The issue's regression: NaN/+Inf captured_at with a new epoch stopped the loop."""
-
-    async def main() -> dict[str, Any]:
-        async with running_worker(secret) as (_, url), open_tunnel(url, token(secret)) as tun:
-            await _streams(tun, "good", "bad")
-            await _one_each(tun, ["good", "bad"], 0)
-            bad = {1: {"captured_at": "NaN", "epoch": "1"},
-                   2: {"captured_at": "Infinity", "epoch": "2"},
-                   3: {"captured_at": "-Infinity", "epoch": "3"},
-                   4: {"captured_at": "1e400", "epoch": "4"},
-                   5: {"captured_at": "1e12", "epoch": "5"},
-                   6: {"scale": "NaN"}, 7: {"scale": "Infinity"}, 8: {"pts": "1e400"}}  # fmt: skip
-            for seq, fields in bad.items():
-                await tun.send_raw("bad", seq, raw_frame("bad", seq, **fields))
-                await tun.send_frame(frame("good", seq))
-                await settle(tun, ["good", "bad"], 20 * T)
-            await tun.send_frame(frame("bad", 9, epoch=6))  # the session is intact
-            await settle(tun, ["bad"], 20 * T)
-            ready = await http_get(f"{_base(url)}/readyz")
-            return {"tun": tun, "ready": ready.status_code, "bad": bad}
-
-    out = asyncio.run(main())
-    tun: Tunnel = out["tun"]
+    async with running_worker(secret) as (_, url), open_tunnel(url, token(secret)) as tun:
+        await _streams(tun, "good", "bad")
+        await _one_each(tun, ["good", "bad"], 0)
+        sent = {1: {"captured_at": "NaN", "epoch": "1"},
+                2: {"captured_at": "Infinity", "epoch": "2"},
+                3: {"captured_at": "-Infinity", "epoch": "3"},
+                4: {"captured_at": "1e400", "epoch": "4"},
+                5: {"captured_at": "1e12", "epoch": "5"},
+                6: {"scale": "NaN"}, 7: {"scale": "Infinity"}, 8: {"pts": "1e400"}}  # fmt: skip
+        for seq, fields in sent.items():
+            await tun.send_raw("bad", seq, raw_frame("bad", seq, **fields))
+            await tun.send_frame(frame("good", seq))
+            await settle(tun, ["good", "bad"], 20 * T)
+        await tun.send_frame(frame("bad", 9, epoch=6))  # the session is intact
+        await settle(tun, ["bad"], 20 * T)
+        ready = await http_get(f"{_base(url)}/readyz")
+        out: dict[str, Any] = {"ready": ready.status_code, "bad": sent}
     good, bad = tun.streams["good"], tun.streams["bad"]
     assert [r.seq for r in good.results] == list(range(9))
     assert [(e.code, e.seq) for e in bad.errors] == [("bad_frame", s) for s in out["bad"]]
@@ -198,10 +191,10 @@ def test_nan_and_infinite_headers_fail_only_their_frame(secret: str) -> None:
     print(f"\n{len(bad.errors)} bad headers answered bad_frame; good stream: 9/9 results")
 
 
-def test_inference_errors_fail_their_batch_and_the_loop_goes_on(
+async def test_inference_errors_fail_their_batch_and_the_loop_goes_on(
     secret: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def main() -> dict[str, Any]:
+    with caplog.at_level(logging.ERROR, "gpu_worker.batcher"):
         fault = {**HOOKS, "test_fault": "raise_inference_after:4"}
         async with (
             running_worker(secret, **fault) as (_, url),
@@ -211,12 +204,8 @@ def test_inference_errors_fail_their_batch_and_the_loop_goes_on(
             for seq in range(5):
                 await _one_each(tun, ["a", "b"], seq)
             base = _base(url)
-            return {"tun": tun, "ready": (await http_get(f"{base}/readyz")).status_code,
-                    "metrics": (await http_get(f"{base}/metrics")).text}  # fmt: skip
-
-    with caplog.at_level(logging.ERROR, "gpu_worker.batcher"):
-        out = asyncio.run(main())
-    tun: Tunnel = out["tun"]
+            out: dict[str, Any] = {"ready": (await http_get(f"{base}/readyz")).status_code,
+                                   "metrics": (await http_get(f"{base}/metrics")).text}  # fmt: skip
     for sid in ("a", "b"):
         stream = tun.streams[sid]
         assert len(stream.results) + len(stream.errors) == 5  # every frame answered
@@ -250,22 +239,19 @@ class _PoisonDetector:
         return self.real.infer(batch)
 
 
-def test_one_poisoned_frame_fails_alone_in_a_shared_batch(secret: str) -> None:
-    async def main() -> tuple[Tunnel, list[int]]:
-        opts: dict[str, Any] = {"max_batch": 4, "batch_wait_ms": 50}
-        async with running_worker(secret, **opts) as (worker, url):
-            poison = _PoisonDetector(worker.detector)
-            worker.batcher.detector = poison
-            async with open_tunnel(url, token(secret)) as tun:
-                await _streams(tun, "a", "b", "c")
-                for seq in range(3):
-                    await tun.send_frame(frame("a", seq))
-                    await tun.send_frame(frame("b", seq), BLACK_JPEG if seq == 1 else JPEG)
-                    await tun.send_frame(frame("c", seq))
-                    await settle(tun, ["a", "b", "c"], 20 * T)
-        return tun, poison.sizes
-
-    tun, sizes = asyncio.run(main())
+async def test_one_poisoned_frame_fails_alone_in_a_shared_batch(secret: str) -> None:
+    opts: dict[str, Any] = {"max_batch": 4, "batch_wait_ms": 50}
+    async with running_worker(secret, **opts) as (worker, url):
+        poison = _PoisonDetector(worker.detector)
+        worker.batcher.detector = poison
+        async with open_tunnel(url, token(secret)) as tun:
+            await _streams(tun, "a", "b", "c")
+            for seq in range(3):
+                await tun.send_frame(frame("a", seq))
+                await tun.send_frame(frame("b", seq), BLACK_JPEG if seq == 1 else JPEG)
+                await tun.send_frame(frame("c", seq))
+                await settle(tun, ["a", "b", "c"], 20 * T)
+    sizes = poison.sizes
     assert max(sizes) > 1  # frames of several streams did share a batch
     assert [(e.code, e.seq) for e in tun.streams["b"].errors] == [("inference_error", 1)]
     assert [r.seq for r in tun.streams["b"].results] == [0, 2]
@@ -297,20 +283,16 @@ class _FlakyTracker:
         return data
 
 
-def test_a_tracker_error_fails_its_frame_and_resets_its_stream(secret: str) -> None:
-    async def main() -> tuple[Tunnel, _FlakyTracker]:
-        async with running_worker(secret) as (worker, url), open_tunnel(url, token(secret)) as tun:
-            await _streams(tun, "good", "flaky")
-            await wait_until_async(lambda: bool(worker.connections), 5, "a connection")
-            conn = next(iter(worker.connections))
-            await wait_until_async(lambda: "flaky" in conn.sessions, 5, "the flaky session")
-            flaky = _FlakyTracker(conn.sessions["flaky"].tracker)
-            conn.sessions["flaky"].tracker = flaky
-            for seq in range(4):
-                await _one_each(tun, ["good", "flaky"], seq)
-        return tun, flaky
-
-    tun, flaky = asyncio.run(main())
+async def test_a_tracker_error_fails_its_frame_and_resets_its_stream(secret: str) -> None:
+    async with running_worker(secret) as (worker, url), open_tunnel(url, token(secret)) as tun:
+        await _streams(tun, "good", "flaky")
+        await wait_until_async(lambda: bool(worker.connections), 5, "a connection")
+        conn = next(iter(worker.connections))
+        await wait_until_async(lambda: "flaky" in conn.sessions, 5, "the flaky session")
+        flaky = _FlakyTracker(conn.sessions["flaky"].tracker)
+        conn.sessions["flaky"].tracker = flaky
+        for seq in range(4):
+            await _one_each(tun, ["good", "flaky"], seq)
     assert [(e.code, e.seq) for e in tun.streams["flaky"].errors] == [("track_error", 1)]
     assert "tracker reset" in tun.streams["flaky"].errors[0].message
     assert [r.seq for r in tun.streams["flaky"].results] == [0, 2, 3]
@@ -318,21 +300,17 @@ def test_a_tracker_error_fails_its_frame_and_resets_its_stream(secret: str) -> N
     assert flaky.resets == 1
 
 
-def test_raise_track_after_fails_frames_and_keeps_serving(secret: str) -> None:
-    async def main() -> tuple[Tunnel, int, str]:
-        fault = {**HOOKS, "test_fault": "raise_track_after:3"}
-        async with (
-            running_worker(secret, **fault) as (_, url),
-            open_tunnel(url, token(secret)) as tun,
-        ):
-            await _streams(tun, "a", "b")
-            for seq in range(4):
-                await _one_each(tun, ["a", "b"], seq)
-            ready = await http_get(f"{_base(url)}/readyz")
-            text = (await http_get(f"{_base(url)}/metrics")).text
-        return tun, ready.status_code, text
-
-    tun, ready, text = asyncio.run(main())
+async def test_raise_track_after_fails_frames_and_keeps_serving(secret: str) -> None:
+    fault = {**HOOKS, "test_fault": "raise_track_after:3"}
+    async with (
+        running_worker(secret, **fault) as (_, url),
+        open_tunnel(url, token(secret)) as tun,
+    ):
+        await _streams(tun, "a", "b")
+        for seq in range(4):
+            await _one_each(tun, ["a", "b"], seq)
+        ready = (await http_get(f"{_base(url)}/readyz")).status_code
+        text = (await http_get(f"{_base(url)}/metrics")).text
     results = sum(len(tun.streams[s].results) for s in "ab")
     errors = [e for s in "ab" for e in tun.streams[s].errors]
     assert results == 3 and len(errors) == 5 and {e.code for e in errors} == {"track_error"}
@@ -385,13 +363,10 @@ async def _hang_scenario(worker: Worker, url: str, tok: str) -> dict[str, Any]:
     return out
 
 
-def test_a_stalled_batch_turns_the_worker_unready_and_closes_its_tunnels(secret: str) -> None:
-    async def main() -> dict[str, Any]:
-        fault = {**HOOKS, "test_fault": "hang_inference_after:2", "inference_stall_s": 1.0}
-        async with running_worker(secret, **fault) as (worker, url):
-            return await _hang_scenario(worker, url, token(secret))
-
-    out = asyncio.run(main())
+async def test_a_stalled_batch_turns_the_worker_unready_and_closes_its_tunnels(secret: str) -> None:
+    fault = {**HOOKS, "test_fault": "hang_inference_after:2", "inference_stall_s": 1.0}
+    async with running_worker(secret, **fault) as (worker, url):
+        out = await _hang_scenario(worker, url, token(secret))
     print(f"\nstall 1 s: /readyz 503 after {out['unready_s']:.2f} s ({out['readyz'].strip()!r}); "
           f"tunnel closed {out['close']}; new tunnel {out['new_tunnel']}; "
           f"ready again {out['recover_s']:.2f} s after the batch finished")  # fmt: skip
@@ -411,18 +386,15 @@ def test_a_stalled_batch_turns_the_worker_unready_and_closes_its_tunnels(secret:
     assert out["after"] == 1
 
 
-def test_a_loop_that_ended_is_noticed(secret: str) -> None:
-    async def main() -> tuple[float, str, tuple[int | None, str]]:
-        async with running_worker(secret) as (worker, url), open_tunnel(url, token(secret)) as tun:
-            await _streams(tun, "cam")
-            await _one_each(tun, ["cam"], 0)
-            assert worker._batch_task is not None
-            worker._batch_task.cancel()
-            waited, body = await _poll_ready(_base(url), 503, 3 * T)
-            await asyncio.wait_for(tun.closed.wait(), 3 * T)
-            return waited, body, (tun.close_code, tun.close_reason)
-
-    waited, body, close = asyncio.run(main())
+async def test_a_loop_that_ended_is_noticed(secret: str) -> None:
+    async with running_worker(secret) as (worker, url), open_tunnel(url, token(secret)) as tun:
+        await _streams(tun, "cam")
+        await _one_each(tun, ["cam"], 0)
+        assert worker._batch_task is not None
+        worker._batch_task.cancel()
+        waited, body = await _poll_ready(_base(url), 503, 3 * T)
+        await asyncio.wait_for(tun.closed.wait(), 3 * T)
+        close = (tun.close_code, tun.close_reason)
     assert waited <= 1.0 * T
     assert body.strip() == "inference loop ended: cancelled"
     assert close == (1011, "inference loop ended: cancelled")

@@ -50,73 +50,63 @@ async def _next(ws: ClientConnection, version: int = wire.VERSION) -> wire.Heade
     return header
 
 
-def test_a_newer_ingest_with_extra_fields_in_open_and_frame_gets_results(secret: str) -> None:
-    async def main() -> tuple[str | None, wire.Header]:
-        async with running_worker(secret) as (_, url):
-            ws = await _connect(url, secret, offer())
-            try:
-                assert isinstance(await _next(ws), wire.Hello)
-                opened = wire.encode(wire.Open(stream_id="cam"))
-                await ws.send(_with_extra(opened, priority="high", hints={"zone": 3}))
-                data = wire.encode(frame("cam", 0), JPEG)
-                await ws.send(_with_extra(data, roi=[0, 0, SIDE, SIDE], colorspace="bt709"))
-                return ws.subprotocol, await _next(ws)
-            finally:
-                await ws.close()
-
-    chosen, answer = asyncio.run(main())
+async def test_a_newer_ingest_with_extra_fields_in_open_and_frame_gets_results(secret: str) -> None:
+    async with running_worker(secret) as (_, url):
+        ws = await _connect(url, secret, offer())
+        try:
+            assert isinstance(await _next(ws), wire.Hello)
+            opened = wire.encode(wire.Open(stream_id="cam"))
+            await ws.send(_with_extra(opened, priority="high", hints={"zone": 3}))
+            data = wire.encode(frame("cam", 0), JPEG)
+            await ws.send(_with_extra(data, roi=[0, 0, SIDE, SIDE], colorspace="bt709"))
+            chosen, answer = ws.subprotocol, await _next(ws)
+        finally:
+            await ws.close()
     assert chosen == "framerelay.v2"
     assert isinstance(answer, wire.Result) and (answer.stream_id, answer.seq) == ("cam", 0)
 
 
-def test_a_v1_ingest_is_served_v1(secret: str) -> None:
-    async def main() -> tuple[str | None, list[object]]:
-        async with running_worker(secret) as (_, url):
-            ws = await _connect(url, secret, None)  # a v1 ingest offers no subprotocol
-            try:
-                seen: list[object] = [v1.decode(await ws.recv(decode=False))[0]]
-                await ws.send(v1.encode(v1.Open(stream_id="old")))
-                f = frame("old", 0)
-                old = v1.Frame(**msgspec.structs.asdict(f), pad_x=0, pad_y=0)
-                await ws.send(v1.encode(old, JPEG))
-                data = await asyncio.wait_for(ws.recv(decode=False), WAIT_S)
-                seen.append(v1.decode(data)[0])  # the strict v1 reader
-                return ws.subprotocol, seen
-            finally:
-                await ws.close()
-
-    chosen, (hello, result) = asyncio.run(main())
+async def test_a_v1_ingest_is_served_v1(secret: str) -> None:
+    async with running_worker(secret) as (_, url):
+        ws = await _connect(url, secret, None)  # a v1 ingest offers no subprotocol
+        try:
+            seen: list[object] = [v1.decode(await ws.recv(decode=False))[0]]
+            await ws.send(v1.encode(v1.Open(stream_id="old")))
+            f = frame("old", 0)
+            old = v1.Frame(**msgspec.structs.asdict(f), pad_x=0, pad_y=0)
+            await ws.send(v1.encode(old, JPEG))
+            data = await asyncio.wait_for(ws.recv(decode=False), WAIT_S)
+            seen.append(v1.decode(data)[0])  # the strict v1 reader
+            chosen = ws.subprotocol
+            hello, result = seen
+        finally:
+            await ws.close()
     assert chosen is None
     assert isinstance(hello, v1.Hello) and hello.encodings == ["jpeg"]
     assert isinstance(result, v1.Result) and result.stream_id == "old"
 
 
-def test_a_v1_ingest_that_names_v1_gets_v1(secret: str) -> None:
-    async def main() -> tuple[str | None, wire.Header]:
-        async with running_worker(secret) as (_, url):
-            ws = await _connect(url, secret, [Subprotocol("framerelay.v1")])
-            try:
-                return ws.subprotocol, await _next(ws, version=1)
-            finally:
-                await ws.close()
-
-    chosen, hello = asyncio.run(main())
+async def test_a_v1_ingest_that_names_v1_gets_v1(secret: str) -> None:
+    async with running_worker(secret) as (_, url):
+        ws = await _connect(url, secret, [Subprotocol("framerelay.v1")])
+        try:
+            chosen, hello = ws.subprotocol, await _next(ws, version=1)
+        finally:
+            await ws.close()
     assert chosen == "framerelay.v1" and isinstance(hello, wire.Hello)
 
 
-def test_an_ingest_of_unknown_versions_only_is_refused_with_the_reason(secret: str) -> None:
-    async def main() -> tuple[int | None, str, float]:
-        async with running_worker(secret) as (worker, url):
-            ws = await _connect(url, secret, [Subprotocol("framerelay.v9")])
-            try:
-                await asyncio.wait_for(ws.recv(), WAIT_S)
-            except ConnectionClosed as exc:
-                assert exc.rcvd is not None
-                closed = worker.metrics.tunnels_closed.labels("protocol")._value.get()
-                return exc.rcvd.code, exc.rcvd.reason, closed
+async def test_an_ingest_of_unknown_versions_only_is_refused_with_the_reason(secret: str) -> None:
+    async with running_worker(secret) as (worker, url):
+        ws = await _connect(url, secret, [Subprotocol("framerelay.v9")])
+        try:
+            await asyncio.wait_for(ws.recv(), WAIT_S)
+        except ConnectionClosed as exc:
+            assert exc.rcvd is not None
+            closed = worker.metrics.tunnels_closed.labels("protocol")._value.get()
+            code, reason = exc.rcvd.code, exc.rcvd.reason
+        else:
             raise AssertionError("the worker sent a message instead of closing")
-
-    code, reason, closed = asyncio.run(main())
     assert code == 1002 and closed == 1
     assert reason == (
         "no common tunnel version: this worker speaks framerelay.v2, framerelay.v1; "
