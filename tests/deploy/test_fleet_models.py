@@ -9,7 +9,6 @@ a registry refuses a model it lacks: a 422 that names what it has.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import secrets
@@ -202,7 +201,7 @@ def test_a_model_name_outside_the_rule_is_refused(name: str) -> None:
     assert [e["loc"] for e in err.value.errors()] == [("model",)]
 
 
-def test_a_stream_stored_before_the_rule_still_loads_from_the_store() -> None:
+async def test_a_stream_stored_before_the_rule_still_loads_from_the_store() -> None:
     """A stream written when the model was only a demand weight ("yolo v8") loads when read
     back as stored (``context=STORED``), so one old record cannot stop every pass."""
     raw = json.dumps({"id": "old", "url": "x", "model": "yolo v8"})
@@ -226,11 +225,11 @@ def test_a_stream_stored_before_the_rule_still_loads_from_the_store() -> None:
             await redis.delete(store.p + "streams")
             await redis.aclose()
 
-    assert asyncio.run(through_the_store()) == "yolo v8"
+    assert await through_the_store() == "yolo v8"
 
 
 @pytest.mark.integration
-def test_the_api_refuses_bad_and_unknown_model_names_with_a_clear_422(tmp_path: Path) -> None:
+async def test_the_api_refuses_bad_and_unknown_model_names_with_a_clear_422(tmp_path: Path) -> None:
     """With a registry: a known model is taken (201), an unknown one is a 422 naming the
     registry's models (never the submitted name), a malformed one a 422 on body.model.
     Without one: any well-formed name is taken (the workers' registries decide)."""
@@ -251,8 +250,8 @@ def test_the_api_refuses_bad_and_unknown_model_names_with_a_clear_422(tmp_path: 
             await orch.store.clear()
             await orch.aclose()
 
-    with_registry = asyncio.run(
-        post_all(_registry(tmp_path), ["vehicles", "yolox_nano", "vehicels", "bad name"])
+    with_registry = await post_all(
+        _registry(tmp_path), ["vehicles", "yolox_nano", "vehicels", "bad name"]
     )
     assert [r.status_code for r in with_registry] == [201, 201, 422, 422]
     (unknown,) = with_registry[2].json()["detail"]
@@ -260,5 +259,5 @@ def test_the_api_refuses_bad_and_unknown_model_names_with_a_clear_422(tmp_path: 
     assert "trucks, vehicles, yolox_nano" in unknown["msg"] and "vehicels" not in unknown["msg"]
     (malformed,) = with_registry[3].json()["detail"]
     assert malformed["loc"] == ["body", "model"] and "bad name" not in with_registry[3].text
-    without = asyncio.run(post_all(None, ["vehicles", "bad name"]))
+    without = await post_all(None, ["vehicles", "bad name"])
     assert [r.status_code for r in without] == [201, 422]

@@ -62,10 +62,10 @@ def _check(server: ContractServer) -> None:
     assert server.violations == [] and server.client_errors == [] and not server.key_in_url
 
 
-def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
+async def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
     server = ContractServer(KEY)
 
-    async def run(url: str) -> dict[str, Any]:
+    with running_runpod_v2(server) as url:
         volume = add_volume(url, KEY, "models", 50, "EU-SE-1")
         tv = TierVolume(runpod_id=volume["id"], data_center="EU-SE-1", mount_path="/runpod-volume")
         settings = _settings("runpod", tv, data_centers=("EU-RO-1", "EU-SE-1"))
@@ -76,11 +76,7 @@ def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
             info = await provider.create(_spec())
         finally:
             await provider.aclose()
-        pod = server.pod_view(server.pods[info.id])
-        return {**pod, "volume": volume["id"]}
-
-    with running_runpod_v2(server) as url:
-        pod = asyncio.run(run(url))
+        pod = {**server.pod_view(server.pods[info.id]), "volume": volume["id"]}
     assert pod["mounts"] == {"network": [{"volumeId": pod["volume"], "path": "/runpod-volume"}]}
     assert pod["dataCenterId"] == "EU-SE-1"
     assert pod["env"][CACHE_ENV] == "/runpod-volume/framerelay/cache"
@@ -88,10 +84,10 @@ def test_runpod_pod_mounts_the_tier_volume_in_its_data_centre() -> None:
     _check(server)
 
 
-def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
+async def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
     server = ContractServer(KEY)
 
-    async def run(url: str) -> tuple[dict[str, Any], str, str]:
+    with running_runpod_v2(server) as url:
         volume = add_volume(url, KEY, "models", 50, "US-KS-2")
         settings = RunPodSettings(api_key=SecretStr(KEY), base_url=url, max_retries=0)
         provider = RunPodProvider(settings)
@@ -103,10 +99,8 @@ def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
                 await provider.create(_spec("fr-vol-1-g0"))
         finally:
             await provider.aclose()
-        return server.pod_view(server.pods[info.id]), str(err.value), volume["id"]
-
-    with running_runpod_v2(server) as url:
-        pod, error, volume_id = asyncio.run(run(url))
+        pod = server.pod_view(server.pods[info.id])
+        error, volume_id = str(err.value), volume["id"]
     assert pod["dataCenterId"] == "US-KS-2"
     assert pod["mounts"]["network"][0]["volumeId"] == volume_id
     assert server.requests("GET", "/v2/network-volumes/{id}")
@@ -114,10 +108,10 @@ def test_runpod_asks_where_a_volume_is_when_the_tier_does_not_say() -> None:
     assert error.startswith("RunPod could not find network volume missing: HTTP 404 Not Found")
 
 
-def test_runpod_refuses_a_volume_outside_the_pods_data_centres() -> None:
+async def test_runpod_refuses_a_volume_outside_the_pods_data_centres() -> None:
     server = ContractServer(KEY)
 
-    async def run(url: str) -> None:
+    with running_runpod_v2(server) as url:
         volume = add_volume(url, KEY, "models", 50, "EU-SE-1")
         settings = RunPodSettings(
             api_key=SecretStr(KEY), base_url=url, max_retries=0, network_volume_id=volume["id"]
@@ -135,9 +129,6 @@ def test_runpod_refuses_a_volume_outside_the_pods_data_centres() -> None:
                 await provider.create(spec)
         finally:
             await provider.aclose()
-
-    with running_runpod_v2(server) as url:
-        asyncio.run(run(url))
     assert server.requests("POST", "/v2/pods") == []
     _check(server)
 
@@ -174,7 +165,7 @@ def test_kubernetes_pod_mounts_the_tier_claim() -> None:
 
 
 @pytest.mark.integration
-def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
+async def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
     tmp_path: Path,
 ) -> None:
     volume = tmp_path / "volume"
@@ -198,17 +189,14 @@ def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
             await asyncio.sleep(0.05)
         raise AssertionError(f"{name} not ready")
 
-    async def run() -> tuple[float, float]:
-        try:
-            first = await create_until_ready("fr-vol-0-g0")
-            await provider.terminate("fr-vol-0-g0")
-            _sign(volume, secret_text)  # the operator vouches for the first pod's build
-            second = await create_until_ready("fr-vol-1-g0")
-        finally:
-            await provider.aclose()
-        return first, second
+    try:
+        first_s = await create_until_ready("fr-vol-0-g0")
+        await provider.terminate("fr-vol-0-g0")
+        _sign(volume, secret_text)  # the operator vouches for the first pod's build
+        second_s = await create_until_ready("fr-vol-1-g0")
+    finally:
+        await provider.aclose()
 
-    first_s, second_s = asyncio.run(run())
     logs = [provider.pods[n].worker.log_path.read_text() for n in ("fr-vol-0-g0", "fr-vol-1-g0")]
     print(f"\nlocal provider pod create -> ready: first {first_s:.2f} s (builds), "
           f"second {second_s:.2f} s (cache hit)")  # fmt: skip
@@ -218,7 +206,7 @@ def test_local_pods_share_the_volume_and_the_second_starts_from_the_cache(
 
 
 @pytest.mark.integration
-def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
+async def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
     tmp_path: Path,
 ) -> None:
     """The API v2 contract server backs each pod with a real worker whose volume mount is
@@ -255,7 +243,7 @@ def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
             await asyncio.sleep(0.05)
         raise AssertionError(f"{name} not ready")
 
-    async def run(url: str) -> tuple[float, float]:
+    with running_runpod_v2(server) as url:
         volume = add_volume(url, KEY, "models", 10, "EU-RO-1")
         tv = TierVolume(runpod_id=volume["id"], data_center="EU-RO-1", mount_path=mount)
         settings = RunPodSettings(
@@ -264,14 +252,11 @@ def test_runpod_contract_pods_on_one_volume_second_starts_from_the_cache(
         settings.set_volumes({"vol": tv})
         provider = RunPodProvider(settings)
         try:
-            first = await create_until_ready(provider, "fr-vol-0-g0")
+            first_s = await create_until_ready(provider, "fr-vol-0-g0")
             _sign(disk, secret)  # the operator vouches for the first pod's build
-            return first, await create_until_ready(provider, "fr-vol-1-g0")
+            second_s = await create_until_ready(provider, "fr-vol-1-g0")
         finally:
             await provider.aclose()
-
-    with running_runpod_v2(server) as url:
-        first_s, second_s = asyncio.run(run(url))
     print(
         f"\nRunPod API v2 contract server pod create -> ready (worker up): first "
         f"{first_s:.2f} s (builds), second {second_s:.2f} s (cache hit)"
