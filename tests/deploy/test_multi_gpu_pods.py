@@ -9,7 +9,6 @@ from the pod's ``runtime.ports``; once with the local provider."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import os
 import shlex
@@ -81,7 +80,7 @@ def _launch(pod: dict[str, Any]) -> tuple[str, dict[int, int], Any]:
 
 
 @pytest.mark.parametrize("template", [False, True], ids=["image", "template"])
-def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
+async def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
     template: bool, secret: str, tmp_path: Path
 ) -> None:
     """With ``template``: the tier names a RunPod template made from the worker image,
@@ -89,7 +88,7 @@ def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
     env (keys, certificate, worker id), two GPUs, two ports and ``worker --gpus 2``."""
     server = ContractServer(KEY, launcher=_launch)
 
-    async def main(base: str) -> tuple[dict[str, str], dict[str, int]]:
+    with running_runpod_v2(server) as base:
         tier = TIER
         if template:
             made = add_template(
@@ -109,10 +108,7 @@ def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
             secret, tmp_path / "ca", keys=ed_keys(), tiers=[tier], provider="runpod"
         )
         async with running_fleet(settings, provider=rp) as fleet:
-            return await _streams_on_both_workers(fleet)
-
-    with running_runpod_v2(server) as base:
-        assigned, results = asyncio.run(main(base))
+            assigned, results = await _streams_on_both_workers(fleet)
         (pod,) = (server.pod_view(p) for p in server.pods.values())
     assert pod["gpu"]["count"] == 2 and pod["ports"] == ["8443/tcp", "8444/tcp"]
     if template:
@@ -123,21 +119,19 @@ def test_a_two_gpu_runpod_pod_runs_two_workers_with_a_stream_each(
     _check(assigned, results)
 
 
-def test_a_two_gpu_local_pod_runs_two_workers_with_a_stream_each(
+async def test_a_two_gpu_local_pod_runs_two_workers_with_a_stream_each(
     secret: str, tmp_path: Path
 ) -> None:
-    async def main() -> tuple[dict[str, str], dict[str, int]]:
-        settings = settings_for(secret, tmp_path / "ca", tiers=[TIER])
-        async with running_fleet(settings) as fleet:
-            out = await _streams_on_both_workers(fleet)
-            (pod,) = fleet.provider.pods.values()
-            assert len(pod.worker.infos) == 2
-            return out
+    settings = settings_for(secret, tmp_path / "ca", tiers=[TIER])
+    async with running_fleet(settings) as fleet:
+        out = await _streams_on_both_workers(fleet)
+        (pod,) = fleet.provider.pods.values()
+        assert len(pod.worker.infos) == 2
 
-    _check(*asyncio.run(main()))
+    _check(*out)
 
 
-def test_a_dead_worker_takes_its_pod_down_and_both_streams_come_back(
+async def test_a_dead_worker_takes_its_pod_down_and_both_streams_come_back(
     secret: str, tmp_path: Path
 ) -> None:
     """kill -9 one GPU's worker: the pod's supervisor stops the other and exits, the
@@ -145,27 +139,25 @@ def test_a_dead_worker_takes_its_pod_down_and_both_streams_come_back(
     orchestrator replaces the pod and both streams run again on the new pod's two
     workers."""
 
-    async def main() -> float:
-        settings = settings_for(secret, tmp_path / "ca", tiers=[TIER])
-        async with running_fleet(settings) as fleet:
-            await _streams_on_both_workers(fleet)
-            (pod,) = fleet.provider.pods.values()
-            t0 = time.time()
-            os.kill(int(pod.worker.infos[1]["pid"]), signal.SIGKILL)
-            new = ("fr-big-0-g1-gpu0", "fr-big-0-g1-gpu1")
+    settings = settings_for(secret, tmp_path / "ca", tiers=[TIER])
+    async with running_fleet(settings) as fleet:
+        await _streams_on_both_workers(fleet)
+        (pod,) = fleet.provider.pods.values()
+        t0 = time.time()
+        os.kill(int(pod.worker.infos[1]["pid"]), signal.SIGKILL)
+        new = ("fr-big-0-g1-gpu0", "fr-big-0-g1-gpu1")
 
-            def back() -> bool:
-                return all(
-                    any(r.received_at > t0 and r.worker_id in new for r in fleet.results_for(s.id))
-                    for s in STREAMS
-                )
+        def back() -> bool:
+            return all(
+                any(r.received_at > t0 and r.worker_id in new for r in fleet.results_for(s.id))
+                for s in STREAMS
+            )
 
-            await wait_until_async(back, 120, "both streams on the replacement pod's workers")
-            # the supervisor exits once it stopped the other worker (EXITED: "exited"); on a
-            # busy machine the dead worker's failed probes may replace the pod first
-            kinds = [e["kind"] for e in fleet.orch.fleet.events]
-            assert {"exited", "replaced"} & set(kinds), kinds
-            return time.time() - t0
+        await wait_until_async(back, 120, "both streams on the replacement pod's workers")
+        # the supervisor exits once it stopped the other worker (EXITED: "exited"); on a
+        # busy machine the dead worker's failed probes may replace the pod first
+        kinds = [e["kind"] for e in fleet.orch.fleet.events]
+        assert {"exited", "replaced"} & set(kinds), kinds
+        took = time.time() - t0
 
-    took = asyncio.run(main())
     print(f"\ntwo-GPU pod: one worker killed -> both streams on a new pod in {took:.1f} s")
