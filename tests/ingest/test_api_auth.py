@@ -10,7 +10,6 @@ they were. Then the regressions the issue quotes, throttling (429) and 422s.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -152,36 +151,31 @@ def test_every_route_is_declared_with_its_scope(tmp_path: Path) -> None:
     assert all(scopes[k] is None for k in OPEN)
 
 
-def test_attack_matrix_every_route_refused_and_nothing_changes(
+async def test_attack_matrix_every_route_refused_and_nothing_changes(
     media: Media,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     keys = ed_keys("primary")
     bodies = _bodies(media)
 
-    async def main() -> tuple[list[str], Ingest]:
-        async with running_ingest(keys, tmp_path) as ingest, client(ingest) as http:
-            r = await http.post("/v1/streams", json=_cam(media, "cam-1"), headers=ingest.auth())
-            assert r.status_code == 201, r.text
-            before = _state(ingest)
-            wrong: list[str] = []
-            for case, make, want in CASES:
-                for (method, path), scope in SCOPES.items():
-                    token = make(ingest, scope or "results:cam-1")
-                    if method == "WS":
-                        got = await _try_ws(ingest, token)
-                        text = ""
-                    else:
-                        resp = await _try_rest(http, method, path, bodies.get((method, path)),
-                                               token)  # fmt: skip
-                        got, text = resp.status_code, resp.text
-                    if got != want:
-                        wrong.append(f"{case}: {method} {path} -> {got} (want {want}) {text}")
-            assert _state(ingest) == before
-            assert ingest.service.streams["cam-1"].config.fps == 5
-            return wrong, ingest
-
-    wrong, ingest = asyncio.run(main())
+    async with running_ingest(keys, tmp_path) as ingest, client(ingest) as http:
+        r = await http.post("/v1/streams", json=_cam(media, "cam-1"), headers=ingest.auth())
+        assert r.status_code == 201, r.text
+        before = _state(ingest)
+        wrong: list[str] = []
+        for case, make, want in CASES:
+            for (method, path), scope in SCOPES.items():
+                token = make(ingest, scope or "results:cam-1")
+                if method == "WS":
+                    got = await _try_ws(ingest, token)
+                    text = ""
+                else:
+                    resp = await _try_rest(http, method, path, bodies.get((method, path)), token)
+                    got, text = resp.status_code, resp.text
+                if got != want:
+                    wrong.append(f"{case}: {method} {path} -> {got} (want {want}) {text}")
+        assert _state(ingest) == before
+        assert ingest.service.streams["cam-1"].config.fps == 5
     assert wrong == []
     for reason in ("missing", "bad_signature", "unknown_key", "expired", "not_yet_valid",
                    "wrong_audience", "scope"):  # fmt: skip
@@ -189,72 +183,62 @@ def test_attack_matrix_every_route_refused_and_nothing_changes(
     assert keys.signer().jwk["d"] not in ingest.metrics()
 
 
-def test_the_right_scope_is_enough(media: Media, tmp_path: Path) -> None:  # noqa: F811
-    async def main() -> None:
-        async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
-            write, read = ingest.auth("streams:write"), ingest.auth("streams:read")
-            assert (
-                await http.post("/v1/streams", json=_cam(media, "a"), headers=write)
-            ).status_code == 201
-            assert (await http.get("/v1/streams", headers=read)).status_code == 200
-            assert (await http.get("/v1/streams/a", headers=read)).status_code == 200
-            assert (await http.get("/v1/routing", headers=read)).json() == {}
-            route = {"worker_id": "w", "url": "ws://127.0.0.1:9/v1/tunnel"}
-            r = await http.put("/v1/streams/a/worker", headers=ingest.auth("routing:write"),
-                               json=route)  # fmt: skip
-            assert r.status_code == 200 and r.json()["changed"]
-            assert (await http.get("/v1/routing", headers=read)).json() == {"a": "w"}
-            assert (await http.delete("/v1/streams/a", headers=write)).status_code == 204
-            for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"):
-                assert (await http.get(path)).status_code == 200, path
-
-    asyncio.run(main())
+async def test_the_right_scope_is_enough(media: Media, tmp_path: Path) -> None:  # noqa: F811
+    async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
+        write, read = ingest.auth("streams:write"), ingest.auth("streams:read")
+        assert (
+            await http.post("/v1/streams", json=_cam(media, "a"), headers=write)
+        ).status_code == 201
+        assert (await http.get("/v1/streams", headers=read)).status_code == 200
+        assert (await http.get("/v1/streams/a", headers=read)).status_code == 200
+        assert (await http.get("/v1/routing", headers=read)).json() == {}
+        route = {"worker_id": "w", "url": "ws://127.0.0.1:9/v1/tunnel"}
+        r = await http.put("/v1/streams/a/worker", headers=ingest.auth("routing:write"), json=route)
+        assert r.status_code == 200 and r.json()["changed"]
+        assert (await http.get("/v1/routing", headers=read)).json() == {"a": "w"}
+        assert (await http.delete("/v1/streams/a", headers=write)).status_code == 204
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"):
+            assert (await http.get(path)).status_code == 200, path
 
 
-def test_unauthenticated_reroute_is_refused_and_routing_unchanged(
+async def test_unauthenticated_reroute_is_refused_and_routing_unchanged(
     media: Media,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     """Issue 10: ``PUT /v1/streams/cam-1/worker {"url": "ws://attacker/..."}`` answered 200
     and cam-1's frames went there."""
 
-    async def main() -> None:
-        async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
-            await http.post("/v1/streams", json=_cam(media, "cam-1"), headers=ingest.auth())
-            evil = {"worker_id": "evil", "url": "ws://attacker.example:8443/v1/tunnel"}
-            r = await http.put("/v1/streams/cam-1/worker", json=evil)
-            assert r.status_code == 401 and "Authorization" in r.json()["detail"]
-            assert r.headers["www-authenticate"].startswith("Bearer")
-            r = await http.put("/v1/streams/cam-1/worker", content=b"{not json")  # still 401
-            assert r.status_code == 401
-            routing = await http.get("/v1/routing", headers=ingest.auth("streams:read"))
-            assert routing.json() == {}
-            assert ingest.service.registry.where == {"cam-1": "default"}  # still on its own
-            assert list(ingest.service.registry.clients) == ["default"]  # worker
-
-    asyncio.run(main())
+    async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
+        await http.post("/v1/streams", json=_cam(media, "cam-1"), headers=ingest.auth())
+        evil = {"worker_id": "evil", "url": "ws://attacker.example:8443/v1/tunnel"}
+        r = await http.put("/v1/streams/cam-1/worker", json=evil)
+        assert r.status_code == 401 and "Authorization" in r.json()["detail"]
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        r = await http.put("/v1/streams/cam-1/worker", content=b"{not json")  # still 401
+        assert r.status_code == 401
+        routing = await http.get("/v1/routing", headers=ingest.auth("streams:read"))
+        assert routing.json() == {}
+        assert ingest.service.registry.where == {"cam-1": "default"}  # still on its own
+        assert list(ingest.service.registry.clients) == ["default"]  # worker
 
 
-def test_unauthenticated_add_is_refused_and_adds_nothing(
+async def test_unauthenticated_add_is_refused_and_adds_nothing(
     media: Media,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     """Issue 10: an unauthenticated ``POST /v1/streams`` added a camera."""
 
-    async def main() -> None:
-        async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
-            r = await http.post("/v1/streams", json=_cam(media, "intruder"))
-            assert r.status_code == 401
-            r = await http.post("/v1/streams", content=b"[", headers={"content-type": "json"})
-            assert r.status_code == 401  # a malformed body without a token: 401, not 422
-            assert ingest.service.streams == {}
-            assert not ingest.store_path.exists()
-
-    asyncio.run(main())
+    async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
+        r = await http.post("/v1/streams", json=_cam(media, "intruder"))
+        assert r.status_code == 401
+        r = await http.post("/v1/streams", content=b"[", headers={"content-type": "json"})
+        assert r.status_code == 401  # a malformed body without a token: 401, not 422
+        assert ingest.service.streams == {}
+        assert not ingest.store_path.exists()
 
 
-def test_plain_ws_to_a_remote_worker_is_refused(media: Media, tmp_path: Path) -> None:  # noqa: F811
-    async def main(allow: bool) -> tuple[list[httpx.Response], dict[str, str]]:
+async def test_plain_ws_to_a_remote_worker_is_refused(media: Media, tmp_path: Path) -> None:  # noqa: F811
+    async def placed_with(allow: bool) -> tuple[list[httpx.Response], dict[str, str]]:
         async with (
             running_ingest("s" * 32, tmp_path, allow_insecure_workers=allow) as ingest,
             client(ingest) as http,
@@ -271,50 +255,47 @@ def test_plain_ws_to_a_remote_worker_is_refused(media: Media, tmp_path: Path) ->
                                               headers=ingest.auth("routing:write")))  # fmt: skip
             return answers, ingest.service.registry.placed()
 
-    answers, where = asyncio.run(main(allow=False))
+    answers, where = await placed_with(allow=False)
     assert [a.status_code for a in answers] == [422, 422, 422]
     assert "refusing plain ws:// to worker host 'gpu.example.com'" in answers[0].text
     assert "wss://" in answers[0].text and "ALLOW_INSECURE_WORKERS" in answers[0].text
     assert "tls_server_name needs a wss://" in answers[2].text
     assert where == {}  # nothing moved, not even adopted
-    answers, where = asyncio.run(main(allow=True))
+    answers, where = await placed_with(allow=True)
     assert [a.status_code for a in answers][:2] == [200, 200]
     assert where == {"cam-1": "w"}
 
 
-def test_422_bodies_echo_no_submitted_value(media: Media, tmp_path: Path) -> None:  # noqa: F811
-    async def main() -> list[httpx.Response]:
-        async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
-            h = ingest.auth()
-            bad_stream = {**_cam(media, "x", username="u", password="hunter2-pw"), "colour": 1}
-            bad_route = {"worker_id": "w", "url": "wss://u:hunter2-pw@gpu.example/v1/tunnel",
-                         "stream": {"id": "x", "url": "rtsp://u:hunter2-pw@cam/x", "fps": -1},
-                         "tls_server_name": "not a name hunter2-pw"}  # fmt: skip
-            return [
-                await http.post("/v1/streams", json=bad_stream, headers=h),
-                await http.put("/v1/streams/x/worker", json=bad_route, headers=h),
-            ]
-
-    for r in asyncio.run(main()):
+async def test_422_bodies_echo_no_submitted_value(media: Media, tmp_path: Path) -> None:  # noqa: F811
+    async with running_ingest("s" * 32, tmp_path) as ingest, client(ingest) as http:
+        h = ingest.auth()
+        bad_stream = {**_cam(media, "x", username="u", password="hunter2-pw"), "colour": 1}
+        bad_route = {
+            "worker_id": "w",
+            "url": "wss://u:hunter2-pw@gpu.example/v1/tunnel",
+            "stream": {"id": "x", "url": "rtsp://u:hunter2-pw@cam/x", "fps": -1},
+            "tls_server_name": "not a name hunter2-pw",
+        }
+        answers = [
+            await http.post("/v1/streams", json=bad_stream, headers=h),
+            await http.put("/v1/streams/x/worker", json=bad_route, headers=h),
+        ]
+    for r in answers:
         assert r.status_code == 422, r.text
         assert "hunter2" not in r.text and "input" not in r.json()["detail"][0]
 
 
-def test_failed_authentications_are_throttled_per_peer(tmp_path: Path) -> None:
-    async def main() -> tuple[list[httpx.Response], int, Ingest]:
-        async with (
-            running_ingest("s" * 32, tmp_path, auth_max_failures=3, auth_window_s=30) as ingest,
-            client(ingest) as http,
-        ):
-            bad = {"Authorization": "Bearer not-a-token"}
-            answers = [await http.get("/v1/streams", headers=bad) for _ in range(4)]
-            answers.append(await http.get("/v1/streams", headers=ingest.auth()))  # good: served
-            answers.append(await http.get("/v1/streams", headers=ingest.auth("results:*")))
-            ws_status = await _try_ws(ingest, None)
-            assert (await http.get("/healthz")).status_code == 200  # open routes stay open
-            return answers, ws_status, ingest
-
-    answers, ws_status, ingest = asyncio.run(main())
+async def test_failed_authentications_are_throttled_per_peer(tmp_path: Path) -> None:
+    async with (
+        running_ingest("s" * 32, tmp_path, auth_max_failures=3, auth_window_s=30) as ingest,
+        client(ingest) as http,
+    ):
+        bad = {"Authorization": "Bearer not-a-token"}
+        answers = [await http.get("/v1/streams", headers=bad) for _ in range(4)]
+        answers.append(await http.get("/v1/streams", headers=ingest.auth()))  # good: served
+        answers.append(await http.get("/v1/streams", headers=ingest.auth("results:*")))
+        ws_status = await _try_ws(ingest, None)
+        assert (await http.get("/healthz")).status_code == 200  # open routes stay open
     assert [a.status_code for a in answers] == [401, 401, 401, 429, 200, 403]
     assert ws_status == 429
     throttled = answers[3]
@@ -323,17 +304,15 @@ def test_failed_authentications_are_throttled_per_peer(tmp_path: Path) -> None:
     assert ingest.refused("throttled") == 2 and ingest.refused("malformed") == 3
 
 
-def test_metrics_can_require_a_token(tmp_path: Path) -> None:
-    async def main() -> list[int]:
-        async with (
-            running_ingest("s" * 32, tmp_path, metrics_auth=True) as ingest,
-            client(ingest) as http,
-        ):
-            return [
-                (await http.get("/metrics")).status_code,
-                (await http.get("/metrics", headers=ingest.auth("streams:read"))).status_code,
-                (await http.get("/metrics", headers=ingest.auth("metrics:read"))).status_code,
-                (await http.get("/healthz")).status_code,
-            ]
-
-    assert asyncio.run(main()) == [401, 403, 200, 200]
+async def test_metrics_can_require_a_token(tmp_path: Path) -> None:
+    async with (
+        running_ingest("s" * 32, tmp_path, metrics_auth=True) as ingest,
+        client(ingest) as http,
+    ):
+        codes = [
+            (await http.get("/metrics")).status_code,
+            (await http.get("/metrics", headers=ingest.auth("streams:read"))).status_code,
+            (await http.get("/metrics", headers=ingest.auth("metrics:read"))).status_code,
+            (await http.get("/healthz")).status_code,
+        ]
+    assert codes == [401, 403, 200, 200]

@@ -36,58 +36,52 @@ def _ctx(pki: Pki, *, ca: Path | None = None, with_cert: bool = False) -> ssl.SS
     return ctx
 
 
-def test_https_api_and_wss_results(pki: Pki, tmp_path: Path) -> None:
-    async def main() -> tuple[list[int], object, type[Exception] | None]:
-        tls = {"api_tls_cert": pki.cert, "api_tls_key": pki.key}
-        async with running_ingest(SECRET, tmp_path, **tls) as ingest:
-            assert ingest.base.startswith("https://")
-            async with client(ingest, verify=_ctx(pki)) as http:
-                codes = [(await http.get("/healthz")).status_code,
-                         (await http.get("/v1/streams", headers=ingest.auth())).status_code,
-                         (await http.get("/v1/streams")).status_code]  # fmt: skip
-            url = f"{ingest.ws}?stream=cam-1"
-            assert url.startswith("wss://")
-            async with connect(url, ssl=_ctx(pki), proxy=None,
-                               additional_headers=ingest.auth("results:cam-1")) as ws:  # fmt: skip
-                first = SERVER_MESSAGE.validate_json(await asyncio.wait_for(ws.recv(), 10))
-            plain: type[Exception] | None = None
-            try:  # plain HTTP to the TLS port gets nothing
-                async with httpx.AsyncClient(timeout=5) as http:
-                    await http.get(ingest.base.replace("https", "http") + "/healthz")
-            except httpx.HTTPError as exc:
-                plain = type(exc)
-            return codes, first, plain
-
-    codes, first, plain = asyncio.run(main())
+async def test_https_api_and_wss_results(pki: Pki, tmp_path: Path) -> None:
+    tls = {"api_tls_cert": pki.cert, "api_tls_key": pki.key}
+    async with running_ingest(SECRET, tmp_path, **tls) as ingest:
+        assert ingest.base.startswith("https://")
+        async with client(ingest, verify=_ctx(pki)) as http:
+            codes = [
+                (await http.get("/healthz")).status_code,
+                (await http.get("/v1/streams", headers=ingest.auth())).status_code,
+                (await http.get("/v1/streams")).status_code,
+            ]
+        url = f"{ingest.ws}?stream=cam-1"
+        assert url.startswith("wss://")
+        async with connect(
+            url, ssl=_ctx(pki), proxy=None, additional_headers=ingest.auth("results:cam-1")
+        ) as ws:
+            first = SERVER_MESSAGE.validate_json(await asyncio.wait_for(ws.recv(), 10))
+        plain: type[Exception] | None = None
+        try:  # plain HTTP to the TLS port gets nothing
+            async with httpx.AsyncClient(timeout=5) as http:
+                await http.get(ingest.base.replace("https", "http") + "/healthz")
+        except httpx.HTTPError as exc:
+            plain = type(exc)
     assert codes == [200, 200, 401]
     assert isinstance(first, SubscribedMessage)
     assert plain is not None
 
 
-def test_a_client_without_the_ca_is_refused(pki: Pki, tmp_path: Path) -> None:
-    async def main() -> None:
-        tls = {"api_tls_cert": pki.cert, "api_tls_key": pki.key}
-        async with running_ingest(SECRET, tmp_path, **tls) as ingest:
-            async with client(ingest, verify=_ctx(pki, ca=pki.other_ca)) as http:
-                with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-                    await http.get("/healthz")
-
-    asyncio.run(main())
+async def test_a_client_without_the_ca_is_refused(pki: Pki, tmp_path: Path) -> None:
+    tls = {"api_tls_cert": pki.cert, "api_tls_key": pki.key}
+    async with running_ingest(SECRET, tmp_path, **tls) as ingest:
+        async with client(ingest, verify=_ctx(pki, ca=pki.other_ca)) as http:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await http.get("/healthz")
 
 
-def test_mtls_needs_a_client_certificate(pki: Pki, tmp_path: Path) -> None:
-    async def main() -> tuple[int, int]:
-        tls = {"api_tls_cert": pki.cert, "api_tls_key": pki.key, "api_tls_client_ca": pki.ca}
-        async with running_ingest(SECRET, tmp_path, **tls) as ingest:
-            async with client(ingest, verify=_ctx(pki)) as http:
-                with pytest.raises(httpx.HTTPError):
-                    await http.get("/healthz")
-            async with client(ingest, verify=_ctx(pki, with_cert=True)) as http:
-                health = (await http.get("/healthz")).status_code
-                streams = (await http.get("/v1/streams", headers=ingest.auth())).status_code
-            return health, streams
-
-    assert asyncio.run(main()) == (200, 200)  # mTLS is on top of tokens, not instead
+async def test_mtls_needs_a_client_certificate(pki: Pki, tmp_path: Path) -> None:
+    tls = {"api_tls_cert": pki.cert, "api_tls_key": pki.key, "api_tls_client_ca": pki.ca}
+    async with running_ingest(SECRET, tmp_path, **tls) as ingest:
+        async with client(ingest, verify=_ctx(pki)) as http:
+            with pytest.raises(httpx.HTTPError):
+                await http.get("/healthz")
+        async with client(ingest, verify=_ctx(pki, with_cert=True)) as http:
+            health = (await http.get("/healthz")).status_code
+            streams = (await http.get("/v1/streams", headers=ingest.auth())).status_code
+        got = health, streams
+    assert got == (200, 200)  # mTLS is on top of tokens, not instead
 
 
 def test_tls_settings_are_checked_at_start(pki: Pki, tmp_path: Path) -> None:

@@ -108,43 +108,40 @@ def _spec(sid: str) -> Any:
     return StreamSpec(id=sid, url="rtsp://cam/x", fps=5)
 
 
-def test_pods_cost_and_events_of_a_fleet_with_a_lost_community_pod(tmp_path: Path) -> None:
-    async def main() -> None:
-        clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-        async with fleet_on_contract(state, clock, TIERS) as orch:
-            orch.fleet.prober = TimedProber()
-            for i in range(9):  # 3 per worker: the warm on-demand one, 2 community
-                await orch.store.put_stream(_spec(f"std-{i}"))
-            await passes(orch, clock, 6)  # the history's point at 10 s sees them all placed
-            app = orch_app(orch)
-            async with (
-                serving_here(app) as url,
-                running_ingest(orch.keys, tmp_path, orchestrator_url=url) as ingest,
-                client(ingest) as http,
-            ):
-                first = await panel(http, ingest.auth("streams:read"))
-                expected = await fleet_status(orch)
-                _check_first(first, expected, url)
-                lost = community_pods(state)[0]
-                state.vanish(lost)  # its host is lost
-                await passes(orch, clock, 4)
-                await asyncio.sleep(AFTER_REFRESH_S)
-                second = await panel(http, ingest.auth("streams:read"))
-        vanished = [e for e in second["events"] if e["kind"] == "vanished"]
-        assert len(vanished) == 1 and "gone from the provider" in vanished[0]["reason"]
-        gone = vanished[0]["pod"]
-        assert gone in {p["name"] for p in first["pods"]}
-        assert gone not in {p["name"] for p in second["pods"]}
-        rehomed = [e for e in second["events"] if e["kind"] == "moved" and gone in e["reason"]]
-        assert len(rehomed) == 3 and all(e["stream"] for e in rehomed)
-        times = [e["t"] for e in second["events"]]
-        assert times == sorted(times) and len(second["events"]) <= 50
-        keys = [(e["t"], e["kind"], e["pod"], e["stream"]) for e in second["events"]]
-        assert len(keys) == len(set(keys)), "an event shown twice"
-        assert second["fetched_at"] > first["fetched_at"] and not second["stale"]
-
-    asyncio.run(main())
+async def test_pods_cost_and_events_of_a_fleet_with_a_lost_community_pod(tmp_path: Path) -> None:
+    clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
+    state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
+    async with fleet_on_contract(state, clock, TIERS) as orch:
+        orch.fleet.prober = TimedProber()
+        for i in range(9):  # 3 per worker: the warm on-demand one, 2 community
+            await orch.store.put_stream(_spec(f"std-{i}"))
+        await passes(orch, clock, 6)  # the history's point at 10 s sees them all placed
+        app = orch_app(orch)
+        async with (
+            serving_here(app) as url,
+            running_ingest(orch.keys, tmp_path, orchestrator_url=url) as ingest,
+            client(ingest) as http,
+        ):
+            first = await panel(http, ingest.auth("streams:read"))
+            expected = await fleet_status(orch)
+            _check_first(first, expected, url)
+            lost = community_pods(state)[0]
+            state.vanish(lost)  # its host is lost
+            await passes(orch, clock, 4)
+            await asyncio.sleep(AFTER_REFRESH_S)
+            second = await panel(http, ingest.auth("streams:read"))
+    vanished = [e for e in second["events"] if e["kind"] == "vanished"]
+    assert len(vanished) == 1 and "gone from the provider" in vanished[0]["reason"]
+    gone = vanished[0]["pod"]
+    assert gone in {p["name"] for p in first["pods"]}
+    assert gone not in {p["name"] for p in second["pods"]}
+    rehomed = [e for e in second["events"] if e["kind"] == "moved" and gone in e["reason"]]
+    assert len(rehomed) == 3 and all(e["stream"] for e in rehomed)
+    times = [e["t"] for e in second["events"]]
+    assert times == sorted(times) and len(second["events"]) <= 50
+    keys = [(e["t"], e["kind"], e["pod"], e["stream"]) for e in second["events"]]
+    assert len(keys) == len(set(keys)), "an event shown twice"
+    assert second["fetched_at"] > first["fetched_at"] and not second["stale"]
 
 
 def _check_first(body: dict[str, Any], expected: dict[str, Any], url: str) -> None:
@@ -181,67 +178,59 @@ def _check_first(body: dict[str, Any], expected: dict[str, Any], url: str) -> No
     assert len(chart["ondemand_usd_per_hr"]) == len(chart["t"])
 
 
-def test_one_upstream_call_per_refresh_whatever_the_number_of_consoles(tmp_path: Path) -> None:
-    async def main() -> None:
-        keys = ed_keys()
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            app = orch_app(orch)
-            calls = counted(app)
-            async with (
-                serving_here(app) as url,
-                running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
-                client(ingest) as http,
-            ):
+async def test_one_upstream_call_per_refresh_whatever_the_number_of_consoles(
+    tmp_path: Path,
+) -> None:
+    keys = ed_keys()
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        app = orch_app(orch)
+        calls = counted(app)
+        async with (
+            serving_here(app) as url,
+            running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
+            client(ingest) as http,
+        ):
+            read = ingest.auth("streams:read")
+            bodies = await asyncio.gather(*(panel(http, read) for _ in range(20)))
+            assert all(b["error"] is None for b in bodies), bodies[0]
+            assert calls == {"/v1/fleet": 1, "/v1/events": 1, "/v1/history": 1}, calls
+            await asyncio.gather(*(panel(http, read) for _ in range(10)))
+            assert calls["/v1/fleet"] == 1, calls
+            await asyncio.sleep(AFTER_REFRESH_S)
+            await asyncio.gather(*(panel(http, read) for _ in range(10)))
+    # history gains a point every 10 s: asked again only then
+    assert calls == {"/v1/fleet": 2, "/v1/events": 2, "/v1/history": 1}, calls
+    assert len({b["fetched_at"] for b in bodies}) == 1
+
+
+async def test_not_configured_answers_so_and_the_route_needs_streams_read(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
+        assert await panel(http, ingest.auth("streams:read")) == {"configured": False}
+        missing = await http.get(PANEL)
+        wrong = await http.get(PANEL, headers=ingest.auth("results:*", "metrics:read"))
+        other = await http.get(PANEL, headers=ingest.auth("streams:read", aud="orchestrator"))
+    assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
+    assert wrong.status_code == 403 and "streams:read" in wrong.text
+    assert other.status_code == 401
+
+
+async def test_an_unreachable_orchestrator_keeps_the_last_answer_marked_stale(
+    tmp_path: Path,
+) -> None:
+    keys = ed_keys()
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        orch.fleet.event("created", "fr-ondemand-0-g0", "tier ondemand needs 1 pod")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        async with running_ingest(keys, tmp_path, orchestrator_url=url) as ingest:
+            async with client(ingest) as http:
                 read = ingest.auth("streams:read")
-                bodies = await asyncio.gather(*(panel(http, read) for _ in range(20)))
-                assert all(b["error"] is None for b in bodies), bodies[0]
-                assert calls == {"/v1/fleet": 1, "/v1/events": 1, "/v1/history": 1}, calls
-                await asyncio.gather(*(panel(http, read) for _ in range(10)))
-                assert calls["/v1/fleet"] == 1, calls
+                never = await panel(http, read)  # nobody listens yet
                 await asyncio.sleep(AFTER_REFRESH_S)
-                await asyncio.gather(*(panel(http, read) for _ in range(10)))
-        # history gains a point every 10 s: asked again only then
-        assert calls == {"/v1/fleet": 2, "/v1/events": 2, "/v1/history": 1}, calls
-        assert len({b["fetched_at"] for b in bodies}) == 1
-
-    asyncio.run(main())
-
-
-def test_not_configured_answers_so_and_the_route_needs_streams_read(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
-            assert await panel(http, ingest.auth("streams:read")) == {"configured": False}
-            missing = await http.get(PANEL)
-            wrong = await http.get(PANEL, headers=ingest.auth("results:*", "metrics:read"))
-            other = await http.get(PANEL, headers=ingest.auth("streams:read", aud="orchestrator"))
-        assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith(
-            "Bearer"
-        )
-        assert wrong.status_code == 403 and "streams:read" in wrong.text
-        assert other.status_code == 401
-
-    asyncio.run(main())
-
-
-def test_an_unreachable_orchestrator_keeps_the_last_answer_marked_stale(tmp_path: Path) -> None:
-    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        keys = ed_keys()
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            orch.fleet.event("created", "fr-ondemand-0-g0", "tier ondemand needs 1 pod")
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            async with running_ingest(keys, tmp_path, orchestrator_url=url) as ingest:
-                async with client(ingest) as http:
-                    read = ingest.auth("streams:read")
-                    never = await panel(http, read)  # nobody listens yet
-                    await asyncio.sleep(AFTER_REFRESH_S)
-                    async with served_on(orch_app(orch), port):
-                        good = await panel(http, read)
-                    await asyncio.sleep(AFTER_REFRESH_S)
-                    stale = await panel(http, read)
-        return never, good, stale
-
-    never, good, stale = asyncio.run(main())
+                async with served_on(orch_app(orch), port):
+                    good = await panel(http, read)
+                await asyncio.sleep(AFTER_REFRESH_S)
+                stale = await panel(http, read)
     assert never["configured"] and never["pods"] == [] and never["cost"] is None
     assert never["fetched_at"] is None and not never["stale"]
     assert never["error"] == "the orchestrator is unreachable: ConnectError"
@@ -252,27 +241,23 @@ def test_an_unreachable_orchestrator_keeps_the_last_answer_marked_stale(tmp_path
         assert stale[kept] == good[kept], kept
 
 
-def test_a_silent_orchestrator_times_out(tmp_path: Path) -> None:
-    async def main() -> dict[str, Any]:
-        async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.read(65536)  # the request
-            await reader.read()  # until the ingest gives up and closes
-            writer.close()
+async def test_a_silent_orchestrator_times_out(tmp_path: Path) -> None:
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)  # the request
+        await reader.read()  # until the ingest gives up and closes
+        writer.close()
 
-        server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
-        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        async with (
-            server,
-            running_ingest(
-                ed_keys(), tmp_path, orchestrator_url=url, orchestrator_timeout_s=0.5
-            ) as ingest,
-        ):
-            async with client(ingest) as http:
-                body = await panel(http, ingest.auth("streams:read"))
-            server.close()
-        return body
-
-    body = asyncio.run(main())
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with (
+        server,
+        running_ingest(
+            ed_keys(), tmp_path, orchestrator_url=url, orchestrator_timeout_s=0.5
+        ) as ingest,
+    ):
+        async with client(ingest) as http:
+            body = await panel(http, ingest.auth("streams:read"))
+        server.close()
     assert body["error"] == "the orchestrator did not answer GET /v1/fleet in time (timeout)"
     assert body["pods"] == [] and not body["stale"]
 
@@ -284,53 +269,48 @@ def test_a_silent_orchestrator_times_out(tmp_path: Path) -> None:
         (("fleet:write",), False, ("HTTP 403", "fleet:read")),
     ],
 )
-def test_a_refused_token_shows_the_orchestrators_reason_not_the_token(
+async def test_a_refused_token_shows_the_orchestrators_reason_not_the_token(
     tmp_path: Path, scopes: tuple[str, ...], other_keys: bool, says: tuple[str, ...]
 ) -> None:
-    async def main() -> tuple[str, str, str]:
-        keys = ed_keys()
-        token = mint(ed_keys() if other_keys else keys, scopes, "orchestrator")
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            async with (
-                serving_here(orch_app(orch)) as url,
-                running_ingest(
-                    keys, tmp_path, orchestrator_url=url, orchestrator_token=token
-                ) as ingest,  # fmt: skip
-                client(ingest) as http,
-                httpx.AsyncClient(base_url=url) as direct,
-            ):
-                resp = await http.get(PANEL, headers=ingest.auth("streams:read"))
-                reason = (await direct.get("/v1/fleet", headers={
-                    "Authorization": f"Bearer {token}"})).json()["detail"]  # fmt: skip
-        return resp.text, reason, token
-
-    text, reason, token = asyncio.run(main())
+    keys = ed_keys()
+    token = mint(ed_keys() if other_keys else keys, scopes, "orchestrator")
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        async with (
+            serving_here(orch_app(orch)) as url,
+            running_ingest(
+                keys, tmp_path, orchestrator_url=url, orchestrator_token=token
+            ) as ingest,
+            client(ingest) as http,
+            httpx.AsyncClient(base_url=url) as direct,
+        ):
+            resp = await http.get(PANEL, headers=ingest.auth("streams:read"))
+            reason = (
+                await direct.get("/v1/fleet", headers={"Authorization": f"Bearer {token}"})
+            ).json()["detail"]
+    text = resp.text
     error = httpx.Response(200, text=text).json()["error"]
     for word in (*says, reason):
         assert word in error, (word, error)
     assert token not in text and token.split(".")[2] not in text
 
 
-def test_an_https_orchestrator_is_verified_with_the_ca_file(tmp_path: Path) -> None:
+async def test_an_https_orchestrator_is_verified_with_the_ca_file(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
 
-    async def main() -> list[dict[str, Any]]:
-        keys = ed_keys()
-        tls = {"ssl_certfile": str(pki.cert), "ssl_keyfile": str(pki.key)}
-        bodies = []
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            async with serving_here(orch_app(orch), **tls) as url:
-                for ca in (pki.ca, pki.other_ca):
-                    async with (
-                        running_ingest(
-                            keys, tmp_path, orchestrator_url=url, orchestrator_ca=ca
-                        ) as ingest,  # fmt: skip
-                        client(ingest) as http,
-                    ):
-                        bodies.append(await panel(http, ingest.auth("streams:read")))
-        return bodies
-
-    good, wrong = asyncio.run(main())
+    keys = ed_keys()
+    tls = {"ssl_certfile": str(pki.cert), "ssl_keyfile": str(pki.key)}
+    bodies = []
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        async with serving_here(orch_app(orch), **tls) as url:
+            for ca in (pki.ca, pki.other_ca):
+                async with (
+                    running_ingest(
+                        keys, tmp_path, orchestrator_url=url, orchestrator_ca=ca
+                    ) as ingest,
+                    client(ingest) as http,
+                ):
+                    bodies.append(await panel(http, ingest.auth("streams:read")))
+    good, wrong = bodies
     assert good["error"] is None and good["orchestrator"].startswith("https://")
     assert "TLS verification failed" in wrong["error"] and wrong["fetched_at"] is None
 

@@ -85,28 +85,24 @@ async def panel(http: httpx.AsyncClient, headers: dict[str, str]) -> dict[str, A
     return body
 
 
-def test_rows_show_progress_eta_cost_duration_and_tasks_of_the_orchestrators_jobs(
+async def test_rows_show_progress_eta_cost_duration_and_tasks_of_the_orchestrators_jobs(
     tmp_path: Path,
 ) -> None:
     """The orchestrator on a fake clock: its "now" when the jobs are stored is its "now"
     when they are read, so durations and ETAs are exact whatever the machine's speed."""
 
-    async def main() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        keys = ed_keys()
-        direct = {"Authorization": f"Bearer {mint(keys, ['jobs:read'], 'orchestrator')}"}
-        async with plain_orchestrator(tmp_path, keys, FakeClock(round(time.time()))) as orch:
-            await put_jobs(orch)
-            async with (
-                serving_here(orch_app(orch)) as url,
-                running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,  # mints tokens
-                client(ingest) as http,
-                httpx.AsyncClient(base_url=url) as orch_http,
-            ):
-                body = await panel(http, ingest.auth("streams:read"))
-                truth = (await orch_http.get("/v1/jobs", headers=direct)).json()
-        return body, truth
-
-    body, truth = asyncio.run(main())
+    keys = ed_keys()
+    direct = {"Authorization": f"Bearer {mint(keys, ['jobs:read'], 'orchestrator')}"}
+    async with plain_orchestrator(tmp_path, keys, FakeClock(round(time.time()))) as orch:
+        await put_jobs(orch)
+        async with (
+            serving_here(orch_app(orch)) as url,
+            running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,  # mints tokens
+            client(ingest) as http,
+            httpx.AsyncClient(base_url=url) as orch_http,
+        ):
+            body = await panel(http, ingest.auth("streams:read"))
+            truth = (await orch_http.get("/v1/jobs", headers=direct)).json()
     assert body["configured"] and body["error"] is None and not body["stale"]
     assert body["age_s"] < 2 and body["fetched_at"] is not None
     rows = {r["id"]: r for r in body["jobs"]}
@@ -131,63 +127,54 @@ def test_rows_show_progress_eta_cost_duration_and_tasks_of_the_orchestrators_job
     assert failed["error"] == HOSTILE and failed["ended"] and failed["tasks_done"] == 0
 
 
-def test_one_upstream_call_per_refresh_whatever_the_number_of_consoles(tmp_path: Path) -> None:
-    async def main() -> tuple[Any, list[dict[str, Any]]]:
-        keys = ed_keys()
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            await put_jobs(orch)
-            app = orch_app(orch)
-            calls = counted(app)
-            async with (
-                serving_here(app) as url,
-                running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
-                client(ingest) as http,
-            ):
-                read = ingest.auth("streams:read")
-                bodies = await asyncio.gather(*(panel(http, read) for _ in range(20)))
-                assert calls == {"/v1/jobs": 1}, calls
-                await asyncio.gather(*(panel(http, read) for _ in range(10)))
-                assert calls == {"/v1/jobs": 1}, calls
-                await asyncio.sleep(AFTER_REFRESH_S)
-                await asyncio.gather(*(panel(http, read) for _ in range(10)))
-        return calls, bodies
-
-    calls, bodies = asyncio.run(main())
+async def test_one_upstream_call_per_refresh_whatever_the_number_of_consoles(
+    tmp_path: Path,
+) -> None:
+    keys = ed_keys()
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        await put_jobs(orch)
+        app = orch_app(orch)
+        calls = counted(app)
+        async with (
+            serving_here(app) as url,
+            running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
+            client(ingest) as http,
+        ):
+            read = ingest.auth("streams:read")
+            bodies = await asyncio.gather(*(panel(http, read) for _ in range(20)))
+            assert calls == {"/v1/jobs": 1}, calls
+            await asyncio.gather(*(panel(http, read) for _ in range(10)))
+            assert calls == {"/v1/jobs": 1}, calls
+            await asyncio.sleep(AFTER_REFRESH_S)
+            await asyncio.gather(*(panel(http, read) for _ in range(10)))
     assert calls == {"/v1/jobs": 2}, calls
     assert len({b["fetched_at"] for b in bodies}) == 1 and len(bodies[0]["jobs"]) == 4
 
 
-def test_not_configured_answers_so_and_the_route_needs_streams_read(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
-            assert await panel(http, ingest.auth("streams:read")) == {"configured": False}
-            missing = await http.get(PANEL)
-            wrong = await http.get(PANEL, headers=ingest.auth("results:*", "metrics:read"))
-        assert missing.status_code == 401
-        assert wrong.status_code == 403 and "streams:read" in wrong.text
-
-    asyncio.run(main())
+async def test_not_configured_answers_so_and_the_route_needs_streams_read(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest, client(ingest) as http:
+        assert await panel(http, ingest.auth("streams:read")) == {"configured": False}
+        missing = await http.get(PANEL)
+        wrong = await http.get(PANEL, headers=ingest.auth("results:*", "metrics:read"))
+    assert missing.status_code == 401
+    assert wrong.status_code == 403 and "streams:read" in wrong.text
 
 
-def test_an_unreachable_orchestrator_keeps_the_last_rows_marked_stale(tmp_path: Path) -> None:
-    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        keys = ed_keys()
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            await put_jobs(orch)
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            async with running_ingest(keys, tmp_path, orchestrator_url=url) as ingest:
-                async with client(ingest) as http:
-                    read = ingest.auth("streams:read")
-                    never = await panel(http, read)  # nobody listens yet
-                    await asyncio.sleep(AFTER_REFRESH_S)
-                    async with served_on(orch_app(orch), port):
-                        good = await panel(http, read)
-                    await asyncio.sleep(AFTER_REFRESH_S)
-                    stale = await panel(http, read)
-        return never, good, stale
-
-    never, good, stale = asyncio.run(main())
+async def test_an_unreachable_orchestrator_keeps_the_last_rows_marked_stale(tmp_path: Path) -> None:
+    keys = ed_keys()
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        await put_jobs(orch)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        async with running_ingest(keys, tmp_path, orchestrator_url=url) as ingest:
+            async with client(ingest) as http:
+                read = ingest.auth("streams:read")
+                never = await panel(http, read)  # nobody listens yet
+                await asyncio.sleep(AFTER_REFRESH_S)
+                async with served_on(orch_app(orch), port):
+                    good = await panel(http, read)
+                await asyncio.sleep(AFTER_REFRESH_S)
+                stale = await panel(http, read)
     assert never["jobs"] == [] and never["fetched_at"] is None and not never["stale"]
     assert never["error"] == "the orchestrator is unreachable: ConnectError"
     assert good["error"] is None and len(good["jobs"]) == 4
@@ -196,24 +183,21 @@ def test_an_unreachable_orchestrator_keeps_the_last_rows_marked_stale(tmp_path: 
     assert stale["age_s"] >= REFRESH_S
 
 
-def test_a_token_without_jobs_read_is_named_and_never_shown(tmp_path: Path) -> None:
-    async def main() -> tuple[str, dict[str, Any], str]:
-        keys = ed_keys()
-        token = mint(keys, ["fleet:read"], "orchestrator")  # enough for the fleet panel only
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            async with (
-                serving_here(orch_app(orch)) as url,
-                running_ingest(
-                    keys, tmp_path, orchestrator_url=url, orchestrator_token=token
-                ) as ingest,  # fmt: skip
-                client(ingest) as http,
-            ):
-                read = ingest.auth("streams:read")
-                jobs = await http.get(PANEL, headers=read)
-                fleet = await http.get("/v1/console/fleet", headers=read)
-        return jobs.text, fleet.json(), token
-
-    text, fleet, token = asyncio.run(main())
+async def test_a_token_without_jobs_read_is_named_and_never_shown(tmp_path: Path) -> None:
+    keys = ed_keys()
+    token = mint(keys, ["fleet:read"], "orchestrator")  # enough for the fleet panel only
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        async with (
+            serving_here(orch_app(orch)) as url,
+            running_ingest(
+                keys, tmp_path, orchestrator_url=url, orchestrator_token=token
+            ) as ingest,
+            client(ingest) as http,
+        ):
+            read = ingest.auth("streams:read")
+            jobs = await http.get(PANEL, headers=read)
+            fleet = await http.get("/v1/console/fleet", headers=read)
+    text, fleet = jobs.text, fleet.json()
     error = json.loads(text)["error"]
     print(f"\n  {error}")
     assert "HTTP 403" in error and "the ingest's token lacks jobs:read" in error
@@ -229,7 +213,7 @@ UNREADABLE = [
 
 
 @pytest.mark.parametrize(("answer", "where"), UNREADABLE)
-def test_an_answer_the_ingest_cannot_read_is_one_line(
+async def test_an_answer_the_ingest_cannot_read_is_one_line(
     tmp_path: Path, answer: bytes, where: str
 ) -> None:
     odd = FastAPI()
@@ -238,15 +222,12 @@ def test_an_answer_the_ingest_cannot_read_is_one_line(
     async def jobs() -> Response:
         return Response(answer, media_type="application/json")
 
-    async def main() -> dict[str, Any]:
-        async with (
-            serving_here(odd) as url,
-            running_ingest(ed_keys(), tmp_path, orchestrator_url=url) as ingest,
-            client(ingest) as http,
-        ):
-            return await panel(http, ingest.auth("streams:read"))
-
-    body = asyncio.run(main())
+    async with (
+        serving_here(odd) as url,
+        running_ingest(ed_keys(), tmp_path, orchestrator_url=url) as ingest,
+        client(ingest) as http,
+    ):
+        body = await panel(http, ingest.auth("streams:read"))
     error = body["error"]
     assert error.startswith("the orchestrator's jobs are not what this ingest reads")
     assert where in error and "\n" not in error and body["jobs"] == []

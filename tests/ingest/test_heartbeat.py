@@ -216,85 +216,80 @@ def _tunnel_state(client: TunnelClient) -> TunnelState:
     return client.state
 
 
-def test_frozen_link_stalls_the_tunnel_and_its_streams_then_recovers(secret: str) -> None:
-    async def main() -> dict[str, float]:
-        async with tunnel(secret, **FAST) as (client, proxy, records, stream):
-            assert client.state is TunnelState.UP
-            proxy.freeze()
-            t0 = time.monotonic()
-            await wait_until_async(
-                lambda: _tunnel_state(client) is TunnelState.STALLED, 5, "stall", every_s=0.02
-            )
-            stalled = time.monotonic()
-            assert stream.state is StreamState.STALLED and stream.stalled is not None
-            assert "not answering" in stream.stalled and client.health.stalls == 1
-            assert client.describe()["state"] == "STALLED"
-            await asyncio.sleep(max(0.0, t0 + 1.5 - time.monotonic()))
-            n = len(records)
-            proxy.thaw()
-            t1 = time.monotonic()
-            await wait_until_async(lambda: client.state is TunnelState.UP, 5, "recovery")
-            await wait_until_async(lambda: len(records) > n + 3, 10, "results after the thaw")
-            assert _state(stream) is StreamState.RUNNING and stream.stalled is None
-            assert client.connects == 1  # recovered in the same session: no reconnect
-            return {"stall_s": stalled - t0, "results_s": time.monotonic() - t1}
-
-    got = asyncio.run(main())
+async def test_frozen_link_stalls_the_tunnel_and_its_streams_then_recovers(secret: str) -> None:
+    async with tunnel(secret, **FAST) as (client, proxy, records, stream):
+        assert client.state is TunnelState.UP
+        proxy.freeze()
+        t0 = time.monotonic()
+        await wait_until_async(
+            lambda: _tunnel_state(client) is TunnelState.STALLED, 5, "stall", every_s=0.02
+        )
+        stalled = time.monotonic()
+        assert stream.state is StreamState.STALLED and stream.stalled is not None
+        assert "not answering" in stream.stalled and client.health.stalls == 1
+        assert client.describe()["state"] == "STALLED"
+        await asyncio.sleep(max(0.0, t0 + 1.5 - time.monotonic()))
+        n = len(records)
+        proxy.thaw()
+        t1 = time.monotonic()
+        await wait_until_async(lambda: client.state is TunnelState.UP, 5, "recovery")
+        await wait_until_async(lambda: len(records) > n + 3, 10, "results after the thaw")
+        assert _state(stream) is StreamState.RUNNING and stream.stalled is None
+        assert client.connects == 1  # recovered in the same session: no reconnect
+        got = {"stall_s": stalled - t0, "results_s": time.monotonic() - t1}
     print(f"\nfrozen link: STALLED after {got['stall_s']:.2f} s (threshold 1.0 s), "
           f"results again {got['results_s']:.2f} s after the thaw")  # fmt: skip
     assert got["stall_s"] <= 1.0 + 0.5 * TIMEOUT_FACTOR
 
 
-def test_a_stall_longer_than_twice_the_threshold_reconnects(secret: str) -> None:
-    async def main() -> tuple[int, int, float]:
-        async with tunnel(secret, **FAST) as (client, proxy, records, stream):
-            proxy.freeze()
-            await wait_until_async(lambda: client.state is TunnelState.STALLED, 5, "stall")
-            await wait_until_async(lambda: client.state is not TunnelState.STALLED, 5, "close")
-            assert stream.state is StreamState.STALLED  # until its next result
-            assert client.unhealthy
-            n = len(records)
-            proxy.thaw()
-            t1 = time.monotonic()
-            await wait_until_async(lambda: len(records) > n + 3, 15, "results after reconnecting")
-            assert client.state is TunnelState.UP and _state(stream) is StreamState.RUNNING
-            assert not client.unhealthy
-            return client.connects, stream.counters["disconnected"], time.monotonic() - t1
-
-    connects, disconnected, took = asyncio.run(main())
+async def test_a_stall_longer_than_twice_the_threshold_reconnects(secret: str) -> None:
+    async with tunnel(secret, **FAST) as (client, proxy, records, stream):
+        proxy.freeze()
+        await wait_until_async(lambda: client.state is TunnelState.STALLED, 5, "stall")
+        await wait_until_async(lambda: client.state is not TunnelState.STALLED, 5, "close")
+        assert stream.state is StreamState.STALLED  # until its next result
+        assert client.unhealthy
+        n = len(records)
+        proxy.thaw()
+        t1 = time.monotonic()
+        await wait_until_async(lambda: len(records) > n + 3, 15, "results after reconnecting")
+        assert client.state is TunnelState.UP and _state(stream) is StreamState.RUNNING
+        assert not client.unhealthy
+        connects, disconnected, took = (
+            client.connects,
+            stream.counters["disconnected"],
+            time.monotonic() - t1,
+        )
     print(f"\nreconnected after the stall; results {took:.2f} s after the thaw, "
           f"{disconnected} frame(s) counted disconnected")  # fmt: skip
     assert connects == 2
 
 
-def test_a_worker_that_answers_pings_but_not_frames_stalls(secret: str) -> None:
+async def test_a_worker_that_answers_pings_but_not_frames_stalls(secret: str) -> None:
     """Hung inference: the worker's event loop answers pongs, no result comes."""
     fault: dict[str, Any] = {"test_hooks": True, "test_fault": "hang_inference_after:3"}
 
-    async def main() -> tuple[str, float]:
-        records: list[ResultRecord] = []
-        async with running_worker(secret, **fault) as (_, url):
-            client = TunnelClient(url, lambda: token(secret), records.append, **FAST)
-            cfg = StreamConfig(id="cam", url=str(CLIP), fps=5, realtime=True, loop=True)
-            loop = asyncio.get_running_loop()
-            stream = IngestStream(cfg, loop, 4, link_up=client.connected.is_set)
-            client.add(stream)
-            stream.launch()
-            stop = asyncio.Event()
-            task = asyncio.create_task(supervise(client, stop))
-            try:
-                await wait_until_async(lambda: len(records) >= 2, 60, "first results")
-                t0 = time.monotonic()
-                await wait_until_async(lambda: client.state is TunnelState.STALLED, 10, "stall")
-                assert client.health.pong_at is not None
-                assert time.monotonic() - client.health.pong_at < 0.5  # pongs still come
-                return stream.stalled or "", time.monotonic() - t0
-            finally:
-                stream.stop()
-                stop.set()
-                await asyncio.wait_for(task, 15)
-                await asyncio.to_thread(stream.join, 10)
-
-    reason, took = asyncio.run(main())
+    records: list[ResultRecord] = []
+    async with running_worker(secret, **fault) as (_, url):
+        client = TunnelClient(url, lambda: token(secret), records.append, **FAST)
+        cfg = StreamConfig(id="cam", url=str(CLIP), fps=5, realtime=True, loop=True)
+        loop = asyncio.get_running_loop()
+        stream = IngestStream(cfg, loop, 4, link_up=client.connected.is_set)
+        client.add(stream)
+        stream.launch()
+        stop = asyncio.Event()
+        task = asyncio.create_task(supervise(client, stop))
+        try:
+            await wait_until_async(lambda: len(records) >= 2, 60, "first results")
+            t0 = time.monotonic()
+            await wait_until_async(lambda: client.state is TunnelState.STALLED, 10, "stall")
+            assert client.health.pong_at is not None
+            assert time.monotonic() - client.health.pong_at < 0.5  # pongs still come
+            reason, took = stream.stalled or "", time.monotonic() - t0
+        finally:
+            stream.stop()
+            stop.set()
+            await asyncio.wait_for(task, 15)
+            await asyncio.to_thread(stream.join, 10)
     print(f"\nhung inference: STALLED {took:.2f} s after the last result: {reason}")
     assert "still answers heartbeats" in reason

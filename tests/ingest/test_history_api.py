@@ -54,7 +54,7 @@ def headers(secret: str, *scopes: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {mint(secret, list(scopes), 'ingest')}"}
 
 
-def test_history_of_a_stream_with_a_real_worker(
+async def test_history_of_a_stream_with_a_real_worker(
     media: Media,  # noqa: F811
     secret: str,
     tmp_path: Path,
@@ -62,42 +62,39 @@ def test_history_of_a_stream_with_a_real_worker(
     cam = {"id": "cam-1", "url": str(media.short("mp4")), "fps": 5, "realtime": True,
            "loop": True}  # fmt: skip
 
-    async def main() -> None:
-        async with (
-            running_worker(secret) as (_worker, url),
-            ingest_with_history(secret, tmp_path, url) as (service, sampler, base),
-            httpx.AsyncClient(base_url=base, timeout=10) as http,
-        ):
-            read, write = headers(secret, "streams:read"), headers(secret, "streams:write")
-            assert (await http.post("/v1/streams", json=cam, headers=write)).status_code == 201
-            sampler.sample(service.streams, time.time(), time.monotonic())
-            counters = service.streams["cam-1"].counters
-            await wait_until_async(lambda: counters["results"] >= 5, 30, "results of cam-1")
-            sampler.sample(service.streams, time.time(), time.monotonic())
+    async with (
+        running_worker(secret) as (_worker, url),
+        ingest_with_history(secret, tmp_path, url) as (service, sampler, base),
+        httpx.AsyncClient(base_url=base, timeout=10) as http,
+    ):
+        read, write = headers(secret, "streams:read"), headers(secret, "streams:write")
+        assert (await http.post("/v1/streams", json=cam, headers=write)).status_code == 201
+        sampler.sample(service.streams, time.time(), time.monotonic())
+        counters = service.streams["cam-1"].counters
+        await wait_until_async(lambda: counters["results"] >= 5, 30, "results of cam-1")
+        sampler.sample(service.streams, time.time(), time.monotonic())
 
-            resp = await http.get("/v1/history", headers=read)
-            assert resp.status_code == 200, resp.text
-            body = resp.json()
-            assert body["points"] == 360 and body["interval_s"] == 10.0
-            assert len(body["timestamps"]) == 2 and "replaced" in body["drop_reasons"]
-            series = body["streams"]["cam-1"]
-            assert series["fps_in"][-1] > 0 and series["fps_out"][-1] > 0
-            p50, p99 = series["latency_p50_ms"][-1], series["latency_p99_ms"][-1]
-            assert 0 < p50 <= p99
-            assert body["total"]["fps_out"][-1] == series["fps_out"][-1]
+        resp = await http.get("/v1/history", headers=read)
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["points"] == 360 and body["interval_s"] == 10.0
+        assert len(body["timestamps"]) == 2 and "replaced" in body["drop_reasons"]
+        series = body["streams"]["cam-1"]
+        assert series["fps_in"][-1] > 0 and series["fps_out"][-1] > 0
+        p50, p99 = series["latency_p50_ms"][-1], series["latency_p99_ms"][-1]
+        assert 0 < p50 <= p99
+        assert body["total"]["fps_out"][-1] == series["fps_out"][-1]
 
-            one = (await http.get("/v1/history", params={"stream": "cam-1"}, headers=read)).json()
-            assert list(one["streams"]) == ["cam-1"] and one["total"] == body["total"]
+        one = (await http.get("/v1/history", params={"stream": "cam-1"}, headers=read)).json()
+        assert list(one["streams"]) == ["cam-1"] and one["total"] == body["total"]
 
-            deleted = await http.delete("/v1/streams/cam-1", headers=write)
-            assert deleted.status_code == 204
-            sampler.sample(service.streams, time.time(), time.monotonic())
-            after = (await http.get("/v1/history", headers=read)).json()
-            assert after["streams"] == {} and len(after["timestamps"]) == 3
-            gone = await http.get("/v1/history", params={"stream": "cam-1"}, headers=read)
-            assert gone.status_code == 404
-
-    asyncio.run(main())
+        deleted = await http.delete("/v1/streams/cam-1", headers=write)
+        assert deleted.status_code == 204
+        sampler.sample(service.streams, time.time(), time.monotonic())
+        after = (await http.get("/v1/history", headers=read)).json()
+        assert after["streams"] == {} and len(after["timestamps"]) == 3
+        gone = await http.get("/v1/history", params={"stream": "cam-1"}, headers=read)
+        assert gone.status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -110,7 +107,7 @@ def test_history_of_a_stream_with_a_real_worker(
         (("streams:read",), {"stream": "x" * 500}, 422, "pattern"),
     ],
 )
-def test_refusals_and_bad_queries_are_clear(
+async def test_refusals_and_bad_queries_are_clear(
     secret: str,
     tmp_path: Path,
     scopes: tuple[str, ...] | None,
@@ -118,15 +115,12 @@ def test_refusals_and_bad_queries_are_clear(
     status: int,
     says: str,
 ) -> None:
-    async def main() -> httpx.Response:
-        async with (
-            ingest_with_history(secret, tmp_path, "ws://127.0.0.1:9/v1/tunnel") as (_, _s, base),
-            httpx.AsyncClient(base_url=base, timeout=10) as http,
-        ):
-            auth = headers(secret, *scopes) if scopes else {}
-            return await http.get("/v1/history", params=query, headers=auth)
-
-    resp = asyncio.run(main())
+    async with (
+        ingest_with_history(secret, tmp_path, "ws://127.0.0.1:9/v1/tunnel") as (_, _s, base),
+        httpx.AsyncClient(base_url=base, timeout=10) as http,
+    ):
+        auth = headers(secret, *scopes) if scopes else {}
+        resp = await http.get("/v1/history", params=query, headers=auth)
     assert resp.status_code == status, resp.text
     assert says in resp.text and "Traceback" not in resp.text
     assert "bad id" not in resp.text  # a 422 never echoes the value

@@ -30,6 +30,7 @@ import av
 import httpx
 import pytest
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from framerelay.jobs import TaskProgress, checkpoint_key, progress_key, task_stream_id
 from framerelay.launcher import LocalWorker
@@ -81,15 +82,15 @@ def sidecar_pts(path: Path) -> list[int]:
     return [x.pts for x in lines if x.pts is not None]
 
 
-def progress(prefix: str, job: str, k: int = 0) -> TaskProgress | None:
-    with redis.Redis.from_url(REDIS_URL) as client:
-        raw = client.get(progress_key(prefix, job, k))
+async def progress(prefix: str, job: str, k: int = 0) -> TaskProgress | None:
+    async with AsyncRedis.from_url(REDIS_URL) as client:
+        raw = await client.get(progress_key(prefix, job, k))
     return TaskProgress.model_validate_json(raw) if raw is not None else None
 
 
-def checkpoint(prefix: str, job: str, k: int = 0) -> int | None:
-    with redis.Redis.from_url(REDIS_URL) as client:
-        raw = client.get(checkpoint_key(prefix, job, k))
+async def checkpoint(prefix: str, job: str, k: int = 0) -> int | None:
+    async with AsyncRedis.from_url(REDIS_URL) as client:
+        raw = await client.get(checkpoint_key(prefix, job, k))
     return int(raw) if raw is not None else None
 
 
@@ -138,8 +139,8 @@ async def until_done(prefix: str, job: str, timeout_s: float, k: int = 0) -> lis
     """Every distinct progress seen until the task is done (or failed)."""
     seen: list[TaskProgress] = []
 
-    def ended() -> bool:
-        now = progress(prefix, job, k)
+    async def ended() -> bool:
+        now = await progress(prefix, job, k)
         if now is not None and (not seen or now != seen[-1]):
             seen.append(now)
         return now is not None and now.state in ("done", "failed")
@@ -149,14 +150,14 @@ async def until_done(prefix: str, job: str, timeout_s: float, k: int = 0) -> lis
 
 
 async def frames_done_at_least(prefix: str, job: str, n: int, timeout_s: float = 60) -> None:
-    def enough() -> bool:
-        now = progress(prefix, job)
+    async def enough() -> bool:
+        now = await progress(prefix, job)
         return now is not None and now.frames_done >= n
 
     await wait_until_async(enough, timeout_s, f"{n} frames of {job}")
 
 
-def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
+async def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
     local_worker: LocalWorker, secret: str, media: Media, tmp_path: Path, prefix: str
 ) -> None:
     clip = media.short("mp4")
@@ -164,20 +165,16 @@ def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
     garbage.write_bytes(os.urandom(64 * 1024))
     good, bad = tmp_path / "out" / "good.jsonl", tmp_path / "out" / "bad.jsonl"
 
-    async def main() -> tuple[list[TaskProgress], list[TaskProgress], dict[str, Any], list[Any]]:
-        async with ingest(secret, tmp_path, prefix) as (service, http, got):
-            refused = await http.post("/v1/streams", json={**task("j1", clip, good),
-                                                           "realtime": True})  # fmt: skip
-            assert refused.status_code == 422 and "realtime" in refused.text
-            await place(http, local_worker, task("j2", garbage, bad))
-            await place(http, local_worker, task("j1", clip, good))
-            seen = await until_done(prefix, "j1", 90)
-            failed = await until_done(prefix, "j2", 10)
-            await wait_until_async(lambda: service.streams["job-j1-0"].finished, 10, "stream end")
-            view = (await http.get("/v1/streams/job-j1-0")).json()
-            return seen, failed, view, [r for r in got if r.stream_id == "job-j1-0"]
-
-    seen, failed, view, results = asyncio.run(main())
+    async with ingest(secret, tmp_path, prefix) as (service, http, got):
+        refused = await http.post("/v1/streams", json={**task("j1", clip, good), "realtime": True})
+        assert refused.status_code == 422 and "realtime" in refused.text
+        await place(http, local_worker, task("j2", garbage, bad))
+        await place(http, local_worker, task("j1", clip, good))
+        seen = await until_done(prefix, "j1", 90)
+        failed = await until_done(prefix, "j2", 10)
+        await wait_until_async(lambda: service.streams["job-j1-0"].finished, 10, "stream end")
+        view = (await http.get("/v1/streams/job-j1-0")).json()
+        results = [r for r in got if r.stream_id == "job-j1-0"]
     want = expected_pts(clip, FPS)
     assert sidecar_pts(good) == want  # every sampled frame once, in order
     assert sorted(r.pts for r in results) == want  # the bus had them too (its own ids)
@@ -192,7 +189,7 @@ def test_a_task_runs_once_a_corrupt_one_fails_and_refusals(
     print(f"\n{len(want)} frames; progress seen {[(p.state, p.frames_done) for p in seen]}")
 
 
-def test_every_frame_once_when_moved_and_when_the_worker_dies(
+async def test_every_frame_once_when_moved_and_when_the_worker_dies(
     secret: str, media: Media, tmp_path: Path, prefix: str
 ) -> None:
     clip = media.h264_clip()  # 43 s: ~215 frames at 5 fps
@@ -200,21 +197,19 @@ def test_every_frame_once_when_moved_and_when_the_worker_dies(
     body = task("j3", clip, sidecar)
     want = expected_pts(clip, FPS)
 
-    async def main(procs: dict[str, LocalWorker]) -> tuple[list[TaskProgress], dict[str, int]]:
+    with workers(secret, "gpu-a", "gpu-b") as procs:
         async with ingest(secret, tmp_path, prefix) as (service, http, _):
             await place(http, procs["gpu-a"], body)
             await frames_done_at_least(prefix, "j3", len(want) // 5)
             await place(http, procs["gpu-b"], body)  # moved while A is healthy
             await frames_done_at_least(prefix, "j3", len(want) // 2)
-            procs["gpu-b"].kill()  # the spot worker is gone, frames in flight with it
+            # the spot worker is gone, frames in flight with it
+            await asyncio.to_thread(procs["gpu-b"].kill)
             await asyncio.sleep(0.3)
             await place(http, procs["gpu-a"], body)  # the orchestrator places it again
             seen = await until_done(prefix, "j3", 120)
-            counters = service.streams["job-j3-0"].describe()
-            return seen, {k: int(str(counters[k])) for k in ("disconnected", "timeout", "sent")}
-
-    with workers(secret, "gpu-a", "gpu-b") as procs:
-        seen, counters = asyncio.run(main(procs))
+            described = service.streams["job-j3-0"].describe()
+            counters = {k: int(str(described[k])) for k in ("disconnected", "timeout", "sent")}
     got = sidecar_pts(sidecar)
     assert seen[-1].state == "done", seen[-1]
     assert counters["disconnected"] + counters["timeout"] > 0  # frames were lost on the way
@@ -256,7 +251,7 @@ class IngestProcess:
         return [ResultRecord.model_validate_json(x).pts for x in lines]
 
 
-def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
+async def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     local_worker: LocalWorker, secret: str, media: Media, tmp_path: Path, prefix: str
 ) -> None:
     clip = media.h264_clip()
@@ -273,22 +268,15 @@ def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     }
     want = expected_pts(clip, FPS)
 
-    async def first() -> int:
-        with IngestProcess(env, streams, local_worker, tmp_path / "first.jsonl") as ingest1:
-            await frames_done_at_least(prefix, "j4", len(want) // 3, 90 * TIMEOUT_FACTOR)
-            ingest1.kill()  # no last flush, no last progress
-        at = checkpoint(prefix, "j4")
-        assert at is not None and at > 0
-        return at
-
-    async def second(out: Path) -> list[TaskProgress]:
-        with IngestProcess(env, streams, local_worker, out):
-            return await until_done(prefix, "j4", 120)
-
-    at = asyncio.run(first())
+    with IngestProcess(env, streams, local_worker, tmp_path / "first.jsonl") as ingest1:
+        await frames_done_at_least(prefix, "j4", len(want) // 3, 90 * TIMEOUT_FACTOR)
+        ingest1.kill()  # no last flush, no last progress
+    at = await checkpoint(prefix, "j4")
+    assert at is not None and at > 0
     again = IngestProcess(env, streams, local_worker, tmp_path / "second.jsonl")
     started = time.monotonic()
-    seen = asyncio.run(second(again.out))
+    with IngestProcess(env, streams, local_worker, again.out):
+        seen = await until_done(prefix, "j4", 120)
     resent = again.sent_pts()
     got = sidecar_pts(sidecar)
     assert seen[-1].state == "done" and seen[-1].frames_done == len(want)
@@ -301,7 +289,7 @@ def test_an_ingest_killed_mid_task_resumes_from_the_checkpoint(
     )
 
 
-def test_a_new_definition_or_a_removal_mid_task_keeps_every_frame_once(
+async def test_a_new_definition_or_a_removal_mid_task_keeps_every_frame_once(
     local_worker: LocalWorker, secret: str, media: Media, tmp_path: Path, prefix: str
 ) -> None:
     clip = media.short("mp4")
@@ -310,21 +298,18 @@ def test_a_new_definition_or_a_removal_mid_task_keeps_every_frame_once(
     body_a, body_b = task("j5", clip, a, fps=fps), task("j6", clip, b, fps=fps)
     want = expected_pts(clip, fps)
 
-    async def main() -> tuple[TaskProgress | None, list[TaskProgress], list[TaskProgress]]:
-        async with ingest(secret, tmp_path, prefix) as (_, http, _):
-            await place(http, local_worker, body_a)
-            await place(http, local_worker, body_b)
-            await frames_done_at_least(prefix, "j5", len(want) // 4)
-            r = await http.put("/v1/streams/job-j5-0", json={**body_a, "jpeg_quality": 80})
-            assert r.status_code == 200, r.text  # a new definition: the next epoch takes over
-            await frames_done_at_least(prefix, "j6", len(want) // 4)
-            assert (await http.delete("/v1/streams/job-j6-0/worker")).status_code == 200
-            await asyncio.sleep(1.0)
-            stopped = progress(prefix, "j6")
-            await place(http, local_worker, body_b)  # placed again: resumes
-            return stopped, await until_done(prefix, "j5", 60), await until_done(prefix, "j6", 60)
-
-    stopped, done_a, done_b = asyncio.run(main())
+    async with ingest(secret, tmp_path, prefix) as (_, http, _):
+        await place(http, local_worker, body_a)
+        await place(http, local_worker, body_b)
+        await frames_done_at_least(prefix, "j5", len(want) // 4)
+        r = await http.put("/v1/streams/job-j5-0", json={**body_a, "jpeg_quality": 80})
+        assert r.status_code == 200, r.text  # a new definition: the next epoch takes over
+        await frames_done_at_least(prefix, "j6", len(want) // 4)
+        assert (await http.delete("/v1/streams/job-j6-0/worker")).status_code == 200
+        await asyncio.sleep(1.0)
+        stopped = await progress(prefix, "j6")
+        await place(http, local_worker, body_b)  # placed again: resumes
+        done_a, done_b = await until_done(prefix, "j5", 60), await until_done(prefix, "j6", 60)
     assert stopped is not None and stopped.state == "pending" and stopped.checkpoint_pts
     for path, seen in ((a, done_a), (b, done_b)):
         got = sidecar_pts(path)

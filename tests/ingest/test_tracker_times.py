@@ -11,7 +11,6 @@ the stream's OPEN, applied to its tracker on the worker.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -86,24 +85,24 @@ def _tracker_settings(worker: Worker, stream_id: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.integration
-def test_a_streams_own_settings_reach_its_tracker_on_the_worker(secret: str) -> None:
+async def test_a_streams_own_settings_reach_its_tracker_on_the_worker(secret: str) -> None:
     times = {"max_lost_s": 2.5, "max_gap_s": 4.0}
     config = StreamConfig(id="cam", url=str(CLIP), fps=5, realtime=True, loop=True,
                           tracker_settings=times)  # fmt: skip
     plain = StreamConfig(id="cam2", url=str(CLIP), fps=5, realtime=True, loop=True)
     records: list[ResultRecord] = []
 
-    async def main() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        async with (
-            running_worker(secret) as (worker, url),
-            streaming(url, token(secret), records, config),
-            streaming(url, token(secret), records, plain),
-        ):
-            await wait_until_async(lambda: {r.stream_id for r in records} == {"cam", "cam2"},
-                           WAIT_S, "results of both streams")  # fmt: skip
-            return _tracker_settings(worker, "cam"), _tracker_settings(worker, "cam2")
-
-    own, default = asyncio.run(main())
+    async with (
+        running_worker(secret) as (worker, url),
+        streaming(url, token(secret), records, config),
+        streaming(url, token(secret), records, plain),
+    ):
+        await wait_until_async(
+            lambda: {r.stream_id for r in records} == {"cam", "cam2"},
+            WAIT_S,
+            "results of both streams",
+        )
+        own, default = _tracker_settings(worker, "cam"), _tracker_settings(worker, "cam2")
     assert own is not None and default is not None
     assert (own["max_lost_s"], own["max_gap_s"]) == (2.5, 4.0)
     defaults = TrackerSettings().model_dump()
@@ -116,21 +115,18 @@ def test_a_streams_own_settings_reach_its_tracker_on_the_worker(secret: str) -> 
 
 
 @pytest.mark.integration
-def test_a_tracker_without_time_settings_is_refused_and_the_stream_says_why(secret: str) -> None:
+async def test_a_tracker_without_time_settings_is_refused_and_the_stream_says_why(
+    secret: str,
+) -> None:
     config = StreamConfig(id="cam", url=str(CLIP), fps=5, realtime=True, loop=True,
                           tracker="none", tracker_settings={"max_lost_s": 2})  # fmt: skip
 
-    async def main() -> str | None:
-        async with (
-            running_worker(secret) as (_, url),
-            streaming(url, token(secret), [], config) as (_, stream),
-        ):
-            await wait_until_async(
-                lambda: stream.last_error is not None, WAIT_S, "the stream's error"
-            )
-            return stream.last_error
-
-    said = asyncio.run(main())
+    async with (
+        running_worker(secret) as (_, url),
+        streaming(url, token(secret), [], config) as (_, stream),
+    ):
+        await wait_until_async(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
+        said = stream.last_error
     assert said == (
         "the worker refused the stream: bad_tracker: "
         "tracker 'none' has no time settings to set per stream"

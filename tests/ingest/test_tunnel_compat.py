@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -23,8 +22,6 @@ from websockets.asyncio.server import ServerConnection, serve
 from framerelay import wire
 from framerelay.protocol import negotiation as versions
 from framerelay.results import ResultRecord
-from ingest.stream import IngestStream
-from ingest.tunnel_client import TunnelClient
 from tests.conftest import TIMEOUT_FACTOR
 from tests.support import wire_v1_peer as v1
 from tests.support.waiting import wait_until_async
@@ -84,64 +81,50 @@ async def _fake(handler: Handler, *, negotiate: bool) -> AsyncIterator[str]:
         yield f"ws://127.0.0.1:{next(iter(srv.sockets)).getsockname()[1]}/v1/tunnel"
 
 
-def test_a_newer_worker_with_extra_fields_in_hello_result_and_error() -> None:
+async def test_a_newer_worker_with_extra_fields_in_hello_result_and_error() -> None:
     records: list[ResultRecord] = []
 
-    async def main() -> tuple[TunnelClient, IngestStream]:
-        async with (
-            _fake(_newer_worker, negotiate=True) as url,
-            streaming(url, "t", records) as (
-                client,
-                stream,
-            ),
-        ):
-            await wait_until_async(lambda: len(records) >= 6, WAIT_S, "results")
-            await wait_until_async(lambda: stream.counters["worker_error"] >= 3, WAIT_S, "errors")
-            return client, stream
-
-    client, stream = asyncio.run(main())
+    async with (
+        _fake(_newer_worker, negotiate=True) as url,
+        streaming(url, "t", records) as (
+            client,
+            stream,
+        ),
+    ):
+        await wait_until_async(lambda: len(records) >= 6, WAIT_S, "results")
+        await wait_until_async(lambda: stream.counters["worker_error"] >= 3, WAIT_S, "errors")
     assert client.worker_id == "gpu-new" and client.connects == 1 and client.errors == 0
     assert client.hello is not None and client.hello.features == ["resume", "teleport"]
     assert all(r.worker_id == "gpu-new" for r in records)
     assert (stream.last_error or "").startswith("worker error capacity: busy")
 
 
-def test_a_v1_worker_gets_frames_its_strict_reader_takes() -> None:
+async def test_a_v1_worker_gets_frames_its_strict_reader_takes() -> None:
     records: list[ResultRecord] = []
 
-    async def main() -> TunnelClient:
-        async with (
-            _fake(_v1_worker, negotiate=False) as url,
-            streaming(url, "t", records) as (
-                client,
-                _,
-            ),
-        ):
-            await wait_until_async(lambda: len(records) >= 5, WAIT_S, "results from the v1 worker")
-            return client
-
-    client = asyncio.run(main())
+    async with (
+        _fake(_v1_worker, negotiate=False) as url,
+        streaming(url, "t", records) as (
+            client,
+            _,
+        ),
+    ):
+        await wait_until_async(lambda: len(records) >= 5, WAIT_S, "results from the v1 worker")
     assert client.connects == 1 and client.errors == 0 and client.last_error is None
     assert [r.seq for r in records] == sorted(r.seq for r in records)
 
 
-def test_a_worker_of_other_versions_refuses_and_the_ingest_says_why(
+async def test_a_worker_of_other_versions_refuses_and_the_ingest_says_why(
     secret: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     future = functools.partial(versions.select, supported=(3,))  # a v3-only worker
     monkeypatch.setattr(versions, "select", future)
 
-    async def main() -> tuple[TunnelClient, IngestStream]:
-        async with (
-            running_worker(secret) as (_, url),
-            streaming(url, token(secret), []) as (client, stream),
-        ):
-            await wait_until_async(
-                lambda: stream.last_error is not None, WAIT_S, "the stream's error"
-            )
-            return client, stream
-
-    client, stream = asyncio.run(main())
+    async with (
+        running_worker(secret) as (_, url),
+        streaming(url, token(secret), []) as (client, stream),
+    ):
+        await wait_until_async(lambda: stream.last_error is not None, WAIT_S, "the stream's error")
     assert client.connects == 0
     assert client.last_error == (
         "NoCommonVersion: the worker refused the tunnel: no common tunnel version: this worker "

@@ -67,27 +67,23 @@ async def two_streams(
                 await asyncio.to_thread(s.join, 10)
 
 
-def test_a_sender_that_raises_fails_its_stream_only(
+async def test_a_sender_that_raises_fails_its_stream_only(
     secret: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records: list[ResultRecord] = []
 
-    async def main() -> tuple[TunnelClient, IngestStream, int]:
-        async with two_streams(secret, records.append) as (client, good, bad):
-            _poison(monkeypatch, bad)
-            for s in (good, bad):
-                client.add(s)
-                s.launch()
-            await wait_until_async(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
-            n = sum(r.stream_id == "good" for r in records)
-            await wait_until_async(
-                lambda: sum(r.stream_id == "good" for r in records) >= n + 10, 30, "good results"
-            )
-            await wait_until_async(lambda: not bad.alive, 10, "bad decode thread to end")
-            assert client.state is TunnelState.UP and client.connects == 1
-            return client, bad, n
-
-    client, bad, n = asyncio.run(main())
+    async with two_streams(secret, records.append) as (client, good, bad):
+        _poison(monkeypatch, bad)
+        for s in (good, bad):
+            client.add(s)
+            s.launch()
+        await wait_until_async(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
+        n = sum(r.stream_id == "good" for r in records)
+        await wait_until_async(
+            lambda: sum(r.stream_id == "good" for r in records) >= n + 10, 30, "good results"
+        )
+        await wait_until_async(lambda: not bad.alive, 10, "bad decode thread to end")
+        assert client.state is TunnelState.UP and client.connects == 1
     assert bad.error is not None and bad.error.startswith("sender crashed: InvalidMessage")
     assert "scale" in bad.error
     assert client.task_errors == 1 and client.errors == 0
@@ -95,7 +91,7 @@ def test_a_sender_that_raises_fails_its_stream_only(
     print(f"\nbad stream: {bad.error[:120]}...; good stream: {n} results then 10 more")
 
 
-def test_result_handling_that_raises_fails_its_stream_only(secret: str) -> None:
+async def test_result_handling_that_raises_fails_its_stream_only(secret: str) -> None:
     good_results: list[ResultRecord] = []
 
     def on_result(record: ResultRecord) -> None:
@@ -103,57 +99,49 @@ def test_result_handling_that_raises_fails_its_stream_only(secret: str) -> None:
             raise KeyError("a subscriber bug")
         good_results.append(record)
 
-    async def main() -> tuple[TunnelClient, IngestStream]:
-        async with two_streams(secret, on_result) as (client, good, bad):
-            for s in (good, bad):
-                client.add(s)
-                s.launch()
-            await wait_until_async(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
-            n = len(good_results)
-            await wait_until_async(lambda: len(good_results) >= n + 10, 30, "good results")
-            assert client.state is TunnelState.UP and client.connects == 1
-            return client, bad
-
-    client, bad = asyncio.run(main())
+    async with two_streams(secret, on_result) as (client, good, bad):
+        for s in (good, bad):
+            client.add(s)
+            s.launch()
+        await wait_until_async(lambda: bad.state is StreamState.FAILED, 30, "bad stream FAILED")
+        n = len(good_results)
+        await wait_until_async(lambda: len(good_results) >= n + 10, 30, "good results")
+        assert client.state is TunnelState.UP and client.connects == 1
     assert bad.error == "result handling crashed: KeyError: 'a subscriber bug'"
     assert client.task_errors == 1
 
 
-def test_a_worker_failing_every_frame_shows_in_the_stream_error(secret: str) -> None:
+async def test_a_worker_failing_every_frame_shows_in_the_stream_error(secret: str) -> None:
     fault: dict[str, Any] = {"test_hooks": True, "test_fault": "raise_inference_after:2"}
 
-    async def main() -> IngestStream:
-        async with running_worker(secret, **fault) as (_, url):
-            client = TunnelClient(url, lambda: token(secret), lambda _: None)
-            stream = IngestStream(
-                _cam("cam"), asyncio.get_running_loop(), 4, link_up=client.connected.is_set
-            )
-            client.add(stream)
-            stream.launch()
-            stop = asyncio.Event()
-            task = asyncio.create_task(supervise(client, stop))
-            try:
-                await wait_until_async(lambda: stream.error is not None, 30, "the stream's error")
-                return stream
-            finally:
-                stream.stop()
-                stop.set()
-                await asyncio.wait_for(task, 15)
-                await asyncio.to_thread(stream.join, 10)
-
-    stream = asyncio.run(main())
+    async with running_worker(secret, **fault) as (_, url):
+        client = TunnelClient(url, lambda: token(secret), lambda _: None)
+        stream = IngestStream(
+            _cam("cam"), asyncio.get_running_loop(), 4, link_up=client.connected.is_set
+        )
+        client.add(stream)
+        stream.launch()
+        stop = asyncio.Event()
+        task = asyncio.create_task(supervise(client, stop))
+        try:
+            await wait_until_async(lambda: stream.error is not None, 30, "the stream's error")
+        finally:
+            stream.stop()
+            stop.set()
+            await asyncio.wait_for(task, 15)
+            await asyncio.to_thread(stream.join, 10)
     assert stream.counters["worker_error"] >= 3
     assert (stream.error or "").startswith("the worker fails every frame (3 in a row): worker")
     assert (stream.last_error or "").startswith("worker error")
     print(f"\nworker whose inference raises: error = {stream.error}")
 
 
-def test_run_survives_unexpected_errors_and_logs_the_traceback_once(
+async def test_run_survives_unexpected_errors_and_logs_the_traceback_once(
     secret: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     records: list[ResultRecord] = []
 
-    async def main() -> TunnelClient:
+    with caplog.at_level(logging.WARNING, "ingest.tunnel_client"):
         async with two_streams(secret, records.append) as (client, good, _):
             real = client._session
             calls = 0
@@ -169,17 +157,13 @@ def test_run_survives_unexpected_errors_and_logs_the_traceback_once(
             client.add(good)
             good.launch()
             await wait_until_async(lambda: len(records) >= 3, 60, "results after the errors")
-            return client
-
-    with caplog.at_level(logging.WARNING, "ingest.tunnel_client"):
-        client = asyncio.run(main())
     assert client.errors == 3 and client.connects == 1
     tracebacks = [r for r in caplog.records if r.exc_info and "unexpected" in r.getMessage()]
     assert len(tracebacks) == 1
     assert client.last_error == "RuntimeError: a bug in the session"
 
 
-def test_supervise_restarts_a_run_that_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_supervise_restarts_a_run_that_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     client = TunnelClient("ws://127.0.0.1:9/v1/tunnel", lambda: "t", lambda _: None)
     runs = 0
 
@@ -195,19 +179,16 @@ def test_supervise_restarts_a_run_that_ends(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(client, "run", run)
     monkeypatch.setattr("ingest.tunnel_client.Backoff.next_delay", lambda self, rng: 0.01)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(supervise(client, stop))
-        await wait_until_async(lambda: runs == 3, 5, "third run")
-        assert not task.done()
-        stop.set()
-        await asyncio.wait_for(task, 5)
-
-    asyncio.run(main())
+    stop = asyncio.Event()
+    task = asyncio.create_task(supervise(client, stop))
+    await wait_until_async(lambda: runs == 3, 5, "third run")
+    assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 5)
     assert client.restarts == 2
 
 
-def test_the_service_runs_on_beside_a_1x1_source_and_a_crashing_sender(
+async def test_the_service_runs_on_beside_a_1x1_source_and_a_crashing_sender(
     secret: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tiny = tmp_path / "tiny.mp4"
@@ -222,33 +203,30 @@ def test_the_service_runs_on_beside_a_1x1_source_and_a_crashing_sender(
 
     monkeypatch.setattr(TunnelClient, "add", add)
 
-    async def main() -> IngestService:
-        async with running_worker(secret, "gpu-a") as (_, url):
-            settings = IngestSettings(
-                worker_url=url, token_secrets=secret, store_path=tmp_path / "s.json",
-                streams=[_cam("good"), _cam("poison"),
-                         StreamConfig(id="tiny", url=str(tiny), realtime=True, loop=True)],
-            )  # fmt: skip
-            service = IngestService(settings)
-            stop = asyncio.Event()
-            run = asyncio.create_task(service.run(stop))
-            try:
-                poison = await _started(service, "poison")
-                await wait_until_async(
-                    lambda: poison.state is StreamState.FAILED, 30, "poison FAILED"
-                )
-                good = service.streams["good"]
-                n = good.counters["results"]
-                await wait_until_async(
-                    lambda: good.counters["results"] >= n + 10, 30, "good results"
-                )
-                assert not run.done()
-                return service
-            finally:
-                stop.set()
-                await asyncio.wait_for(run, 30)
-
-    service = asyncio.run(main())
+    async with running_worker(secret, "gpu-a") as (_, url):
+        settings = IngestSettings(
+            worker_url=url,
+            token_secrets=secret,
+            store_path=tmp_path / "s.json",
+            streams=[
+                _cam("good"),
+                _cam("poison"),
+                StreamConfig(id="tiny", url=str(tiny), realtime=True, loop=True),
+            ],
+        )
+        service = IngestService(settings)
+        stop = asyncio.Event()
+        run = asyncio.create_task(service.run(stop))
+        try:
+            poison = await _started(service, "poison")
+            await wait_until_async(lambda: poison.state is StreamState.FAILED, 30, "poison FAILED")
+            good = service.streams["good"]
+            n = good.counters["results"]
+            await wait_until_async(lambda: good.counters["results"] >= n + 10, 30, "good results")
+            assert not run.done()
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
     tiny_stream = service.streams["tiny"]
     print(f"\n1x1 source: {tiny_stream.state.value} ({tiny_stream.error}); "
           f"poison: {service.streams['poison'].error}")  # fmt: skip

@@ -63,7 +63,7 @@ async def fake_worker(pki: Pki, seen: list[str]) -> AsyncIterator[str]:
         yield f"wss://127.0.0.1:{port}/v1/tunnel"
 
 
-def test_the_pool_verifies_the_worker_by_the_name_it_was_given(
+async def test_the_pool_verifies_the_worker_by_the_name_it_was_given(
     pki: Pki,
     media: Media,  # noqa: F811
     tmp_path: Path,
@@ -91,33 +91,34 @@ def test_the_pool_verifies_the_worker_by_the_name_it_was_given(
         finally:
             await pool.aclose()
 
-    ok, error, seen = asyncio.run(attempt(POD))
+    ok, error, seen = await attempt(POD)
     assert ok and error is None and len(seen) == 1
     claims = TokenVerifier(hs_keys(SECRET), "worker").verify(seen[0].split()[1], "worker:gpu-a")
     assert claims.aud == "framerelay-worker"
     for wrong in ("gpu-b.pods.framerelay", None):
-        ok, error, seen = asyncio.run(attempt(wrong))
+        ok, error, seen = await attempt(wrong)
         assert not ok and seen == []  # the token never reached an impostor
         assert error is not None and "CERTIFICATE_VERIFY_FAILED" in error, error
 
 
-def test_the_pool_refuses_plain_ws_to_another_host() -> None:
+async def test_the_pool_refuses_plain_ws_to_another_host() -> None:
     pool = StreamRegistry(lambda w: "t", lambda r: None)
 
-    async def main() -> None:
-        with pytest.raises(ConfigError, match="refusing plain ws://"):
-            await pool.place("cam", "w", "ws://gpu.example.com:8443/v1/tunnel")
-        with pytest.raises(ConfigError, match="tls_server_name needs a wss://"):
-            await pool.place("cam", "w", "ws://127.0.0.1:1/v1/tunnel", POD)
-        for url in ("ws://127.0.0.1:1/v1/tunnel", "ws://[::1]:1/v1/tunnel",
-                    "ws://localhost:1/v1/tunnel", "ws://127.8.9.10:1/v1/tunnel"):  # fmt: skip
-            with pytest.raises(UnknownStream):  # loopback passes the check (no such stream)
-                await pool.place("cam", "w", url)
-
-    asyncio.run(main())
+    with pytest.raises(ConfigError, match="refusing plain ws://"):
+        await pool.place("cam", "w", "ws://gpu.example.com:8443/v1/tunnel")
+    with pytest.raises(ConfigError, match="tls_server_name needs a wss://"):
+        await pool.place("cam", "w", "ws://127.0.0.1:1/v1/tunnel", POD)
+    for url in (
+        "ws://127.0.0.1:1/v1/tunnel",
+        "ws://[::1]:1/v1/tunnel",
+        "ws://localhost:1/v1/tunnel",
+        "ws://127.8.9.10:1/v1/tunnel",
+    ):
+        with pytest.raises(UnknownStream):  # loopback passes the check (no such stream)
+            await pool.place("cam", "w", url)
     insecure = StreamRegistry(lambda w: "t", lambda r: None, TunnelOptions(allow_insecure=True))
     with pytest.raises(UnknownStream):
-        asyncio.run(insecure.place("cam", "w", "ws://gpu.example.com:8443/v1/tunnel"))
+        await insecure.place("cam", "w", "ws://gpu.example.com:8443/v1/tunnel")
 
 
 def test_settings_refuse_a_remote_plain_worker_url() -> None:
