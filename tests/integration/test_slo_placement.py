@@ -22,7 +22,6 @@ test the near worker's round trip and processing measured 160-210 ms together).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +120,12 @@ async def _gone(fleet: Fleet, sid: str) -> bool:
     return await _worker_of(fleet, sid) is None and sid not in fleet.pool.streams
 
 
-def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> None:
+async def test_slo_stream_placed_by_measured_latency(secret: str, tmp_path: Path) -> None:
     settings = settings_for(secret, tmp_path / "ca", tiers=_tiers(), **MEASURING)
-
-    async def main() -> dict[str, Any]:
-        local = LocalProvider(settings.local, env_hook=lambda spec: BATCHING)
-        provider = ProxiedProvider(local, ONE_WAY_S)
-        async with running_fleet(settings, provider=provider) as fleet:
-            return await _scenario(fleet)
-
-    out = asyncio.run(main())
+    local = LocalProvider(settings.local, env_hook=lambda spec: BATCHING)
+    provider = ProxiedProvider(local, ONE_WAY_S)
+    async with running_fleet(settings, provider=provider) as fleet:
+        out = await _scenario(fleet)
     (tmp_path / "metrics.txt").write_text(out["metrics"])
     rtt, proc = out["rtt"], out["processing"]
     print(

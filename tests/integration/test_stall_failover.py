@@ -115,10 +115,10 @@ def _gap(times: list[float], start: float) -> float:
     return max((b - a for a, b in itertools.pairwise(later)), default=float("inf"))
 
 
-def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Path) -> None:
+async def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Path) -> None:
     placed = {"a1": "gpu-a", "a2": "gpu-a", "b1": "gpu-b"}
 
-    async def main(procs: dict[str, LocalWorker]) -> dict[str, Any]:
+    with workers(secret, "gpu-a", "gpu-b") as procs:
         async with ingest(secret, tmp_path) as (service, http, got):
 
             async def put(sid: str, worker: str) -> bool:
@@ -168,34 +168,35 @@ def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_path: Pat
                 lambda: len(_of(got, "a1", "gpu-a")) >= n + 5, 30, "a1 back on A"
             )
             routing = (await http.get("/v1/routing")).json()
-            return {
+            out: dict[str, Any] = {
                 "move_s": t_moved - t0, "results_s": t_res - t0, "gaps": gaps,
                 "failovers": (service.registry.failovers, failovers, stalled_a),
                 "workers": workers_view,
                 "streams": streams_view, "before": before, "after": after, "routing": routing,
             }  # fmt: skip
 
-    with workers(secret, "gpu-a", "gpu-b") as procs:
-        got = asyncio.run(main(procs))
-    gaps = ", ".join(f"{s} {g:.2f} s" for s, g in got["gaps"].items())
-    print(f"\nSIGSTOP gpu-a: its streams on gpu-b after {got['move_s']:.2f} s, results from "
-          f"gpu-b after {got['results_s']:.2f} s; longest result gap: {gaps}")  # fmt: skip
-    assert got["move_s"] <= 5.0 * TIMEOUT_FACTOR
-    assert got["results_s"] <= 5.0 * TIMEOUT_FACTOR
-    assert got["failovers"] == (2, 2.0, None)  # gpu-a's tunnel closed once emptied
-    assert got["gaps"]["b1"] < 2.0 * TIMEOUT_FACTOR  # the healthy worker's stream went on
-    assert {w["name"]: w["state"] for w in got["workers"]} == {"default": "IDLE", "gpu-b": "UP"}
-    assert {s["id"]: s["state"] for s in got["streams"]} == dict.fromkeys(placed, "RUNNING")
+    longest = ", ".join(f"{s} {g:.2f} s" for s, g in out["gaps"].items())
+    print(f"\nSIGSTOP gpu-a: its streams on gpu-b after {out['move_s']:.2f} s, results from "
+          f"gpu-b after {out['results_s']:.2f} s; longest result gap: {longest}")  # fmt: skip
+    assert out["move_s"] <= 5.0 * TIMEOUT_FACTOR
+    assert out["results_s"] <= 5.0 * TIMEOUT_FACTOR
+    assert out["failovers"] == (2, 2.0, None)  # gpu-a's tunnel closed once emptied
+    assert out["gaps"]["b1"] < 2.0 * TIMEOUT_FACTOR  # the healthy worker's stream went on
+    assert {w["name"]: w["state"] for w in out["workers"]} == {"default": "IDLE", "gpu-b": "UP"}
+    assert {s["id"]: s["state"] for s in out["streams"]} == dict.fromkeys(placed, "RUNNING")
     for sid in ("a1", "a2"):  # the session resumed on gpu-b (its snapshot): a track kept its
-        before, after = got["before"][sid], got["after"][sid]  # id or got a new one, never
+        before, after = out["before"][sid], out["after"][sid]  # id or got a new one, never
         assert after and all(i in before or i > max(before) for i in after), (before, after)
-    assert got["routing"] == {"a1": "gpu-a", "a2": "gpu-b", "b1": "gpu-b"}
+    assert out["routing"] == {"a1": "gpu-a", "a2": "gpu-b", "b1": "gpu-b"}
 
 
-def test_a_frozen_lone_worker_stalls_its_streams_which_recover(secret: str, tmp_path: Path) -> None:
+async def test_a_frozen_lone_worker_stalls_its_streams_which_recover(
+    secret: str, tmp_path: Path
+) -> None:
     sids = ("cam-1", "cam-2")
 
-    async def main(worker: LocalWorker) -> dict[str, Any]:
+    with workers(secret, "solo") as procs:
+        worker = procs["solo"]
         streams = [StreamConfig(**_cam(s)) for s in sids]
         async with ingest(secret, tmp_path, worker_url=worker.url, streams=streams) as (
             service, http, got,
@@ -228,23 +229,21 @@ def test_a_frozen_lone_worker_stalls_its_streams_which_recover(secret: str, tmp_
 
             await wait_until_async(recovered, 20, "A recovered")
             back = time.monotonic()
-            return {
+            out: dict[str, Any] = {
                 "seen_s": seen - t0, "stalled_s": stalled_at, "back_s": back - t1,
                 "tunnel": tunnel, "gauge": gauge, "stalls": service.client.health.stalls,
                 "connects": service.client.connects,
             }  # fmt: skip
 
-    with workers(secret, "solo") as procs:
-        got = asyncio.run(main(procs["solo"]))
     print(f"\nSIGSTOP the only worker: streams STALLED after "
-          f"{', '.join(f'{t:.2f}' for t in got['stalled_s'])} s (API saw it after "
-          f"{got['seen_s']:.2f} s); RUNNING with results {got['back_s']:.2f} s after SIGCONT; "
-          f"tunnel reconnected {got['connects'] - 1} time(s)")  # fmt: skip
-    assert max(got["stalled_s"]) <= 3.0 + 0.25 * TIMEOUT_FACTOR
-    assert got["tunnel"]["name"] == "default" and got["tunnel"]["state"] == "STALLED"
-    assert "not answering" in got["tunnel"]["stall_reason"]
-    assert got["stalls"] >= 1 and got["gauge"] == 1.0
-    assert got["back_s"] <= 10.0 * TIMEOUT_FACTOR
+          f"{', '.join(f'{t:.2f}' for t in out['stalled_s'])} s (API saw it after "
+          f"{out['seen_s']:.2f} s); RUNNING with results {out['back_s']:.2f} s after SIGCONT; "
+          f"tunnel reconnected {out['connects'] - 1} time(s)")  # fmt: skip
+    assert max(out["stalled_s"]) <= 3.0 + 0.25 * TIMEOUT_FACTOR
+    assert out["tunnel"]["name"] == "default" and out["tunnel"]["state"] == "STALLED"
+    assert "not answering" in out["tunnel"]["stall_reason"]
+    assert out["stalls"] >= 1 and out["gauge"] == 1.0
+    assert out["back_s"] <= 10.0 * TIMEOUT_FACTOR
 
 
 def _ids(
