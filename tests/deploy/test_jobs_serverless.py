@@ -119,7 +119,7 @@ def billed_s(state: EndpointState) -> float:
 
 
 @pytest.mark.integration
-def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
+async def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
     secret: str, tmp_path: Path, handler: ServerlessHandler
 ) -> None:
     inputs = clips(tmp_path)
@@ -139,41 +139,39 @@ def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_once(
             tunnels.update(fleet.pool.placed())
             await asyncio.sleep(0.2)
 
-    async def main(url: str) -> tuple[JobView, float, set[str], dict[str, Any]]:
-        serverless = {"base_url": url, "api_key": KEY, "poll_initial_s": 0.05,
-                      "poll_max_s": 0.2, "backoff_s": 0.05}  # fmt: skip
-        over = {
-            "redis_url": REDIS_URL,
-            "results": ResultsSettings(redis_prefix=prefix),
-            "serverless": serverless,
-            "store_key": f"{prefix}:streams",
-            "job_sidecar_dirs": (tmp_path,),
-        }
-        async with running_fleet(settings, ingest_over=over) as fleet:
-            stop = asyncio.Event()
-            watcher = asyncio.create_task(watch(fleet, stop))
-            spec = JobSpec(id="night", inputs=[str(p) for p in inputs], max_parallel=2)
-            t0 = time.monotonic()
-            assert await fleet.orch.jobs.submit(await new_job(fleet.orch, spec))
-            ended = await wait_until_async(
-                lambda: _ended(fleet), JOB_LIMIT_S, "job finished", every_s=0.1
-            )
-            took = time.monotonic() - t0
-            await wait_until_async(
-                lambda: _no_tasks(fleet), 10, "task streams gone from the ingest", every_s=0.1
-            )
-            await asyncio.sleep(1.0)  # a few more passes: still no pod
-            stop.set()
-            await watcher
-            cost.update(await fleet.orch.store.cost())
-            return ended, took, set(fleet.pool.streams), dict(fleet.orch.fleet.counters)
-
     cost: dict[str, float] = {}
     try:
         with running_endpoint(state) as url:
-            job, took, left, counters = asyncio.run(main(url))
+            serverless = {"base_url": url, "api_key": KEY, "poll_initial_s": 0.05,
+                          "poll_max_s": 0.2, "backoff_s": 0.05}  # fmt: skip
+            over = {
+                "redis_url": REDIS_URL,
+                "results": ResultsSettings(redis_prefix=prefix),
+                "serverless": serverless,
+                "store_key": f"{prefix}:streams",
+                "job_sidecar_dirs": (tmp_path,),
+            }
+            async with running_fleet(settings, ingest_over=over) as fleet:
+                stop = asyncio.Event()
+                watcher = asyncio.create_task(watch(fleet, stop))
+                spec = JobSpec(id="night", inputs=[str(p) for p in inputs], max_parallel=2)
+                t0 = time.monotonic()
+                assert await fleet.orch.jobs.submit(await new_job(fleet.orch, spec))
+                ended = await wait_until_async(
+                    lambda: _ended(fleet), JOB_LIMIT_S, "job finished", every_s=0.1
+                )
+                took = time.monotonic() - t0
+                await wait_until_async(
+                    lambda: _no_tasks(fleet), 10, "task streams gone from the ingest", every_s=0.1
+                )
+                await asyncio.sleep(1.0)  # a few more passes: still no pod
+                stop.set()
+                await watcher
+                cost.update(await fleet.orch.store.cost())
+                job, left = ended, set(fleet.pool.streams)
+                counters = dict(fleet.orch.fleet.counters)
     finally:
-        asyncio.run(clear_prefix(prefix))
+        await clear_prefix(prefix)
     frames = {Path(i).name: sidecar_pts(Path(s)) for i, s in zip(job.inputs, job.sidecars,
                                                                   strict=True)}  # fmt: skip
     dupes = {n: [p for p, c in collections.Counter(v).items() if c > 1] for n, v in frames.items()}
@@ -288,7 +286,9 @@ def test_a_serverless_job_costs_its_execution_time_and_no_pod_share() -> None:
 
 
 @pytest.mark.integration
-def test_the_ingest_carries_a_tasks_billed_time_over_from_its_last_run(tmp_path: Path) -> None:
+async def test_the_ingest_carries_a_tasks_billed_time_over_from_its_last_run(
+    tmp_path: Path,
+) -> None:
     """A task's run on a restarted ingest adds its endpoint's time to what the last run
     reported, so the job is never charged less than was billed."""
     prefix = f"test-job-sls-{secrets.token_hex(4)}"
@@ -297,26 +297,25 @@ def test_the_ingest_carries_a_tasks_billed_time_over_from_its_last_run(tmp_path:
                           fps=0, job=task)  # fmt: skip
     key = progress_key(prefix, "night", 0)
 
-    async def main() -> TaskProgress:
-        redis = Redis.from_url(REDIS_URL)
-        try:
-            await redis.set(key, TaskProgress(state="running", execution_s=4.25).model_dump_json())
-            stream = IngestStream(config, asyncio.get_running_loop(), max_inflight=4)
-            run = JobRun(stream, task, redis, prefix)
-            await run._read_checkpoint()  # as its start does
-            run.billed_s = 1.5  # what its endpoint billed this run (ingest.serverless_task)
-            assert await run._write("running", Figures(None, 0, False))
-            raw = await redis.get(key)
-            assert raw is not None
-            return TaskProgress.model_validate_json(raw)
-        finally:
-            await redis.delete(key)
-            await redis.aclose()
+    redis = Redis.from_url(REDIS_URL)
+    try:
+        await redis.set(key, TaskProgress(state="running", execution_s=4.25).model_dump_json())
+        stream = IngestStream(config, asyncio.get_running_loop(), max_inflight=4)
+        run = JobRun(stream, task, redis, prefix)
+        await run._read_checkpoint()  # as its start does
+        run.billed_s = 1.5  # what its endpoint billed this run (ingest.serverless_task)
+        assert await run._write("running", Figures(None, 0, False))
+        raw = await redis.get(key)
+        assert raw is not None
+        progress = TaskProgress.model_validate_json(raw)
+    finally:
+        await redis.delete(key)
+        await redis.aclose()
 
-    assert asyncio.run(main()).execution_s == pytest.approx(5.75)
+    assert progress.execution_s == pytest.approx(5.75)
 
 
-def test_the_ingest_link_serves_with_a_streams_write_token_and_settles_409_and_404() -> None:
+async def test_the_ingest_link_serves_with_a_streams_write_token_and_settles_409_and_404() -> None:
     """After an orchestrator restart the definition is posted again: 409 (it runs there)
     counts as done, as a 404 does for a withdrawal; the token has streams:write alone."""
     keys, calls = ed_keys(), list[tuple[str, int, frozenset[str]]]()
@@ -351,7 +350,7 @@ def test_the_ingest_link_serves_with_a_streams_write_token_and_settles_409_and_4
             await link.aclose()
 
     with serving(app) as url:
-        assert asyncio.run(talk(url)) == [True, True, True, True]
+        assert await talk(url) == [True, True, True, True]
     assert [(m, c) for m, c, _ in calls] == [("POST", 201), ("POST", 409), ("DELETE", 204),
                                              ("DELETE", 404)]  # fmt: skip
     assert all(scope == {"streams:write"} for _, _, scope in calls)
