@@ -3,7 +3,6 @@ RTSP over UDP, RTSP with credentials (never logged), HTTP progressive, HLS, RTMP
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -24,27 +23,21 @@ pytestmark = pytest.mark.integration
 PASSWORD = "s3cr3t:/@pw"  # needs quoting in a URL
 
 
-def _collect(
+async def _collect(
     cfg: StreamConfig, frames: int, timeout_s: float = 20, *, to_the_end: bool = False
 ) -> dict[str, Any]:
     """The figures once ``frames`` came (or the stream finished); ``to_the_end``: once it
     finished too (a source whose last frame is the ``frames``-th still has its end to read)."""
-
-    async def main() -> dict[str, Any]:
-        started = time.monotonic()
-        async with standalone(cfg) as (stream, got):
-            await wait_until_async(
-                lambda: len(got) >= 1, timeout_s, f"{cfg.id}: a frame", every_s=0.02
-            )
-            first = time.monotonic()
-            await wait_until_async(
-                lambda: len(got) >= frames or stream.finished, timeout_s, f"{cfg.id}: frames"
-            )
-            if to_the_end:
-                await wait_until_async(lambda: stream.finished, timeout_s, f"{cfg.id}: its end")
-            return _figures(stream, list(got), first - started)
-
-    return asyncio.run(main())
+    started = time.monotonic()
+    async with standalone(cfg) as (stream, got):
+        await wait_until_async(lambda: len(got) >= 1, timeout_s, f"{cfg.id}: a frame", every_s=0.02)
+        first = time.monotonic()
+        await wait_until_async(
+            lambda: len(got) >= frames or stream.finished, timeout_s, f"{cfg.id}: frames"
+        )
+        if to_the_end:
+            await wait_until_async(lambda: stream.finished, timeout_s, f"{cfg.id}: its end")
+        return _figures(stream, list(got), first - started)
 
 
 def _figures(stream: IngestStream, got: list[Outgoing], first_s: float) -> dict[str, Any]:
@@ -64,32 +57,32 @@ def _figures(stream: IngestStream, got: list[Outgoing], first_s: float) -> dict[
     }
 
 
-def test_rtsp_over_udp(media: Media) -> None:  # noqa: F811
+async def test_rtsp_over_udp(media: Media) -> None:  # noqa: F811
     with RtspServer(media.h264_clip()) as cam:
         cam.start()
-        fig = _collect(StreamConfig(id="udp", url=cam.url, rtsp_transport="udp"), 10)
+        fig = await _collect(StreamConfig(id="udp", url=cam.url, rtsp_transport="udp"), 10)
     print(f"\nRTSP/UDP: first frame after {fig['first_frame_s']:.2f} s")
     assert fig["frames"] >= 10 and fig["monotonic"] and fig["live"] and fig["codec"] == "h264"
 
 
-def test_http_progressive_file_and_hls(media: Media) -> None:  # noqa: F811
+async def test_http_progressive_file_and_hls(media: Media) -> None:  # noqa: F811
     # built before the server serves their folder; the MP4 has its index first (a
     # simple static server cannot answer the range requests a trailing index needs)
     clip = media.h264_clip()
     media.hls()
     with http_server(media.root) as base:
-        mp4 = _collect(StreamConfig(id="http", url=f"{base}/{clip.name}", fps=0), 250)
+        mp4 = await _collect(StreamConfig(id="http", url=f"{base}/{clip.name}", fps=0), 250)
         hls_cfg = StreamConfig(id="hls", url=f"{base}/hls/index.m3u8", fps=0)
-        hls = _collect(hls_cfg, 250, to_the_end=True)
+        hls = await _collect(hls_cfg, 250, to_the_end=True)
     assert mp4["frames"] >= 250 and mp4["state"] is StreamState.RUNNING and not mp4["live"]
     assert hls["frames"] == 250 and hls["state"] is StreamState.STOPPED
     assert hls["format"] == "hls" and hls["wrap_bits"] == 33  # MPEG-TS segments: 33-bit PTS
     assert mp4["monotonic"] and hls["monotonic"] and hls["epochs"] == {0}
 
 
-def test_rtmp(media: Media) -> None:  # noqa: F811
+async def test_rtmp(media: Media) -> None:  # noqa: F811
     with rtmp_server(media.short("mp4")) as url:
-        fig = _collect(StreamConfig(id="rtmp", url=url, fps=5), 5)
+        fig = await _collect(StreamConfig(id="rtmp", url=url, fps=5), 5)
     print(f"\nRTMP: first frame after {fig['first_frame_s']:.2f} s")
     assert fig["live"] and fig["format"] == "flv" and fig["wrap_bits"] == 32
     assert fig["frames"] >= 5 and fig["monotonic"]
@@ -97,7 +90,7 @@ def test_rtmp(media: Media) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("how", ["url", "fields"])
-def test_rtsp_credentials_work_and_never_show(
+async def test_rtsp_credentials_work_and_never_show(
     media: Media,  # noqa: F811
     how: str,
     caplog: pytest.LogCaptureFixture,
@@ -116,15 +109,12 @@ def test_rtsp_credentials_work_and_never_show(
                 id=sid, url=cam.url, username="cam", password=password, auth_retry_s=0.3
             )
 
-        good = _collect(config("good", PASSWORD), 3)
+        good = await _collect(config("good", PASSWORD), 3)
 
-        async def refused() -> dict[str, object]:
-            cfg = config("bad", PASSWORD + "-wrong")
-            async with standalone(cfg) as (stream, _):
-                await wait_until_async(lambda: stream.counters["auth_failed"] >= 2, 10, "refusals")
-                return stream.describe() | {"history": list(stream.history)}
-
-        bad = asyncio.run(refused())
+        cfg = config("bad", PASSWORD + "-wrong")
+        async with standalone(cfg) as (stream, _):
+            await wait_until_async(lambda: stream.counters["auth_failed"] >= 2, 10, "refusals")
+            bad = stream.describe() | {"history": list(stream.history)}
     assert good["frames"] >= 3 and good["describe"]["source"].startswith("rtsp://")
     assert bad["state"] == "AUTH_FAILED" and "Unauthorized" in str(bad["error"])
     assert bad["open_error"] == 0  # an authentication failure, retried every auth_retry_s

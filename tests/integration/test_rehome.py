@@ -74,54 +74,49 @@ async def _play(
     return ids, snap
 
 
-def test_track_ids_continue_on_another_worker(secret: str) -> None:
+async def test_track_ids_continue_on_another_worker(secret: str) -> None:
     items = frames()
     fresh = wire.encode(wire.Open(stream_id="cam"))
 
-    async def main() -> tuple[list[list[int]], list[list[int]], int]:
-        every_frame = {"snapshot_interval_s": 1e-6}
-        async with (
-            running_worker(secret, "gpu-a", **every_frame) as (_, url_a),
-            running_worker(secret, "gpu-b", **every_frame) as (worker_b, url_b),
-        ):
-            ws = await _connect(url_a, secret, "gpu-a")
-            whole, _ = await _play(ws, items, fresh, False)
-            await ws.close()
-            ws = await _connect(url_a, secret, "gpu-a")
-            await ws.send(wire.encode(wire.Close(stream_id="cam")))
-            first, snap = await _play(
-                ws, items[:SPLIT], wire.encode(wire.Open(stream_id="cam", tracker="default"))
-            )
-            await ws.close()  # worker A is gone as far as this stream is concerned
-            assert snap is not None
-            clock, blob = snap
-            ws = await _connect(url_b, secret, "gpu-b")
-            resumed = wire.encode(wire.Open(stream_id="cam", clock=clock), blob)
-            second, _ = await _play(ws, items[SPLIT:], resumed)
-            await ws.close()
-            return whole, first + second, int(worker_b.metrics.resumed._value.get())
+    every_frame = {"snapshot_interval_s": 1e-6}
+    async with (
+        running_worker(secret, "gpu-a", **every_frame) as (_, url_a),
+        running_worker(secret, "gpu-b", **every_frame) as (worker_b, url_b),
+    ):
+        ws = await _connect(url_a, secret, "gpu-a")
+        whole, _ = await _play(ws, items, fresh, False)
+        await ws.close()
+        ws = await _connect(url_a, secret, "gpu-a")
+        await ws.send(wire.encode(wire.Close(stream_id="cam")))
+        first, snap = await _play(
+            ws, items[:SPLIT], wire.encode(wire.Open(stream_id="cam", tracker="default"))
+        )
+        await ws.close()  # worker A is gone as far as this stream is concerned
+        assert snap is not None
+        clock, blob = snap
+        ws = await _connect(url_b, secret, "gpu-b")
+        resumed_open = wire.encode(wire.Open(stream_id="cam", clock=clock), blob)
+        second, _ = await _play(ws, items[SPLIT:], resumed_open)
+        await ws.close()
+        split, resumed = first + second, int(worker_b.metrics.resumed._value.get())
 
-    whole, split, resumed = asyncio.run(main())
     assert resumed == 1
     assert any(ids and max(ids) > 0 for ids in whole[SPLIT:])
     assert split == whole  # identical ids before and after the move
 
 
-def test_garbage_snapshot_starts_a_fresh_session(secret: str) -> None:
+async def test_garbage_snapshot_starts_a_fresh_session(secret: str) -> None:
     items = frames()[:5]
 
-    async def main() -> tuple[wire.Error, list[list[int]]]:
-        async with running_worker(secret) as (_, url):
-            ws = await _connect(url, secret, "gpu-a")
-            await ws.send(
-                wire.encode(wire.Open(stream_id="cam", clock=wire.SessionClock()), b"garbage!")
-            )
-            err, _ = wire.decode(await asyncio.wait_for(ws.recv(decode=False), 10))
-            assert isinstance(err, wire.Error)
-            ids, _ = await _play(ws, items, wire.encode(wire.Open(stream_id="cam")), False)
-            await ws.close()
-            return err, ids
+    async with running_worker(secret) as (_, url):
+        ws = await _connect(url, secret, "gpu-a")
+        await ws.send(
+            wire.encode(wire.Open(stream_id="cam", clock=wire.SessionClock()), b"garbage!")
+        )
+        err, _ = wire.decode(await asyncio.wait_for(ws.recv(decode=False), 10))
+        assert isinstance(err, wire.Error)
+        ids, _ = await _play(ws, items, wire.encode(wire.Open(stream_id="cam")), False)
+        await ws.close()
 
-    err, ids = asyncio.run(main())
     assert err.code == "bad_snapshot" and "starting a new session" in err.message
     assert len(ids) == 5
