@@ -10,7 +10,6 @@ from the id; a job on the tier carries them to its tasks.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -108,29 +107,25 @@ def keeper(url: str, *tiers: TierConfig, **over: Any) -> ServerlessEndpoints:
     return ServerlessEndpoints(runpod(url, **over), "fr", list(tiers), WORKER_ENV)
 
 
-def reconcile(url: str, *tiers: TierConfig, **over: Any) -> ServerlessEndpoints:
+async def reconcile(url: str, *tiers: TierConfig, **over: Any) -> ServerlessEndpoints:
     """A keeper (an orchestrator's start) that has reconciled once."""
-
-    async def main() -> ServerlessEndpoints:
-        k = keeper(url, *tiers, **over)
-        try:
-            await k.tick()
-        finally:
-            await k.aclose()
-        return k
-
-    return asyncio.run(main())
+    k = keeper(url, *tiers, **over)
+    try:
+        await k.tick()
+    finally:
+        await k.aclose()
+    return k
 
 
 def calls(server: ContractServer, method: str, template: str) -> list[Any]:
     return [e for e in server.requests(method, template) if e.status < 400]
 
 
-def test_an_endpoint_is_created_once_from_the_worker_image_with_workers_from_zero(
+async def test_an_endpoint_is_created_once_from_the_worker_image_with_workers_from_zero(
     server: ContractServer, url: str
 ) -> None:
     tier = night(volume=TierVolume(runpod_id="vol1", data_center="US-KS-2"))
-    k = reconcile(url, tier, registry="cred1")
+    k = await reconcile(url, tier, registry="cred1")
     assert k.problems == {} and k.counters["created"] == 1
     (made,) = server.endpoints.values()
     assert made["name"] == "fr-night" and made["type"] == "QUEUE"
@@ -153,20 +148,17 @@ def test_an_endpoint_is_created_once_from_the_worker_image_with_workers_from_zer
     assert (ready.id, ready.name) == (made["id"], "fr-night")
 
 
-def test_a_second_reconcile_and_a_restarted_orchestrator_take_the_endpoint_as_it_is(
+async def test_a_second_reconcile_and_a_restarted_orchestrator_take_the_endpoint_as_it_is(
     server: ContractServer, url: str
 ) -> None:
-    async def main() -> ServerlessEndpoints:
-        k = keeper(url, night())
-        try:
-            await k.reconcile()
-            await k.reconcile()  # the next check: nothing to do
-        finally:
-            await k.aclose()
-        return k
+    first = keeper(url, night())
+    try:
+        await first.reconcile()
+        await first.reconcile()  # the next check: nothing to do
+    finally:
+        await first.aclose()
 
-    first = asyncio.run(main())
-    again = reconcile(url, night())  # another process: finds it by name
+    again = await reconcile(url, night())  # another process: finds it by name
     assert len(calls(server, "POST", "/v2/serverless")) == 1 and len(server.endpoints) == 1
     assert calls(server, "PATCH", "/v2/serverless/{id}") == []
     assert (first.counters["created"], first.counters["taken"], again.counters["taken"]) == (
@@ -177,17 +169,17 @@ def test_a_second_reconcile_and_a_restarted_orchestrator_take_the_endpoint_as_it
     assert first.ready["night"] == again.ready["night"]
 
 
-def test_changed_settings_are_one_patch_of_the_changed_fields_alone(
+async def test_changed_settings_are_one_patch_of_the_changed_fields_alone(
     server: ContractServer, url: str
 ) -> None:
-    reconcile(url, night())
+    await reconcile(url, night())
     (endpoint_id,) = server.endpoints
     changed = night(
         max_workers=6,
         gpu_types=("NVIDIA L4", "NVIDIA RTX A5000"),
         serverless=ServerlessConfig(idle_timeout_s=30, flashboot="OFF"),
     )
-    k = reconcile(url, changed, allowed_cuda_versions=("12.8",))
+    k = await reconcile(url, changed, allowed_cuda_versions=("12.8",))
     (patch,) = calls(server, "PATCH", "/v2/serverless/{id}")
     assert patch.path == f"/v2/serverless/{endpoint_id}" and k.counters["updated"] == 1
     now = server.endpoints[endpoint_id]
@@ -196,7 +188,7 @@ def test_changed_settings_are_one_patch_of_the_changed_fields_alone(
     assert now["gpu"]["excludedTypes"] == [ADA.id]
     assert now["gpu"]["allowedCudaVersions"] == ["12.8"] and now["gpu"]["minCudaVersion"] is None
     assert len(server.endpoints) == 1 and len(calls(server, "POST", "/v2/serverless")) == 1
-    reconcile(url, changed, allowed_cuda_versions=("12.8",))  # now as the settings say
+    await reconcile(url, changed, allowed_cuda_versions=("12.8",))  # now as the settings say
     assert len(calls(server, "PATCH", "/v2/serverless/{id}")) == 1
 
 
@@ -230,23 +222,23 @@ def test_patch_body_names_only_what_differs() -> None:
     }
 
 
-def test_an_answer_lost_after_the_create_never_makes_a_second_endpoint(
+async def test_an_answer_lost_after_the_create_never_makes_a_second_endpoint(
     server: LosingCreates, url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.lose = 1  # RunPod makes it, the answer is a 500
     server.knobs.rate_limit_next = 1  # and the first list is throttled
     with caplog.at_level(logging.DEBUG):
-        k = reconcile(url, night())
+        k = await reconcile(url, night())
     assert len(server.endpoints) == 1 and len(server.requests("POST", "/v2/serverless")) == 1
     assert k.ready["night"].id in server.endpoints and k.problems == {}
     assert "taken, not created again" in caplog.text and KEY not in caplog.text
 
 
-def test_request_urls_are_runpods_answer_not_built_from_the_id(
+async def test_request_urls_are_runpods_answer_not_built_from_the_id(
     server: ContractServer, url: str
 ) -> None:
     server.knobs.serverless_url = "https://queue.example.net/v9"  # not where ids would say
-    k = reconcile(url, night())
+    k = await reconcile(url, night())
     ready = k.ready["night"]
     assert ready.urls.run == f"https://queue.example.net/v9/{ready.id}/run"
     assert (
@@ -272,7 +264,7 @@ def test_request_urls_are_runpods_answer_not_built_from_the_id(
         request_urls(plain, "fr-night")
 
 
-def test_an_endpoint_of_the_name_that_is_not_queue_based_is_reported_not_touched(
+async def test_an_endpoint_of_the_name_that_is_not_queue_based_is_reported_not_touched(
     server: ContractServer, url: str
 ) -> None:
     made = api_post(
@@ -287,27 +279,25 @@ def test_an_endpoint_of_the_name_that_is_not_queue_based_is_reported_not_touched
             "scaling": {"type": "REQUEST_COUNT", "requestCount": 4},
         },
     )  # an operator's, by hand
-    k = reconcile(url, night())
+    k = await reconcile(url, night())
     assert "is LOAD_BALANCER, not QUEUE: delete it" in k.problems["night"]
     assert k.ready == {} and calls(server, "PATCH", "/v2/serverless/{id}") == []
     assert list(server.endpoints) == [made["id"]]
 
 
-def test_a_failed_reconcile_is_tried_again_on_the_next_pass(
+async def test_a_failed_reconcile_is_tried_again_on_the_next_pass(
     server: ContractServer, url: str
 ) -> None:
-    async def main() -> tuple[dict[str, str], dict[str, Any]]:
-        k = keeper(url, night(), max_retries=0)
-        try:
-            server.knobs.fail_next = 1
-            await k.tick()  # RunPod answers 500: no endpoint yet, no exception
-            failed = dict(k.problems)
-            await k.tick()  # the next pass
-            return failed, dict(k.ready)
-        finally:
-            await k.aclose()
+    k = keeper(url, night(), max_retries=0)
+    try:
+        server.knobs.fail_next = 1
+        await k.tick()  # RunPod answers 500: no endpoint yet, no exception
+        failed = dict(k.problems)
+        await k.tick()  # the next pass
+        ready = dict(k.ready)
+    finally:
+        await k.aclose()
 
-    failed, ready = asyncio.run(main())
     assert "failed after 1 attempts" in failed["night"] and KEY not in failed["night"]
     assert list(ready) == ["night"] and len(server.endpoints) == 1
 
@@ -320,7 +310,7 @@ def test_a_tier_whose_gpu_types_have_no_serverless_pool_says_so() -> None:
     assert (choice.pools, choice.excluded) == (("ADA_24",), ())
 
 
-def test_a_job_on_a_managed_tier_carries_its_endpoints_urls_to_its_tasks(
+async def test_a_job_on_a_managed_tier_carries_its_endpoints_urls_to_its_tasks(
     server: ContractServer, url: str
 ) -> None:
     settings = OrchestratorSettings(signing_keys=ed_keys().to_json(), tiers=[night()])
@@ -328,7 +318,7 @@ def test_a_job_on_a_managed_tier_carries_its_endpoints_urls_to_its_tasks(
     with pytest.raises(NoServerlessTier, match="night's serverless endpoint is not ready"):
         choose(settings, spec, {})  # before the orchestrator made it
     assert choose(settings, spec.model_copy(update={"serverless": None}), {}) is None  # pods
-    ready = reconcile(url, night()).ready
+    ready = (await reconcile(url, night())).ready
     choice = choose(settings, spec, ready)
     assert choice is not None and choice.urls == ready["night"].urls
     assert (choice.tier, choice.endpoint_id, choice.price_per_s) == (
