@@ -100,17 +100,12 @@ async def listed(
     with ``reason``; bounded wait)."""
     found: dict[str, PodInfo] = {}
 
-    async def poll() -> None:
-        while True:
-            found.update({p.name: p for p in await made.list()})
-            info = found.get(name)
-            if info is not None and info.status is status:
-                if (info.reason or "").startswith(reason):
-                    return
-            await asyncio.sleep(0.05)
+    async def there() -> bool:
+        found.update({p.name: p for p in await made.list()})
+        info = found.get(name)
+        return info is not None and info.status is status and (info.reason or "").startswith(reason)
 
-    async with asyncio.timeout(20):
-        await poll()
+    await wait_until_async(there, 20, lambda: f"{name} {status.name}: {found.get(name)}")
     return found[name]
 
 
@@ -118,16 +113,13 @@ def names(k8s: K8sContractServer, kind: str) -> set[str]:
     return {o["metadata"]["name"] for o in k8s.objects(kind, "framerelay")}
 
 
-def test_a_pod_is_applied_server_side_and_read_from_the_watch(tmp_path: Path) -> None:
-    async def main(k8s: K8sContractServer) -> PodInfo:
+async def test_a_pod_is_applied_server_side_and_read_from_the_watch(tmp_path: Path) -> None:
+    with cluster() as k8s:
         async with provider(k8s, tmp_path) as made:
             assert await made.list() == []
             created = await made.create(spec(tmp_path, "fr-gpu-0-g0", gpus=2))
             assert created.status is PodStatus.PROVISIONING
-            return await listed(made, "fr-gpu-0-g0", PodStatus.RUNNING)
-
-    with cluster() as k8s:
-        info = asyncio.run(main(k8s))
+            info = await listed(made, "fr-gpu-0-g0", PodStatus.RUNNING)
         pod = k8s.pod("fr-gpu-0-g0")
         assert pod is not None
         ip = pod["status"]["podIP"]
@@ -148,12 +140,12 @@ def test_a_pod_is_applied_server_side_and_read_from_the_watch(tmp_path: Path) ->
         assert k8s.creates == {"framerelay/fr-gpu-0-g0": 1}
 
 
-def test_unschedulable_is_said_then_no_capacity_after_the_grace(tmp_path: Path) -> None:
+async def test_unschedulable_is_said_then_no_capacity_after_the_grace(tmp_path: Path) -> None:
     """A profile without the GPU taint's toleration: the scheduler's message, then, once
     the grace has passed on the orchestrator's clock, no capacity."""
     untolerated = {"plain": {"base": None}}
 
-    async def main(k8s: K8sContractServer) -> tuple[PodInfo, PodInfo, PodInfo]:
+    with cluster() as k8s:
         clock = FakeClock(1000)
         async with provider(k8s, tmp_path, clock, profiles=untolerated) as made:
             await made.create(spec(tmp_path, "fr-plain-0-g0", tier="plain"))
@@ -161,10 +153,7 @@ def test_unschedulable_is_said_then_no_capacity_after_the_grace(tmp_path: Path) 
             clock.advance(GRACE_S - 1)
             waiting = (await made.list())[0]
             clock.advance(1)
-            return first, waiting, (await made.list())[0]
-
-    with cluster() as k8s:
-        first, waiting, gone = asyncio.run(main(k8s))
+            gone = (await made.list())[0]
     assert first.reason is not None and first.reason.startswith("Unschedulable: 0/1 nodes")
     assert "untolerated taint {nvidia.com/gpu: present}" in first.reason
     assert waiting.status is PodStatus.PROVISIONING and waiting.reason == first.reason
@@ -173,8 +162,8 @@ def test_unschedulable_is_said_then_no_capacity_after_the_grace(tmp_path: Path) 
     assert first.reason.startswith(gone.reason.removeprefix(f"no node for {GRACE_S:.0f} s: ")[:-1])
 
 
-def test_terminate_deletes_every_object_and_a_lost_pod_leaves_none(tmp_path: Path) -> None:
-    async def main(k8s: K8sContractServer) -> None:
+async def test_terminate_deletes_every_object_and_a_lost_pod_leaves_none(tmp_path: Path) -> None:
+    with cluster() as k8s:
         async with provider(k8s, tmp_path) as made:
             for name in ("fr-gpu-0-g0", "fr-gpu-1-g0"):
                 await made.create(spec(tmp_path, name))
@@ -190,16 +179,13 @@ def test_terminate_deletes_every_object_and_a_lost_pod_leaves_none(tmp_path: Pat
             )
             assert await made.list() == []
 
-    with cluster() as k8s:
-        asyncio.run(main(k8s))
 
-
-def test_the_watch_resumes_from_its_version_and_lists_again_after_410(tmp_path: Path) -> None:
+async def test_the_watch_resumes_from_its_version_and_lists_again_after_410(tmp_path: Path) -> None:
     """Stopped and started again, the watch resumes from the version it had (no list);
     once the server's history no longer reaches that version (compacted), it gets 410
     and lists again, which also shows a pod deleted while it was away."""
 
-    async def main(k8s: K8sContractServer) -> None:
+    with cluster() as k8s:
         kube = settings(k8s, tmp_path)
         api = KubeApi(kube)
         watch = PodWatch(api, MANAGED)
@@ -227,40 +213,35 @@ def test_the_watch_resumes_from_its_version_and_lists_again_after_410(tmp_path: 
         finally:
             await watch.aclose()
             await api.aclose()
-
-    with cluster() as k8s:
-        asyncio.run(main(k8s))
         assert k8s.creates == {"framerelay/fr-gpu-0-g0": 1, "framerelay/fr-gpu-1-g0": 1}
 
 
-def test_a_watch_failing_for_long_fails_the_pass_instead_of_a_stale_cache(
+async def test_a_watch_failing_for_long_fails_the_pass_instead_of_a_stale_cache(
     tmp_path: Path,
 ) -> None:
     """The API server goes away: the pods last seen are listed while the watch retries,
     until it has failed for STALE_S on the orchestrator's clock."""
 
-    async def main() -> str:
-        clock = FakeClock(0)
-        with cluster() as k8s:
-            made = KubernetesProvider(settings(k8s, tmp_path), clock)
-            await made.create(spec(tmp_path, "fr-gpu-0-g0"))
-            await listed(made, "fr-gpu-0-g0", PodStatus.RUNNING)
-        try:
-            await wait_until_async(lambda: made.watch.broken is not None, 10, "the watch broken")
-            assert [p.name for p in await made.list()] == ["fr-gpu-0-g0"]
-            clock.advance(STALE_S + 1)
-            with pytest.raises(ProviderError) as stale:
-                await made.list()
-        finally:
-            await made.aclose()
-        return str(stale.value)
+    clock = FakeClock(0)
+    with cluster() as k8s:
+        made = KubernetesProvider(settings(k8s, tmp_path), clock)
+        await made.create(spec(tmp_path, "fr-gpu-0-g0"))
+        await listed(made, "fr-gpu-0-g0", PodStatus.RUNNING)
+    try:
+        await wait_until_async(lambda: made.watch.broken is not None, 10, "the watch broken")
+        assert [p.name for p in await made.list()] == ["fr-gpu-0-g0"]
+        clock.advance(STALE_S + 1)
+        with pytest.raises(ProviderError) as stale:
+            await made.list()
+    finally:
+        await made.aclose()
+    said = str(stale.value)
 
-    said = asyncio.run(main())
     assert said.startswith(f"the pod watch has failed for {STALE_S + 1:.0f} s: "), said
 
 
-def test_a_broken_api_fails_the_pass_in_one_line(tmp_path: Path) -> None:
-    async def main(k8s: K8sContractServer) -> str:
+async def test_a_broken_api_fails_the_pass_in_one_line(tmp_path: Path) -> None:
+    with cluster() as k8s:
         kube = k8s.write_kubeconfig(tmp_path / "kubeconfig")
         kube.write_text(kube.read_text().replace(k8s.token, "not-the-token"))
         made = KubernetesProvider(KubernetesSettings(kubeconfig=kube))
@@ -269,10 +250,7 @@ def test_a_broken_api_fails_the_pass_in_one_line(tmp_path: Path) -> None:
                 await made.create(spec(tmp_path, "fr-gpu-0-g0"))
         finally:
             await made.aclose()
-        return str(failed.value)
-
-    with cluster() as k8s:
-        said = asyncio.run(main(k8s))
+        said = str(failed.value)
     assert said.startswith("apply Secret/fr-gpu-0-g0: 401 Unauthorized"), said
     assert "\n" not in said and "PRIVATE KEY" not in said
 
