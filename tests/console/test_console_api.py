@@ -50,52 +50,46 @@ def test_frame_event_carries_the_result_and_its_jpeg(tmp_path: Path) -> None:
     assert body["frame"]["jpeg"] == "anBlZy03"  # base64 of b"jpeg-7"
 
 
-def test_at_most_max_viewers_event_streams_are_open(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest:
-            headers = ingest.auth("streams:read")
-            async with httpx.AsyncClient(base_url=ingest.base, timeout=10) as http:
-                body = {"id": "cam-1", "url": str(DEFAULT_CLIP), "realtime": True, "loop": True}
-                r = await http.post("/v1/streams", json=body, headers=ingest.auth("streams:write"))
-                assert r.status_code == 201
-                opened, readers = [], []
-                for _ in range(console.MAX_VIEWERS):
-                    req = http.build_request("GET", "/v1/console/streams", headers=headers)
-                    resp = await http.send(req, stream=True)
-                    assert resp.status_code == 200
-                    lines = resp.aiter_lines()  # kept: dropping it closes the response
-                    assert await anext(lines) == "event: streams"
-                    opened.append(resp)
-                    readers.append(lines)
-                over = await http.get("/v1/console/streams", headers=headers)
-                assert over.status_code == 503 and "close one first" in over.json()["detail"]
-                await opened.pop().aclose()
-                for _ in range(50):  # the server sees the close at its next write (1 s)
-                    probe = await http.send(
-                        http.build_request("GET", "/v1/console/streams", headers=headers),
-                        stream=True,
-                    )
-                    if probe.status_code == 200:
-                        opened.append(probe)
-                        break
-                    await probe.aclose()
-                    await asyncio.sleep(0.1)
-                assert opened[-1].status_code == 200  # a closed view frees its place
-                for resp in opened:
-                    await resp.aclose()
-
-    asyncio.run(main())
+async def test_at_most_max_viewers_event_streams_are_open(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest:
+        headers = ingest.auth("streams:read")
+        async with httpx.AsyncClient(base_url=ingest.base, timeout=10) as http:
+            body = {"id": "cam-1", "url": str(DEFAULT_CLIP), "realtime": True, "loop": True}
+            r = await http.post("/v1/streams", json=body, headers=ingest.auth("streams:write"))
+            assert r.status_code == 201
+            opened, readers = [], []
+            for _ in range(console.MAX_VIEWERS):
+                req = http.build_request("GET", "/v1/console/streams", headers=headers)
+                resp = await http.send(req, stream=True)
+                assert resp.status_code == 200
+                lines = resp.aiter_lines()  # kept: dropping it closes the response
+                assert await anext(lines) == "event: streams"
+                opened.append(resp)
+                readers.append(lines)
+            over = await http.get("/v1/console/streams", headers=headers)
+            assert over.status_code == 503 and "close one first" in over.json()["detail"]
+            await opened.pop().aclose()
+            for _ in range(50):  # the server sees the close at its next write (1 s)
+                probe = await http.send(
+                    http.build_request("GET", "/v1/console/streams", headers=headers),
+                    stream=True,
+                )
+                if probe.status_code == 200:
+                    opened.append(probe)
+                    break
+                await probe.aclose()
+                await asyncio.sleep(0.1)
+            assert opened[-1].status_code == 200  # a closed view frees its place
+            for resp in opened:
+                await resp.aclose()
 
 
-def test_a_live_view_of_an_unknown_stream_is_404_after_the_token(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest:
-            async with httpx.AsyncClient(base_url=ingest.base, timeout=10) as http:
-                path = "/v1/console/streams/nope/live"
-                assert (await http.get(path)).status_code == 401
-                wrong = await http.get(path, headers=ingest.auth("results:other"))
-                assert wrong.status_code == 403
-                missing = await http.get(path, headers=ingest.auth("results:*"))
-                assert missing.status_code == 404 and "nope" in missing.json()["detail"]
-
-    asyncio.run(main())
+async def test_a_live_view_of_an_unknown_stream_is_404_after_the_token(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest:
+        async with httpx.AsyncClient(base_url=ingest.base, timeout=10) as http:
+            path = "/v1/console/streams/nope/live"
+            assert (await http.get(path)).status_code == 401
+            wrong = await http.get(path, headers=ingest.auth("results:other"))
+            assert wrong.status_code == 403
+            missing = await http.get(path, headers=ingest.auth("results:*"))
+            assert missing.status_code == 404 and "nope" in missing.json()["detail"]

@@ -39,29 +39,9 @@ def pods_shown(driver: Any) -> dict[str, list[str]]:
     return {row[0]: row for row in driver.execute_script(script)}
 
 
-def test_the_fleet_panel_shows_pods_cost_and_a_lost_pod(tmp_path: Path) -> None:
+async def test_the_fleet_panel_shows_pods_cost_and_a_lost_pod(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-
-    async def main() -> None:
-        clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
-        state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-        async with fleet_on_contract(state, clock, TIERS) as orch:
-            orch.fleet.prober = TimedProber()
-            for i in range(9):
-                await orch.store.put_stream(_spec(f"std-{i}"))
-            await passes(orch, clock, 6)
-            async with (
-                serving_here(orch_app(orch)) as url,
-                running_ingest(orch.keys, tmp_path, orchestrator_url=url) as ingest,
-            ):
-                with chromium() as driver:
-                    before = await asyncio.to_thread(first_look, driver, ingest)
-                    lost = community_pods(state)[0]
-                    state.vanish(lost)  # its host is lost
-                    await passes(orch, clock, 4)
-                    await asyncio.to_thread(after_loss, driver, before)
-                    assert lost  # the contract server's id of the lost pod
 
     def first_look(driver: Any, ingest: Ingest) -> set[str]:
         sign_in(driver, ingest, ingest.token("streams:read"))
@@ -90,10 +70,27 @@ def test_the_fleet_panel_shows_pods_cost_and_a_lost_pod(tmp_path: Path) -> None:
         assert "gone from the provider" in text and text.count("moved") >= 3
         assert not console_errors(driver)
 
-    asyncio.run(main())
+    clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
+    state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
+    async with fleet_on_contract(state, clock, TIERS) as orch:
+        orch.fleet.prober = TimedProber()
+        for i in range(9):
+            await orch.store.put_stream(_spec(f"std-{i}"))
+        await passes(orch, clock, 6)
+        async with (
+            serving_here(orch_app(orch)) as url,
+            running_ingest(orch.keys, tmp_path, orchestrator_url=url) as ingest,
+        ):
+            with chromium() as driver:
+                before = await asyncio.to_thread(first_look, driver, ingest)
+                lost = community_pods(state)[0]
+                state.vanish(lost)  # its host is lost
+                await passes(orch, clock, 4)
+                await asyncio.to_thread(after_loss, driver, before)
+                assert lost  # the contract server's id of the lost pod
 
 
-def test_without_an_orchestrator_the_panel_says_so(tmp_path: Path) -> None:
+async def test_without_an_orchestrator_the_panel_says_so(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -106,4 +103,4 @@ def test_without_an_orchestrator_the_panel_says_so(tmp_path: Path) -> None:
             assert not driver.find_element(By.ID, "fleet-body").is_displayed()
             assert "demo" not in note.text and not console_errors(driver)
 
-    run_with_ingest(tmp_path, check)
+    await run_with_ingest(tmp_path, check)

@@ -41,21 +41,10 @@ def jobs_shown(driver: Any) -> dict[str, dict[str, Any]]:
     return {row["cells"][0]: row for row in driver.execute_script(ROWS)}
 
 
-def test_the_jobs_panel_shows_progress_a_final_cost_and_errors_as_text(tmp_path: Path) -> None:
+async def test_the_jobs_panel_shows_progress_a_final_cost_and_errors_as_text(
+    tmp_path: Path,
+) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
-
-    async def main() -> None:
-        keys = ed_keys()
-        async with plain_orchestrator(tmp_path, keys) as orch:
-            await put_jobs(orch)
-            async with (
-                serving_here(orch_app(orch)) as url,
-                running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
-            ):
-                with chromium() as driver:
-                    await asyncio.to_thread(first_look, driver, ingest)
-                    await advance(orch)
-                    await asyncio.to_thread(progress_moves, driver)
 
     async def advance(orch: Orchestrator) -> None:
         """The ingest running segment 1 of night-2 writes 150 frames more."""
@@ -102,4 +91,14 @@ def test_the_jobs_panel_shows_progress_a_final_cost_and_errors_as_text(tmp_path:
         host = driver.current_url.split("/console")[0]
         assert all(u.startswith((host, "data:", "blob:")) for u in requested_urls(driver))
 
-    asyncio.run(main())
+    keys = ed_keys()
+    async with plain_orchestrator(tmp_path, keys) as orch:
+        await put_jobs(orch)
+        async with (
+            serving_here(orch_app(orch)) as url,
+            running_ingest(keys, tmp_path, orchestrator_url=url) as ingest,
+        ):
+            with chromium() as driver:
+                await asyncio.to_thread(first_look, driver, ingest)
+                await advance(orch)
+                await asyncio.to_thread(progress_moves, driver)

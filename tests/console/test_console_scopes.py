@@ -27,19 +27,15 @@ from tests.support.browser import artifacts, chromium, console_errors
 pytestmark = [pytest.mark.integration]
 
 
-def run_with_ingest(tmp_path: Path, check: Any) -> None:
+async def run_with_ingest(tmp_path: Path, check: Any) -> None:
     """``check(ingest)`` in a thread (Selenium is synchronous) beside a real ingest API
     holding one stream."""
-
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest:
-            body = {"id": "cam-1", "url": str(DEFAULT_CLIP), "realtime": True, "loop": True}
-            async with httpx.AsyncClient(base_url=ingest.base) as http:
-                r = await http.post("/v1/streams", json=body, headers=ingest.auth("streams:write"))
-                assert r.status_code == 201, r.text
-            await asyncio.to_thread(check, ingest)
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path) as ingest:
+        body = {"id": "cam-1", "url": str(DEFAULT_CLIP), "realtime": True, "loop": True}
+        async with httpx.AsyncClient(base_url=ingest.base) as http:
+            r = await http.post("/v1/streams", json=body, headers=ingest.auth("streams:write"))
+            assert r.status_code == 201, r.text
+        await asyncio.to_thread(check, ingest)
 
 
 def sign_in(driver: Any, ingest: Ingest, token: str) -> None:
@@ -65,7 +61,7 @@ def enter_token(driver: Any, token: str) -> None:
     driver.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
 
 
-def test_a_viewer_sees_streams_but_no_controls_to_change_them(tmp_path: Path) -> None:
+async def test_a_viewer_sees_streams_but_no_controls_to_change_them(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -87,7 +83,7 @@ def test_a_viewer_sees_streams_but_no_controls_to_change_them(tmp_path: Path) ->
             assert "results:cam-1" in info.text, info.text
             assert not console_errors(driver, expected=(403,))
 
-    run_with_ingest(tmp_path, check)
+    await run_with_ingest(tmp_path, check)
 
 
 @pytest.mark.parametrize(
@@ -100,7 +96,7 @@ def test_a_viewer_sees_streams_but_no_controls_to_change_them(tmp_path: Path) ->
     ],
     ids=["not a viewer", "expired", "another service", "garbage"],
 )
-def test_a_token_that_is_not_a_viewers_stays_on_the_login_page(
+async def test_a_token_that_is_not_a_viewers_stays_on_the_login_page(
     tmp_path: Path, token: Any, needle: str
 ) -> None:
     from selenium.webdriver.common.by import By
@@ -116,7 +112,7 @@ def test_a_token_that_is_not_a_viewers_stays_on_the_login_page(
             assert not driver.find_element(By.ID, "app").is_displayed()
             assert "cam-1" not in driver.find_element(By.TAG_NAME, "body").text
 
-    run_with_ingest(tmp_path, check)
+    await run_with_ingest(tmp_path, check)
 
 
 WATCH_LOGIN = """
@@ -135,7 +131,7 @@ def _signed_in_then_out(driver: Any) -> bool:
     return True in seen and False in seen[seen.index(True) :]
 
 
-def test_a_token_that_expires_returns_the_page_to_its_login(tmp_path: Path) -> None:
+async def test_a_token_that_expires_returns_the_page_to_its_login(tmp_path: Path) -> None:
     """The token is minted once the login form shows, so loading the page does not use up
     its 4 s; signing in with it takes a request (the API allows 30 s of clock skew past
     its expiry), and the page's event stream ends at the expiry itself."""
@@ -154,4 +150,4 @@ def test_a_token_that_expires_returns_the_page_to_its_login(tmp_path: Path) -> N
             stored = driver.execute_script("return sessionStorage.length")
             assert stored == 0  # the token is gone from the tab
 
-    run_with_ingest(tmp_path, check)
+    await run_with_ingest(tmp_path, check)

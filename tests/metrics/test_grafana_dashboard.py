@@ -18,7 +18,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,8 @@ from tests.metrics.test_promtool import (
     running_ingest,
 )
 
-pytestmark = pytest.mark.integration
+# sync tests on an async fixture: anyio sets it up only where anyio_backend is requested
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("anyio_backend")]
 DASHBOARD = ROOT / "deploy" / "grafana" / "framerelay.json"
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "1h", "$stream": ".*"}
 """What Grafana puts in place of its variables (promtool knows none of them)."""
@@ -73,11 +74,11 @@ def exposed(text: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def ingest_with_slo(
+async def ingest_with_slo(
     local_worker: LocalWorker, secret: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+) -> AsyncIterator[str]:
     folder = tmp_path_factory.mktemp("ingest")
-    with running_ingest(local_worker.url, secret, folder, "grafana", "--latency-slo-ms",
+    async with running_ingest(local_worker.url, secret, folder, "grafana", "--latency-slo-ms",
                         "50") as base:  # fmt: skip
         yield base
 

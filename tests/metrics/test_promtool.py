@@ -16,8 +16,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -31,7 +31,8 @@ from tests.support.auth import ed_keys, mint
 from tests.support.promtool import promtool
 from tests.support.servers import free_port
 
-pytestmark = pytest.mark.integration
+# sync tests on an async fixture: anyio sets it up only where anyio_backend is requested
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("anyio_backend")]
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_")}
 RENAMED = ("_ms", "_ms_bucket", "stream_hours", "framerelay_orch_fleet_usd", "source_events")
 
@@ -81,10 +82,10 @@ def _drop_keys(prefix: str) -> None:
     redis.close()
 
 
-@contextmanager
-def running_ingest(
+@asynccontextmanager
+async def running_ingest(
     worker_url: str, secret: str, folder: Path, name: str, *extra: str
-) -> Iterator[str]:
+) -> AsyncIterator[str]:
     """A ``framerelay ingest`` process on the sample clip (Redis on, results received);
     yields its base URL. ``extra``: more options (e.g. ``--latency-slo-ms 50``)."""
     port, prefix = free_port(), f"test-{name}-{os.getpid()}"
@@ -100,7 +101,7 @@ def running_ingest(
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{base}/readyz", "the ingest", log)
-        asyncio.run(_receive_results(base, secret))
+        await _receive_results(base, secret)
         yield base
     finally:
         _end(proc)
@@ -108,12 +109,13 @@ def running_ingest(
 
 
 @pytest.fixture(scope="module")
-def ingest(
+async def ingest(
     local_worker: LocalWorker, secret: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+) -> AsyncIterator[str]:
     folder = tmp_path_factory.mktemp("ingest")
-    with running_ingest(local_worker.url, secret, folder, "promtool") as base:
-        httpx.get(f"{base}/v1/streams")  # one refusal: auth_refused has a sample
+    async with running_ingest(local_worker.url, secret, folder, "promtool") as base:
+        async with httpx.AsyncClient() as http:
+            await http.get(f"{base}/v1/streams")  # one refusal: auth_refused has a sample
         yield base
 
 
