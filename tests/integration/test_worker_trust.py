@@ -62,32 +62,29 @@ def test_a_key_set_that_can_sign_is_refused_at_start(signing: object) -> None:
                 assert str(key.jwk[member]) not in proc.stderr
 
 
-def test_info_needs_a_token_and_failures_are_counted_and_throttled() -> None:
-    async def main() -> None:
-        async with running_worker(SECRET, auth_max_failures=3, metrics_auth=True) as (_, url):
-            base = url.replace("ws://", "http://").removesuffix("/v1/tunnel")
-            good = {"Authorization": f"Bearer {mint(SECRET, 'worker:gpu-a', 'worker')}"}
-            metrics_tok = {"Authorization": f"Bearer {mint(SECRET, 'metrics:read', 'worker')}"}
-            async with httpx.AsyncClient(base_url=base) as http:
-                assert (await http.get("/healthz")).status_code == 200
-                assert (await http.get("/readyz")).status_code == 200
-                assert (await http.get("/info")).status_code == 401
-                assert (await http.get("/info", headers=good)).json()["worker_id"] == "gpu-a"
-                assert (await http.get("/metrics", headers=good)).status_code == 403
-                text = (await http.get("/metrics", headers=metrics_tok)).text
-                assert 'framerelay_worker_auth_failures_total{reason="missing"} 1.0' in text
-                assert 'framerelay_worker_auth_failures_total{reason="scope"} 1.0' in text
-                junk = {"Authorization": "Bearer junk"}
-                for _ in range(3):
-                    await http.get("/info", headers=junk)
-                throttled = await http.get("/info", headers=junk)
-                assert throttled.status_code == 429 and "Retry-After" in throttled.headers
-                tunnel = await http.get("/v1/tunnel", headers=junk)  # the same gate
-                assert tunnel.status_code == 429
-                # a valid token is never refused for the failures of others at its address
-                assert (await http.get("/info", headers=good)).status_code == 200
-
-    asyncio.run(main())
+async def test_info_needs_a_token_and_failures_are_counted_and_throttled() -> None:
+    async with running_worker(SECRET, auth_max_failures=3, metrics_auth=True) as (_, url):
+        base = url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+        good = {"Authorization": f"Bearer {mint(SECRET, 'worker:gpu-a', 'worker')}"}
+        metrics_tok = {"Authorization": f"Bearer {mint(SECRET, 'metrics:read', 'worker')}"}
+        async with httpx.AsyncClient(base_url=base) as http:
+            assert (await http.get("/healthz")).status_code == 200
+            assert (await http.get("/readyz")).status_code == 200
+            assert (await http.get("/info")).status_code == 401
+            assert (await http.get("/info", headers=good)).json()["worker_id"] == "gpu-a"
+            assert (await http.get("/metrics", headers=good)).status_code == 403
+            text = (await http.get("/metrics", headers=metrics_tok)).text
+            assert 'framerelay_worker_auth_failures_total{reason="missing"} 1.0' in text
+            assert 'framerelay_worker_auth_failures_total{reason="scope"} 1.0' in text
+            junk = {"Authorization": "Bearer junk"}
+            for _ in range(3):
+                await http.get("/info", headers=junk)
+            throttled = await http.get("/info", headers=junk)
+            assert throttled.status_code == 429 and "Retry-After" in throttled.headers
+            tunnel = await http.get("/v1/tunnel", headers=junk)  # the same gate
+            assert tunnel.status_code == 429
+            # a valid token is never refused for the failures of others at its address
+            assert (await http.get("/info", headers=good)).status_code == 200
 
 
 def test_pem_files_are_private_and_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,7 +99,7 @@ def test_pem_files_are_private_and_removed(tmp_path: Path, monkeypatch: pytest.M
     assert not cert.parent.exists()
 
 
-def test_worker_serves_a_pem_certificate_from_its_env(tmp_path: Path) -> None:
+async def test_worker_serves_a_pem_certificate_from_its_env(tmp_path: Path) -> None:
     """As a provider starts a pod: public key set and certificate as env text."""
     ca = trustme.CA(key_type=trustme.KeyType.ECDSA)
     cert = ca.issue_cert("gpu-a.pods.framerelay", "127.0.0.1")
@@ -121,14 +118,15 @@ def test_worker_serves_a_pem_certificate_from_its_env(tmp_path: Path) -> None:
     with LocalWorker(worker_id="gpu-a", args=["--model", str(MODEL)], env=env) as worker:
         assert worker.url.startswith("wss://"), worker.url
         assert worker.proc is not None
-        cmdline = Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().decode()
-        persons, _ = asyncio.run(
-            Canary(timeout_s=30 * TIMEOUT_FACTOR).run(
-                worker.url, mint(keys, "worker:gpu-a", "worker"), ssl_context=ctx,
-                server_hostname="gpu-a.pods.framerelay",
-            )
-        )  # fmt: skip
-        left = list(tmp_path.glob("framerelay-tls-*"))
+        proc_cmdline = Path(f"/proc/{worker.proc.pid}/cmdline")
+        cmdline = (await asyncio.to_thread(proc_cmdline.read_bytes)).decode()
+        persons, _ = await Canary(timeout_s=30 * TIMEOUT_FACTOR).run(
+            worker.url,
+            mint(keys, "worker:gpu-a", "worker"),
+            ssl_context=ctx,
+            server_hostname="gpu-a.pods.framerelay",
+        )
+        left = await asyncio.to_thread(lambda: list(tmp_path.glob("framerelay-tls-*")))
     assert persons >= 3
     assert left == []  # the key left the disk once loaded
     assert key_pem.splitlines()[1] not in cmdline
@@ -145,21 +143,21 @@ def test_fault_hook_is_a_test_only_setting() -> None:
     assert len(lines) == 1 and "TEST_HOOKS" in lines[0], proc.stderr[-500:]
 
 
-def _canary(worker: LocalWorker, timeout_s: float) -> int:
+async def _canary(worker: LocalWorker, timeout_s: float) -> int:
     token = mint(SECRET, "worker:gpu-a", "worker")
-    return asyncio.run(Canary(timeout_s=timeout_s).run(worker.url, token))[0]
+    return (await Canary(timeout_s=timeout_s).run(worker.url, token))[0]
 
 
-def test_the_old_fault_variable_arms_nothing_in_a_worker_process() -> None:
+async def test_the_old_fault_variable_arms_nothing_in_a_worker_process() -> None:
     """The quoted bug: a stray FRAMERELAY_WORKER_FAULT in a pod's env hung inference."""
     env = {"FRAMERELAY_WORKER_FAULT": "hang_inference_after:0"}
     with LocalWorker(SECRET, worker_id="gpu-a", args=["--model", str(MODEL)], env=env) as worker:
-        assert _canary(worker, 30 * TIMEOUT_FACTOR) >= 3  # inference runs
+        assert await _canary(worker, 30 * TIMEOUT_FACTOR) >= 3  # inference runs
     log = worker.log_path.read_text()
     assert "ignoring FRAMERELAY_WORKER_FAULT" in log and "TEST_FAULT" in log
 
 
-def test_the_hook_arms_only_with_the_test_switch() -> None:
+async def test_the_hook_arms_only_with_the_test_switch() -> None:
     """The positive control of the test above: both variables set, inference hangs."""
     env = {"FRAMERELAY_WORKER_TEST_FAULT": "hang_inference_after:0",
            "FRAMERELAY_WORKER_TEST_HOOKS": "true"}  # fmt: skip
@@ -167,7 +165,7 @@ def test_the_hook_arms_only_with_the_test_switch() -> None:
     with worker:
         try:
             with pytest.raises(TimeoutError):
-                _canary(worker, 3)
+                await _canary(worker, 3)
         finally:
             worker.kill()  # its inference thread never returns
     assert "TEST FAULT ARMED" in worker.log_path.read_text()
