@@ -126,7 +126,7 @@ async def _tunnel(url: str, header: str | None, ctx: ssl.SSLContext) -> tuple[in
         return exc.response.status_code, exc.response.body.decode()
 
 
-def test_attack_matrix_on_a_worker_holding_only_the_public_set(pod_ca: trustme.CA) -> None:
+async def test_attack_matrix_on_a_worker_holding_only_the_public_set(pod_ca: trustme.CA) -> None:
     cert = pod_ca.issue_cert("127.0.0.1")
     tls_key = cert.private_key_pem.bytes()
     ctx = ssl.create_default_context()
@@ -141,32 +141,29 @@ def test_attack_matrix_on_a_worker_holding_only_the_public_set(pod_ca: trustme.C
                  "/info": ("worker:gpu-a", "metrics:read"),
                  "/metrics": ("metrics:read", "worker:gpu-a")}  # fmt: skip
 
-    async def main() -> None:
-        async with running_worker(None, tunnel_keys=public.to_json(), metrics_auth=True,
-                                  auth_max_failures=10_000, **tls) as (worker, url):  # fmt: skip
-            assert url.startswith("wss://")  # the PEM certificate is served
-            base = url.replace("wss://", "https://").removesuffix("/v1/tunnel")
-            async with httpx.AsyncClient(verify=ctx, base_url=base) as http:
-                for path in ("/healthz", "/readyz"):
-                    assert (await http.get(path)).status_code == 200  # open
+    async with running_worker(None, tunnel_keys=public.to_json(), metrics_auth=True,
+                              auth_max_failures=10_000, **tls) as (worker, url):  # fmt: skip
+        assert url.startswith("wss://")  # the PEM certificate is served
+        base = url.replace("wss://", "https://").removesuffix("/v1/tunnel")
+        async with httpx.AsyncClient(verify=ctx, base_url=base) as http:
+            for path in ("/healthz", "/readyz"):
+                assert (await http.get(path)).status_code == 200  # open
 
-                async def probe(path: str, header: str | None) -> tuple[int, str]:
-                    if path == "/v1/tunnel":
-                        return await _tunnel(url, header, ctx)
-                    headers = {"Authorization": header} if header is not None else {}
-                    resp = await http.get(path, headers=headers)
-                    return resp.status_code, resp.text
+            async def probe(path: str, header: str | None) -> tuple[int, str]:
+                if path == "/v1/tunnel":
+                    return await _tunnel(url, header, ctx)
+                headers = {"Authorization": header} if header is not None else {}
+                resp = await http.get(path, headers=headers)
+                return resp.status_code, resp.text
 
-                refused = await _attack(worker, probe, endpoints, tls_key)
-                assert worker.metrics.tunnels._value.get() == 0  # nothing was upgraded
-                assert _refusals_counted(worker) == refused
-                for keys in (PRIMARY, NEXT):  # both keys of the rotation
-                    for path, (scope, _) in endpoints.items():
-                        status, _ = await probe(path, f"Bearer {mint(keys, scope, 'worker')}")
-                        assert status == (101 if path == "/v1/tunnel" else 200), path
-                assert worker.metrics.tunnels._value.get() == 2
-
-    asyncio.run(main())
+            refused = await _attack(worker, probe, endpoints, tls_key)
+            assert worker.metrics.tunnels._value.get() == 0  # nothing was upgraded
+            assert _refusals_counted(worker) == refused
+            for keys in (PRIMARY, NEXT):  # both keys of the rotation
+                for path, (scope, _) in endpoints.items():
+                    status, _ = await probe(path, f"Bearer {mint(keys, scope, 'worker')}")
+                    assert status == (101 if path == "/v1/tunnel" else 200), path
+            assert worker.metrics.tunnels._value.get() == 2
 
 
 async def _attack(
@@ -209,22 +206,19 @@ def _refusals_counted(worker: Worker) -> int:
         (lambda s: mint(PRIMARY, "worker:gpu-a", "worker"), 401, "unknown key id"),
     ],
 )  # fmt: skip
-def test_single_host_hs256_refusals(
+async def test_single_host_hs256_refusals(
     secret: str, make_token: Callable[[str], str | None], status: int, reason: str
 ) -> None:
-    async def main() -> None:
-        async with running_worker(secret) as (worker, url):
-            tok = make_token(secret)
-            headers = {"Authorization": f"Bearer {tok}"} if tok is not None else {}
-            with pytest.raises(InvalidStatus) as err:
-                async with connect(url, additional_headers=headers, proxy=None):
-                    pass
-            assert err.value.response.status_code == status
-            body = err.value.response.body.decode()
-            assert reason in body and secret not in body
-            assert worker.metrics.tunnels._value.get() == 0  # never upgraded
-
-    asyncio.run(main())
+    async with running_worker(secret) as (worker, url):
+        tok = make_token(secret)
+        headers = {"Authorization": f"Bearer {tok}"} if tok is not None else {}
+        with pytest.raises(InvalidStatus) as err:
+            async with connect(url, additional_headers=headers, proxy=None):
+                pass
+        assert err.value.response.status_code == status
+        body = err.value.response.body.decode()
+        assert reason in body and secret not in body
+        assert worker.metrics.tunnels._value.get() == 0  # never upgraded
 
 
 async def _open(url: str, tok: str | None, ssl_ctx: ssl.SSLContext | None = None) -> wire.Header:
@@ -235,23 +229,20 @@ async def _open(url: str, tok: str | None, ssl_ctx: ssl.SSLContext | None = None
         return header
 
 
-def test_good_token_gets_hello_and_health_endpoints(secret: str) -> None:
-    async def main() -> None:
-        async with running_worker(secret) as (_, url):
-            hello = await _open(url, token(secret))
-            assert isinstance(hello, wire.Hello)
-            assert hello.worker_id == "gpu-a" and hello.input_w == 416
-            assert "CPUExecutionProvider" in hello.providers
-            base = url.replace("ws://", "http://").removesuffix("/v1/tunnel")
-            async with httpx.AsyncClient() as http:
-                assert (await http.get(f"{base}/healthz")).status_code == 200
-                assert (await http.get(f"{base}/readyz")).status_code == 200
-                metrics = (await http.get(f"{base}/metrics")).text  # open by default
-                assert "framerelay_worker_auth_failures" in metrics
-                assert "framerelay_worker_tunnels_total 1.0" in metrics
-                assert (await http.get(f"{base}/nope")).status_code == 404
-
-    asyncio.run(main())
+async def test_good_token_gets_hello_and_health_endpoints(secret: str) -> None:
+    async with running_worker(secret) as (_, url):
+        hello = await _open(url, token(secret))
+        assert isinstance(hello, wire.Hello)
+        assert hello.worker_id == "gpu-a" and hello.input_w == 416
+        assert "CPUExecutionProvider" in hello.providers
+        base = url.replace("ws://", "http://").removesuffix("/v1/tunnel")
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{base}/healthz")).status_code == 200
+            assert (await http.get(f"{base}/readyz")).status_code == 200
+            metrics = (await http.get(f"{base}/metrics")).text  # open by default
+            assert "framerelay_worker_auth_failures" in metrics
+            assert "framerelay_worker_tunnels_total 1.0" in metrics
+            assert (await http.get(f"{base}/nope")).status_code == 404
 
 
 @pytest.fixture(scope="module")
@@ -275,34 +266,25 @@ def _client_ctx(
     return ctx
 
 
-def test_tls_round_trip_with_self_signed_ca(secret: str, pki: dict[str, Path]) -> None:
-    async def main() -> None:
-        async with running_worker(secret, tls_cert=pki["server"], tls_key=pki["server"]) as (
-            _,
-            url,
-        ):
-            assert url.startswith("wss://")
-            assert isinstance(await _open(url, token(secret), _client_ctx(pki)), wire.Hello)
-            with pytest.raises(ssl.SSLCertVerificationError):
-                await _open(url, token(secret), _client_ctx(pki, with_ca=False))
-
-    asyncio.run(main())
+async def test_tls_round_trip_with_self_signed_ca(secret: str, pki: dict[str, Path]) -> None:
+    async with running_worker(secret, tls_cert=pki["server"], tls_key=pki["server"]) as (_, url):
+        assert url.startswith("wss://")
+        assert isinstance(await _open(url, token(secret), _client_ctx(pki)), wire.Hello)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await _open(url, token(secret), _client_ctx(pki, with_ca=False))
 
 
-def test_mtls_requires_client_certificate(secret: str, pki: dict[str, Path]) -> None:
-    async def main() -> None:
-        tls: dict[str, Any] = {
-            "tls_cert": pki["server"],
-            "tls_key": pki["server"],
-            "tls_client_ca": pki["ca"],
-        }
-        async with running_worker(secret, **tls) as (_, url):
-            ok = await _open(url, token(secret), _client_ctx(pki, with_cert=True))
-            assert isinstance(ok, wire.Hello)
-            # With TLS 1.3 the server refuses the missing certificate after the
-            # client's side of the handshake, so the client sees a dropped
-            # connection instead of an alert: either way no upgrade happens.
-            with pytest.raises((ssl.SSLError, InvalidMessage, ConnectionError, OSError)):
-                await _open(url, token(secret), _client_ctx(pki))
-
-    asyncio.run(main())
+async def test_mtls_requires_client_certificate(secret: str, pki: dict[str, Path]) -> None:
+    tls: dict[str, Any] = {
+        "tls_cert": pki["server"],
+        "tls_key": pki["server"],
+        "tls_client_ca": pki["ca"],
+    }
+    async with running_worker(secret, **tls) as (_, url):
+        ok = await _open(url, token(secret), _client_ctx(pki, with_cert=True))
+        assert isinstance(ok, wire.Hello)
+        # With TLS 1.3 the server refuses the missing certificate after the
+        # client's side of the handshake, so the client sees a dropped
+        # connection instead of an alert: either way no upgrade happens.
+        with pytest.raises((ssl.SSLError, InvalidMessage, ConnectionError, OSError)):
+            await _open(url, token(secret), _client_ctx(pki))
