@@ -37,7 +37,7 @@ from tests.support.k8s_api import (
 from tests.support.k8s_api.networkpolicy import Client, admitted
 from tests.support.k8s_api.rbac import role_rules
 from tests.support.k8s_api.scheduler import choose, node_object
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 NS = "framerelay"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -786,33 +786,31 @@ async def _watch_until(client: AsyncClient, rv: str, name: str) -> list[tuple[st
     return seen
 
 
-def test_lightkube_applies_lists_and_watches_from_a_version(
+async def test_lightkube_applies_lists_and_watches_from_a_version(
     k8s: K8sContractServer, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        config = KubeConfig.from_file(k8s.write_kubeconfig(tmp_path / "kubeconfig"))
-        client = AsyncClient(config, field_manager="framerelay")
-        try:
-            made = await client.apply(lightkube_pod("w-0"), force=True)
-            assert made.metadata is not None and made.metadata.managedFields is not None
-            assert [m.manager for m in made.metadata.managedFields] == ["framerelay"]
-            listed = client.list(
-                Pod, namespace=NS, labels={"app.kubernetes.io/managed-by": "framerelay"}
-            )
-            assert [p.metadata.name async for p in listed if p.metadata] == ["w-0"]
-            watch = asyncio.create_task(_watch_until(client, listed.resourceVersion, "w-1"))
-            await client.apply(lightkube_pod("w-1"), force=True)
-            seen = await asyncio.wait_for(watch, WAIT_S)
-            assert ("ADDED", "w-0") not in seen  # only what came after the list
-            await client.delete(Pod, "w-1", namespace=NS)
-        finally:
-            await client.close()
+    config = KubeConfig.from_file(k8s.write_kubeconfig(tmp_path / "kubeconfig"))
+    client = AsyncClient(config, field_manager="framerelay")
+    try:
+        made = await client.apply(lightkube_pod("w-0"), force=True)
+        assert made.metadata is not None and made.metadata.managedFields is not None
+        assert [m.manager for m in made.metadata.managedFields] == ["framerelay"]
+        listed = client.list(
+            Pod, namespace=NS, labels={"app.kubernetes.io/managed-by": "framerelay"}
+        )
+        assert [p.metadata.name async for p in listed if p.metadata] == ["w-0"]
+        watch = asyncio.create_task(_watch_until(client, listed.resourceVersion, "w-1"))
+        await client.apply(lightkube_pod("w-1"), force=True)
+        seen = await asyncio.wait_for(watch, WAIT_S)
+        assert ("ADDED", "w-0") not in seen  # only what came after the list
+        await client.delete(Pod, "w-1", namespace=NS)
+    finally:
+        await client.close()
 
-    asyncio.run(main())
     assert k8s.creates == {f"{NS}/w-0": 1, f"{NS}/w-1": 1}
 
 
-def test_lightkube_resumes_after_a_dropped_watch_and_relists_after_410(
+async def test_lightkube_resumes_after_a_dropped_watch_and_relists_after_410(
     k8s: K8sContractServer, tmp_path: Path
 ) -> None:
     """A watch the server ends is resumed from the last version seen (no event twice);
@@ -820,51 +818,45 @@ def test_lightkube_resumes_after_a_dropped_watch_and_relists_after_410(
     version is refused with 410 Expired and the client lists again: every pod once,
     none created twice."""
 
-    async def main() -> None:
-        config = KubeConfig.from_file(k8s.write_kubeconfig(tmp_path / "kc"))
-        client = AsyncClient(config, field_manager="fr")
-        try:
-            await client.apply(lightkube_pod("w-0"), force=True)
-            listed = client.list(Pod, namespace=NS)
-            names = [p.metadata.name async for p in listed if p.metadata]
-            seen: list[tuple[str, str, str]] = []
-            away = asyncio.Event()
-            back = asyncio.Event()
+    config = KubeConfig.from_file(k8s.write_kubeconfig(tmp_path / "kc"))
+    client = AsyncClient(config, field_manager="fr")
+    try:
+        await client.apply(lightkube_pod("w-0"), force=True)
+        listed = client.list(Pod, namespace=NS)
+        names = [p.metadata.name async for p in listed if p.metadata]
+        seen: list[tuple[str, str, str]] = []
+        away = asyncio.Event()
+        back = asyncio.Event()
 
-            async def follow() -> None:
-                rv = listed.resourceVersion
-                async for kind, obj in client.watch(Pod, namespace=NS, resource_version=rv):
-                    assert obj.metadata is not None
-                    seen.append((kind, str(obj.metadata.name), str(obj.metadata.resourceVersion)))
-                    if obj.metadata.name == "w-2" and not away.is_set():
-                        away.set()
-                        await back.wait()  # the client stops reading: it is away
+        async def follow() -> None:
+            rv = listed.resourceVersion
+            async for kind, obj in client.watch(Pod, namespace=NS, resource_version=rv):
+                assert obj.metadata is not None
+                seen.append((kind, str(obj.metadata.name), str(obj.metadata.resourceVersion)))
+                if obj.metadata.name == "w-2" and not away.is_set():
+                    away.set()
+                    await back.wait()  # the client stops reading: it is away
 
-            task = asyncio.create_task(follow())
-            await client.apply(lightkube_pod("w-1"), force=True)
-            await asyncio.to_thread(
-                wait_until, lambda: any(n == "w-1" for _, n, _ in seen), UNTIL_S, "w-1"
-            )
-            k8s.drop_watches()
-            await client.apply(lightkube_pod("w-2"), force=True)
-            await asyncio.wait_for(away.wait(), WAIT_S)
-            versions = [rv for _, _, rv in seen]
-            assert len(versions) == len(set(versions)) and versions == sorted(versions, key=int)
-            assert [n for kind, n, _ in seen if kind == "ADDED"] == ["w-1", "w-2"]
-            k8s.drop_watches()
-            await asyncio.to_thread(
-                wait_until, lambda: k8s.open_watches == 0, UNTIL_S, "the watch ended"
-            )
-            await client.apply(lightkube_pod("w-3"), force=True)
-            k8s.compact()
-            back.set()
-            with pytest.raises(ApiError) as gone:
-                await asyncio.wait_for(task, WAIT_S)
-            assert (gone.value.status.code, gone.value.status.reason) == (410, "Expired")
-            relisted = [p.metadata.name async for p in client.list(Pod, namespace=NS) if p.metadata]
-            assert relisted == ["w-0", "w-1", "w-2", "w-3"] and names == ["w-0"]
-        finally:
-            await client.close()
+        task = asyncio.create_task(follow())
+        await client.apply(lightkube_pod("w-1"), force=True)
+        await wait_until_async(lambda: any(n == "w-1" for _, n, _ in seen), UNTIL_S, "w-1")
+        k8s.drop_watches()
+        await client.apply(lightkube_pod("w-2"), force=True)
+        await asyncio.wait_for(away.wait(), WAIT_S)
+        versions = [rv for _, _, rv in seen]
+        assert len(versions) == len(set(versions)) and versions == sorted(versions, key=int)
+        assert [n for kind, n, _ in seen if kind == "ADDED"] == ["w-1", "w-2"]
+        k8s.drop_watches()
+        await wait_until_async(lambda: k8s.open_watches == 0, UNTIL_S, "the watch ended")
+        await client.apply(lightkube_pod("w-3"), force=True)
+        k8s.compact()
+        back.set()
+        with pytest.raises(ApiError) as gone:
+            await asyncio.wait_for(task, WAIT_S)
+        assert (gone.value.status.code, gone.value.status.reason) == (410, "Expired")
+        relisted = [p.metadata.name async for p in client.list(Pod, namespace=NS) if p.metadata]
+        assert relisted == ["w-0", "w-1", "w-2", "w-3"] and names == ["w-0"]
+    finally:
+        await client.close()
 
-    asyncio.run(main())
     assert k8s.creates == {f"{NS}/w-{i}": 1 for i in range(4)}
