@@ -10,7 +10,6 @@ figure the issue quotes: 6 MB bodies no longer grow a real ingest process.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import subprocess
@@ -33,7 +32,7 @@ from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, BodyTooLarg
 from ingest.settings import IngestSettings
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
 from tests.deploy.orch_support import orch_settings, serving_here
-from tests.ingest.api_rig import Ingest, running_ingest
+from tests.ingest.api_rig import running_ingest
 from tests.support.auth import ed_keys, mint
 from tests.support.raw_http import Answer, Connection, chunked, connection, head, plain
 from tests.support.servers import free_port
@@ -61,21 +60,18 @@ def _refusal(answer: Answer, limit: int, setting: str) -> None:
 # -- the ingest API -----------------------------------------------------------------
 
 
-def test_ingest_content_length_over_the_limit_is_413_before_the_body(tmp_path: Path) -> None:
-    async def main() -> tuple[list[Answer], Answer, int]:
-        async with running_ingest("s" * 32, tmp_path) as ingest:
-            port, answers = _port(ingest.base), []
-            for token in (None, ingest.token()):  # 413 first, whoever asks
-                async with connection(port) as conn:
-                    await conn.send([head("POST", "/v1/streams", token=token,
-                                          length=DEFAULT_MAX_BODY_BYTES + 1)])  # fmt: skip
-                    answers.append(await conn.answer(5))  # no body sent yet
-                    # the rest of the body is discarded; the connection still serves
-                    await conn.send(plain(b"x" * (DEFAULT_MAX_BODY_BYTES + 1)))
-                    again = await conn.exchange(head("GET", "/healthz"))
-            return answers, again, len(ingest.service.streams)
-
-    answers, again, streams = asyncio.run(main())
+async def test_ingest_content_length_over_the_limit_is_413_before_the_body(tmp_path: Path) -> None:
+    async with running_ingest("s" * 32, tmp_path) as ingest:
+        port, answers = _port(ingest.base), []
+        for token in (None, ingest.token()):  # 413 first, whoever asks
+            async with connection(port) as conn:
+                await conn.send([head("POST", "/v1/streams", token=token,
+                                      length=DEFAULT_MAX_BODY_BYTES + 1)])  # fmt: skip
+                answers.append(await conn.answer(5))  # no body sent yet
+                # the rest of the body is discarded; the connection still serves
+                await conn.send(plain(b"x" * (DEFAULT_MAX_BODY_BYTES + 1)))
+                again = await conn.exchange(head("GET", "/healthz"))
+        answers, again, streams = answers, again, len(ingest.service.streams)
     for answer in answers:
         _refusal(answer, DEFAULT_MAX_BODY_BYTES, "FRAMERELAY_INGEST_MAX_BODY_BYTES")
     assert again.status == 200 and streams == 0
@@ -83,22 +79,19 @@ def test_ingest_content_length_over_the_limit_is_413_before_the_body(tmp_path: P
           f"before the body; same connection afterwards: {again.status}")  # fmt: skip
 
 
-def test_ingest_chunked_body_over_the_limit(tmp_path: Path) -> None:
+async def test_ingest_chunked_body_over_the_limit(tmp_path: Path) -> None:
     big = _stream_json("cam-big", 3 * MiB)
 
-    async def main() -> tuple[Answer, Answer, int, int]:
-        async with running_ingest("s" * 32, tmp_path) as ingest:
-            port = _port(ingest.base)
-            async with connection(port) as conn:
-                ok = await conn.exchange(
-                    head("POST", "/v1/streams", token=ingest.token(), chunked=True), chunked(big)
-                )
-                sent = conn.sent
-            async with connection(port) as conn:  # unauthenticated: the token comes first
-                anon = await conn.exchange(head("POST", "/v1/streams", chunked=True), chunked(big))
-            return ok, anon, sent, len(ingest.service.streams)
-
-    over, anon, sent, streams = asyncio.run(main())
+    async with running_ingest("s" * 32, tmp_path) as ingest:
+        port = _port(ingest.base)
+        async with connection(port) as conn:
+            ok = await conn.exchange(
+                head("POST", "/v1/streams", token=ingest.token(), chunked=True), chunked(big)
+            )
+            sent = conn.sent
+        async with connection(port) as conn:  # unauthenticated: the token comes first
+            anon = await conn.exchange(head("POST", "/v1/streams", chunked=True), chunked(big))
+        over, anon, sent, streams = ok, anon, sent, len(ingest.service.streams)
     _refusal(over, DEFAULT_MAX_BODY_BYTES, "FRAMERELAY_INGEST_MAX_BODY_BYTES")
     assert anon.status == 401, anon
     assert streams == 0
@@ -106,8 +99,8 @@ def test_ingest_chunked_body_over_the_limit(tmp_path: Path) -> None:
           f"client wrote {sent} B")  # fmt: skip
 
 
-def test_ingest_bodies_up_to_the_limit_work(tmp_path: Path) -> None:
-    async def main(ingest: Ingest) -> list[int]:
+async def test_ingest_bodies_up_to_the_limit_work(tmp_path: Path) -> None:
+    async with running_ingest("s" * 32, tmp_path) as ingest:
         token, port = ingest.token(), _port(ingest.base)
         statuses = []
         async with connection(port) as conn:
@@ -124,16 +117,10 @@ def test_ingest_bodies_up_to_the_limit_work(tmp_path: Path) -> None:
         async with httpx.AsyncClient(base_url=ingest.base, timeout=10) as http:
             r = await http.delete("/v1/streams/cam-exact", headers=ingest.auth())
             statuses.append(r.status_code)
-        return statuses
-
-    async def run() -> list[int]:
-        async with running_ingest("s" * 32, tmp_path) as ingest:
-            return await main(ingest)
-
-    assert asyncio.run(run()) == [201, 201, 204]
+    assert statuses == [201, 201, 204]
 
 
-def test_the_limit_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_limit_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FRAMERELAY_INGEST_MAX_BODY_BYTES", "2048")
     assert IngestSettings().max_body_bytes == 2048
     monkeypatch.setenv("FRAMERELAY_ORCH_MAX_BODY_BYTES", "4096")
@@ -141,16 +128,12 @@ def test_the_limit_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("FRAMERELAY_INGEST_MAX_BODY_BYTES")
     assert IngestSettings().max_body_bytes == DEFAULT_MAX_BODY_BYTES == 1_048_576
 
-    async def main() -> tuple[Answer, Answer]:
-        async with running_ingest("s" * 32, tmp_path, max_body_bytes=100) as ingest:
-            async with connection(_port(ingest.base)) as conn:
-                over = await conn.exchange(head("POST", "/v1/streams", length=101), [b"x" * 101])
-                fine = await conn.exchange(
-                    head("POST", "/v1/streams", token=ingest.token(), length=100), [b"{" * 100]
-                )
-                return over, fine
-
-    over, fine = asyncio.run(main())
+    async with running_ingest("s" * 32, tmp_path, max_body_bytes=100) as ingest:
+        async with connection(_port(ingest.base)) as conn:
+            over = await conn.exchange(head("POST", "/v1/streams", length=101), [b"x" * 101])
+            fine = await conn.exchange(
+                head("POST", "/v1/streams", token=ingest.token(), length=100), [b"{" * 100]
+            )
     _refusal(over, 100, "FRAMERELAY_INGEST_MAX_BODY_BYTES")
     assert fine.status == 422  # read and parsed: the limit allowed it
 
@@ -171,36 +154,33 @@ async def orchestrator(tmp_path: Path, **over: Any) -> AsyncIterator[tuple[Orche
 
 
 @pytest.mark.integration
-def test_orchestrator_bodies_are_capped(tmp_path: Path) -> None:
+async def test_orchestrator_bodies_are_capped(tmp_path: Path) -> None:
     limit = 4096
     setting = "FRAMERELAY_ORCH_MAX_BODY_BYTES"
 
-    async def main() -> tuple[list[Answer], Answer, Answer, int]:
-        async with orchestrator(tmp_path, max_body_bytes=limit) as (orch, port):
-            token = mint(orch.keys, ["fleet:read", "fleet:write"], "orchestrator")
-            refused = []
-            async with connection(port) as conn:
-                refused.append(
-                    await conn.exchange(
-                        head("POST", "/v1/streams", length=limit + 1), plain(b"x" * (limit + 1))
-                    )
+    async with orchestrator(tmp_path, max_body_bytes=limit) as (orch, port):
+        token = mint(orch.keys, ["fleet:read", "fleet:write"], "orchestrator")
+        refused = []
+        async with connection(port) as conn:
+            refused.append(
+                await conn.exchange(
+                    head("POST", "/v1/streams", length=limit + 1), plain(b"x" * (limit + 1))
                 )
-                big = json.dumps({"id": "cam-1", "url": "x" * limit}).encode()
-                refused.append(
-                    await conn.exchange(
-                        head("POST", "/v1/streams", token=token, chunked=True), chunked(big, 1024)
-                    )
+            )
+            big = json.dumps({"id": "cam-1", "url": "x" * limit}).encode()
+            refused.append(
+                await conn.exchange(
+                    head("POST", "/v1/streams", token=token, chunked=True), chunked(big, 1024)
                 )
-                anon = await conn.exchange(
-                    head("POST", "/v1/streams", chunked=True), chunked(big, 1024)
-                )
-                body = json.dumps({"id": "cam-2", "url": "rtsp://cam/2", "fps": 2}).encode()
-                ok = await conn.exchange(
-                    head("POST", "/v1/streams", token=token, length=len(body)), [body]
-                )
-            return refused, anon, ok, len(await orch.store.streams())  # fmt: skip
-
-    refused, anon, ok, streams = asyncio.run(main())
+            )
+            anon = await conn.exchange(
+                head("POST", "/v1/streams", chunked=True), chunked(big, 1024)
+            )
+            body = json.dumps({"id": "cam-2", "url": "rtsp://cam/2", "fps": 2}).encode()
+            ok = await conn.exchange(
+                head("POST", "/v1/streams", token=token, length=len(body)), [body]
+            )
+        refused, anon, ok, streams = refused, anon, ok, len(await orch.store.streams())  # fmt: skip
     for answer in refused:
         _refusal(answer, limit, setting)
     assert anon.status == 401 and ok.status == 201, (anon, ok)
@@ -252,42 +232,42 @@ def _body(*sizes: int) -> list[dict[str, Any]]:
     ]
 
 
-def test_asgi_content_length_over_never_calls_the_app() -> None:
+async def test_asgi_content_length_over_never_calls_the_app() -> None:
     seen: list[Any] = []
-    sent = asyncio.run(_drive(BodyLimit(_reader(seen), 10), _http(11), _body(11)))
+    sent = await _drive(BodyLimit(_reader(seen), 10), _http(11), _body(11))
     assert seen == [] and sent[0]["status"] == 413
     assert json.loads(sent[1]["body"])["limit_bytes"] == 10
 
 
-def test_asgi_counted_body_over_replaces_the_apps_answer() -> None:
+async def test_asgi_counted_body_over_replaces_the_apps_answer() -> None:
     seen: list[Any] = []
-    sent = asyncio.run(_drive(BodyLimit(_reader(seen), 10), _http(), _body(6, 4, 1)))
+    sent = await _drive(BodyLimit(_reader(seen), 10), _http(), _body(6, 4, 1))
     assert seen[:2] == [6, 4] and isinstance(seen[2], BodyTooLarge)
     assert [m.get("status") for m in sent] == [413, None]
     assert b"app" not in sent[1]["body"]
 
 
-def test_asgi_at_the_limit_and_other_scopes_pass() -> None:
+async def test_asgi_at_the_limit_and_other_scopes_pass() -> None:
     seen: list[Any] = []
-    sent = asyncio.run(_drive(BodyLimit(_reader(seen), 10), _http(10), _body(6, 4)))
+    sent = await _drive(BodyLimit(_reader(seen), 10), _http(10), _body(6, 4))
     assert seen == [6, 4] and sent[0]["status"] == 200
     ws: list[Any] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         ws.append(scope["type"])
 
-    asyncio.run(_drive(BodyLimit(app, 0), {"type": "websocket", "headers": []}, []))
+    await _drive(BodyLimit(app, 0), {"type": "websocket", "headers": []}, [])
     assert ws == ["websocket"]
 
 
-def test_asgi_a_started_answer_is_not_replaced() -> None:
+async def test_asgi_a_started_answer_is_not_replaced() -> None:
     async def streaming(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         while (await receive())["more_body"]:
             pass
 
     with pytest.raises(BodyTooLarge):
-        asyncio.run(_drive(BodyLimit(streaming, 10), _http(), _body(11)))
+        await _drive(BodyLimit(streaming, 10), _http(), _body(11))
 
 
 # -- memory of a real ingest process --------------------------------------------------
@@ -342,18 +322,20 @@ async def _six_mb(port: int, token: str, n: int) -> list[int]:
 
 
 @pytest.mark.integration
-def test_six_megabyte_bodies_do_not_grow_a_real_ingest(tmp_path: Path, secret: str) -> None:
+async def test_six_megabyte_bodies_do_not_grow_a_real_ingest(tmp_path: Path, secret: str) -> None:
     proc, port = _start_ingest(tmp_path, secret)
     token = mint(secret, ["streams:read", "streams:write"], "ingest", ttl=600)
     try:
-        asyncio.run(_six_mb(port, token, 4))  # warm-up: first allocations, code paths
+        await _six_mb(port, token, 4)  # warm-up: first allocations, code paths
         before = _rss_kib(proc.pid)
         t0 = time.monotonic()
-        statuses = asyncio.run(_six_mb(port, token, 20))
+        statuses = await _six_mb(port, token, 20)
         elapsed = time.monotonic() - t0
         after = _rss_kib(proc.pid)
-        streams = httpx.get(f"http://127.0.0.1:{port}/v1/streams",
-                            headers={"Authorization": f"Bearer {token}"}).json()  # fmt: skip
+        async with httpx.AsyncClient() as http:
+            listed = await http.get(f"http://127.0.0.1:{port}/v1/streams",
+                                    headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        streams = listed.json()
     finally:
         proc.terminate()
         proc.wait(30)
@@ -366,10 +348,11 @@ def test_six_megabyte_bodies_do_not_grow_a_real_ingest(tmp_path: Path, secret: s
     assert grew < 5, f"RSS grew {grew:.1f} MiB"
 
 
-def test_a_refused_chunked_body_is_freed_at_once(tmp_path: Path) -> None:
+async def test_a_refused_chunked_body_is_freed_at_once(tmp_path: Path) -> None:
     """No reference cycle keeps the partial body until the next full collection."""
 
-    async def main() -> list[float]:
+    tracemalloc.start()
+    try:
         async with running_ingest("s" * 32, tmp_path) as ingest:
             data, held = _stream_json("cam-big", 2 * MiB), []
             for _ in range(3):
@@ -383,11 +366,6 @@ def test_a_refused_chunked_body_is_freed_at_once(tmp_path: Path) -> None:
                     held.append((tracemalloc.get_traced_memory()[0] - start) / 1024)
                 finally:
                     gc.enable()
-            return held
-
-    tracemalloc.start()
-    try:
-        held = asyncio.run(main())
     finally:
         tracemalloc.stop()
     print(f"\nheld after a refused 2 MiB chunked body, before any collection: {held} KiB")

@@ -64,16 +64,13 @@ def ingest_spec(tmp_path: Path) -> dict[str, Any]:
     return ingest_app(service).openapi()
 
 
-def orch_spec(tmp_path: Path) -> dict[str, Any]:
-    async def main() -> dict[str, Any]:
-        orch = Orchestrator(orch_settings(tmp_path, ed_keys()), prober=StatusProber(20),
-                            ingest=NullIngestLink())  # fmt: skip
-        try:
-            return orch_app(orch).openapi()
-        finally:
-            await orch.aclose()
-
-    return asyncio.run(main())
+async def orch_spec(tmp_path: Path) -> dict[str, Any]:
+    orch = Orchestrator(orch_settings(tmp_path, ed_keys()), prober=StatusProber(20),
+                        ingest=NullIngestLink())  # fmt: skip
+    try:
+        return orch_app(orch).openapi()
+    finally:
+        await orch.aclose()
 
 
 def operations(spec: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -124,8 +121,8 @@ def test_every_ingest_operation_is_documented(tmp_path: Path) -> None:
     assert {p["name"] for p in ws["parameters"]} == {"stream", "class", "min_confidence", "resume"}
 
 
-def test_every_orchestrator_operation_is_documented(tmp_path: Path) -> None:
-    spec = orch_spec(tmp_path)
+async def test_every_orchestrator_operation_is_documented(tmp_path: Path) -> None:
+    spec = await orch_spec(tmp_path)
     ops = list(operations(spec))
     assert len(ops) == 16  # 12 + the 4 job routes
     for method, path, op in ops:
@@ -135,39 +132,33 @@ def test_every_orchestrator_operation_is_documented(tmp_path: Path) -> None:
     assert all(s in description for s in scopes)
 
 
-def test_documented_error_bodies_are_what_the_api_answers(tmp_path: Path) -> None:
+async def test_documented_error_bodies_are_what_the_api_answers(tmp_path: Path) -> None:
     """The 401, 404, 409 and 422 bodies of a real ingest match the models documented."""
 
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest:
-            async with httpx.AsyncClient(base_url=ingest.base) as http:
-                refused = await http.get("/v1/streams")
-                missing = await http.get("/v1/streams/nope", headers=ingest.auth())
-                bad = await http.post("/v1/streams", json={"id": "x"}, headers=ingest.auth())
-            assert refused.status_code == 401 and set(refused.json()) == {"detail"}
-            assert missing.status_code == 404 and isinstance(missing.json()["detail"], str)
-            assert bad.status_code == 422
-            assert {k for issue in bad.json()["detail"] for k in issue} == {"type", "loc", "msg"}
-
-    asyncio.run(main())
+    async with running_ingest(ed_keys(), tmp_path) as ingest:
+        async with httpx.AsyncClient(base_url=ingest.base) as http:
+            refused = await http.get("/v1/streams")
+            missing = await http.get("/v1/streams/nope", headers=ingest.auth())
+            bad = await http.post("/v1/streams", json={"id": "x"}, headers=ingest.auth())
+        assert refused.status_code == 401 and set(refused.json()) == {"detail"}
+        assert missing.status_code == 404 and isinstance(missing.json()["detail"], str)
+        assert bad.status_code == 422
+        assert {k for issue in bad.json()["detail"] for k in issue} == {"type", "loc", "msg"}
 
 
-def test_docs_and_assets_are_served_open(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest:
-            async with httpx.AsyncClient(base_url=ingest.base) as http:
-                for path in ("/openapi.json", "/docs", "/redoc"):
-                    r = await http.get(path)
-                    assert r.status_code == 200, path
-                    if path != "/openapi.json":  # the pages name no other host
-                        assert "https://" not in r.text and "http://" not in r.text, path
-                        assert "default-src 'self'" in r.headers["content-security-policy"]
-                for name in ASSETS:
-                    r = await http.get(f"/docs/assets/{name}")
-                    assert r.status_code == 200 and len(r.content) > 100_000, name
-                assert (await http.get("/docs/assets/..%2Fopenapi_docs.py")).status_code == 404
-
-    asyncio.run(main())
+async def test_docs_and_assets_are_served_open(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest:
+        async with httpx.AsyncClient(base_url=ingest.base) as http:
+            for path in ("/openapi.json", "/docs", "/redoc"):
+                r = await http.get(path)
+                assert r.status_code == 200, path
+                if path != "/openapi.json":  # the pages name no other host
+                    assert "https://" not in r.text and "http://" not in r.text, path
+                    assert "default-src 'self'" in r.headers["content-security-policy"]
+            for name in ASSETS:
+                r = await http.get(f"/docs/assets/{name}")
+                assert r.status_code == 200 and len(r.content) > 100_000, name
+            assert (await http.get("/docs/assets/..%2Fopenapi_docs.py")).status_code == 404
 
 
 # --- real Chromium, offline -------------------------------------------------------------
@@ -197,18 +188,15 @@ def _offline(urls: list[str], base: str) -> None:
     assert not outside, outside
 
 
-def test_ingest_docs_render_offline_in_chromium(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running_ingest(ed_keys(), tmp_path) as ingest:
-            spec = (await asyncio.to_thread(httpx.get, ingest.base + "/openapi.json")).json()
-            shown, menu, urls = await asyncio.to_thread(render, ingest.base, set(spec["paths"]))
-            assert set(spec["paths"]) <= shown
-            for summary in ("Add a stream", "Results WebSocket (upgrade)", "List worker tunnels"):
-                assert summary in menu, summary
-            _offline(urls, ingest.base)
-            assert any(u.endswith("/docs/assets/swagger-ui-bundle.js") for u in urls)
-
-    asyncio.run(main())
+async def test_ingest_docs_render_offline_in_chromium(tmp_path: Path) -> None:
+    async with running_ingest(ed_keys(), tmp_path) as ingest:
+        spec = (await asyncio.to_thread(httpx.get, ingest.base + "/openapi.json")).json()
+        shown, menu, urls = await asyncio.to_thread(render, ingest.base, set(spec["paths"]))
+        assert set(spec["paths"]) <= shown
+        for summary in ("Add a stream", "Results WebSocket (upgrade)", "List worker tunnels"):
+            assert summary in menu, summary
+        _offline(urls, ingest.base)
+        assert any(u.endswith("/docs/assets/swagger-ui-bundle.js") for u in urls)
 
 
 @asynccontextmanager
@@ -223,12 +211,9 @@ async def orchestrator(tmp_path: Path) -> AsyncIterator[str]:
         await orch.aclose()
 
 
-def test_orchestrator_docs_render_offline_in_chromium(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with orchestrator(tmp_path) as url:
-            spec = (await asyncio.to_thread(httpx.get, url + "/openapi.json")).json()
-            shown, _menu, urls = await asyncio.to_thread(render, url, set(spec["paths"]))
-            assert set(spec["paths"]) <= shown
-            _offline(urls, url)
-
-    asyncio.run(main())
+async def test_orchestrator_docs_render_offline_in_chromium(tmp_path: Path) -> None:
+    async with orchestrator(tmp_path) as url:
+        spec = (await asyncio.to_thread(httpx.get, url + "/openapi.json")).json()
+        shown, _menu, urls = await asyncio.to_thread(render, url, set(spec["paths"]))
+        assert set(spec["paths"]) <= shown
+        _offline(urls, url)
