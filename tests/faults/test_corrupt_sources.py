@@ -21,7 +21,7 @@ import pytest
 from framerelay.results import ResultRecord
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
-from ingest.stream import IngestStream, StreamState
+from ingest.stream import StreamState
 from tests.conftest import TIMEOUT_FACTOR
 from tests.support.media import Media
 from tests.support.waiting import wait_until_async
@@ -42,7 +42,7 @@ def _bad_streams(media: Media) -> list[StreamConfig]:
     return [StreamConfig(id=sid, url=str(path), fps=5) for sid, path in files.items()]
 
 
-def test_damaged_files_are_counted_and_end_cleanly_beside_a_healthy_stream(
+async def test_damaged_files_are_counted_and_end_cleanly_beside_a_healthy_stream(
     media: Media, secret: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
@@ -52,37 +52,29 @@ def test_damaged_files_are_counted_and_end_cleanly_beside_a_healthy_stream(
         if record.stream_id == "good":
             good_results.append(time.monotonic())
 
-    async def main() -> tuple[
-        dict[str, IngestStream], str, float, float, dict[str, int], dict[str, int]
-    ]:
-        async with running_worker(secret) as (_worker, url):
-            service = IngestService(
-                IngestSettings(worker_url=url, token_secrets=secret, worker_id="gpu-a")
-            )
-            service.bus.tap(on_result)
-            stop = asyncio.Event()
-            task = asyncio.create_task(service.run(stop))
-            good = StreamConfig(
-                id="good", url=str(media.short("mp4")), fps=GOOD_FPS, realtime=True, loop=True
-            )
-            service.add_stream(good)
-            await wait_until_async(lambda: len(good_results) > 0, 20, "good results")
-            started = time.monotonic()
-            good_at_start = dict(service.streams["good"].counters)
-            bad = [service.add_stream(cfg) for cfg in _bad_streams(media)]
-            await wait_until_async(
-                lambda: all(s.finished for s in bad), 60, "damaged streams to end"
-            )
-            await asyncio.sleep(max(0.0, started + 6.0 - time.monotonic()))
-            ended = time.monotonic()
-            streams = dict(service.streams)
-            good_at_end = dict(streams["good"].counters)
-            good_state = streams["good"].state.value  # before the service stops it
-            stop.set()
-            await task
-        return streams, good_state, started, ended, good_at_start, good_at_end
-
-    streams, good_state, started, ended, c0, c1 = asyncio.run(main())
+    async with running_worker(secret) as (_worker, url):
+        service = IngestService(
+            IngestSettings(worker_url=url, token_secrets=secret, worker_id="gpu-a")
+        )
+        service.bus.tap(on_result)
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        good_cfg = StreamConfig(
+            id="good", url=str(media.short("mp4")), fps=GOOD_FPS, realtime=True, loop=True
+        )
+        service.add_stream(good_cfg)
+        await wait_until_async(lambda: len(good_results) > 0, 20, "good results")
+        started = time.monotonic()
+        c0 = dict(service.streams["good"].counters)
+        bad = [service.add_stream(cfg) for cfg in _bad_streams(media)]
+        await wait_until_async(lambda: all(s.finished for s in bad), 60, "damaged streams to end")
+        await asyncio.sleep(max(0.0, started + 6.0 - time.monotonic()))
+        ended = time.monotonic()
+        streams = dict(service.streams)
+        c1 = dict(streams["good"].counters)
+        good_state = streams["good"].state.value  # before the service stops it
+        stop.set()
+        await task
     c = {sid: s.counters for sid, s in streams.items()}
     for sid, s in streams.items():
         print(f"\n{sid}: {s.state.value} error={s.error} " + " ".join(

@@ -74,7 +74,7 @@ async def serving(fleet: Any, job_id: str, not_on: set[str]) -> str | None:
                  if s.startswith(f"job-{job_id}-") and w not in not_on), None)  # fmt: skip
 
 
-def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
+async def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
     secret: str, tmp_path: Path
 ) -> None:
     inputs = segments(tmp_path)
@@ -95,7 +95,7 @@ def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
             pods_seen.append(sum(p.tier == "batch" for p in pods.values()))
             await asyncio.sleep(0.2)
 
-    async def main() -> tuple[JobView, list[str], float]:
+    try:
         over = {
             "redis_url": REDIS_URL,
             "results": ResultsSettings(redis_prefix=prefix),
@@ -122,7 +122,7 @@ def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
                 )
                 fleet.provider.kill(victim)  # SIGKILL: the spot pod is gone
                 killed.append(victim)
-            ended = await wait_until_async(
+            job = await wait_until_async(
                 lambda: _ended(fleet), JOB_LIMIT_S, "job finished", every_s=0.1
             )
             took = time.monotonic() - t0
@@ -133,12 +133,8 @@ def test_a_job_survives_two_preemptions_scales_from_zero_and_back(
             stop.set()
             await watcher
             assert fleet.orch.fleet.counters["preempted"] == 2, dict(fleet.orch.fleet.counters)
-            return ended, killed, took
-
-    try:
-        job, killed, took = asyncio.run(main())
     finally:
-        asyncio.run(clear_prefix(prefix))
+        await clear_prefix(prefix)
     frames = {
         Path(i).name: sidecar_pts(Path(s)) for i, s in zip(job.inputs, job.sidecars, strict=True)
     }
