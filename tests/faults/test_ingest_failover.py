@@ -42,10 +42,11 @@ import pytest
 import redis
 
 from framerelay.results import ResultRecord
-from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
+from tests.conftest import CLIP, ROOT, service_env
 from tests.faults.id_continuity import Continuity, clip_gt, continuity
 from tests.integration.test_stall_failover import workers
 from tests.support.servers import RedisServer, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 STREAMS = tuple(f"cam-{i}" for i in range(6))
@@ -148,14 +149,6 @@ class Listener:
         return [(t, r) for t, r in list(self.got) if r.stream_id == sid]
 
 
-def wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def owners(r: redis.Redis) -> dict[str, str]:
     out = {}
     for sid in STREAMS:
@@ -237,18 +230,18 @@ def _check_exclusive(log: list[dict[str, Any]], killed: str, killed_at: float) -
 
 def _scenario(f: dict[str, Any], judge_ids: bool) -> dict[str, Any]:
     r, listener, a, b = f["redis"], f["listener"], f["a"], f["b"]
-    wait_for(lambda: a.ready() and b.ready(), 60, "both ingests ready")
-    wait_for(lambda: sorted(owners(r).values()) == ["a"] * 3 + ["b"] * 3, 30,
+    wait_until(lambda: a.ready() and b.ready(), 60, "both ingests ready")
+    wait_until(lambda: sorted(owners(r).values()) == ["a"] * 3 + ["b"] * 3, 30,
              "three streams leased by each replica")  # fmt: skip
-    wait_for(lambda: all(listener.of(s) for s in STREAMS), 60, "results of every stream")
+    wait_until(lambda: all(listener.of(s) for s in STREAMS), 60, "results of every stream")
     mine = sorted(s for s, o in owners(r).items() if o == "a")
     if judge_ids:
-        wait_for(lambda: _in_kill_window(listener, mine), 45, "A's streams early in a clip pass")
+        wait_until(lambda: _in_kill_window(listener, mine), 45, "A's streams early in a clip pass")
     assert a.proc is not None
     killed_at = time.time()
     os.kill(a.proc.pid, signal.SIGKILL)
     last = {s: listener.of(s)[-1][1] for s in mine}
-    wait_for(lambda: all(any(t > killed_at for t, _ in listener.of(s)) for s in STREAMS),
+    wait_until(lambda: all(any(t > killed_at for t, _ in listener.of(s)) for s in STREAMS),
              MAX_GAP_S + 10, "results of every stream after the kill")  # fmt: skip
     time.sleep(1.5)  # a second of resumed tracks to judge
     return {"killed_at": killed_at, "mine": mine, "last": last, "owners": owners(r),
