@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import SecretStr
 from deploy.settings import OrchestratorSettings
 from framerelay.auth import KeySet
 from tests.support.auth import ed_keys
+from tests.support.waiting import wait_until, wait_until_async
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -46,11 +46,11 @@ def serving(app: FastAPI, **config: Any) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("API server did not start")
-        time.sleep(0.01)
+    wait_until(
+        lambda: server.started or not thread.is_alive(), 10, "API server to start", every_s=0.01
+    )
+    if not server.started:
+        raise RuntimeError("API server did not start")
     port = server.servers[0].sockets[0].getsockname()[1]
     scheme = "https" if "ssl_certfile" in config else "http"
     try:
@@ -67,10 +67,9 @@ async def serving_here(app: FastAPI, **config: Any) -> AsyncIterator[str]:
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", **config)
     )
     task = asyncio.create_task(server.serve())
-    for _ in range(400):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.025)
+    await wait_until_async(
+        lambda: server.started or task.done(), 10, "API server to start", every_s=0.025
+    )
     assert server.started, "API server did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     scheme = "https" if "ssl_certfile" in config else "http"

@@ -328,12 +328,13 @@ async def first_run(rig: Rig, env: dict[str, str], inputs: list[Path]) -> dict[s
 
 async def watch(api: httpx.AsyncClient, queue: EndpointState) -> tuple[dict[str, Any], int, float]:
     """Until the job ends: its view, the most workers the endpoint had, seconds taken."""
-    start, most = time.monotonic(), 0
-    while time.monotonic() - start < 120 * TIMEOUT_FACTOR:
-        most = max(most, workers(queue))
+    start, most = time.monotonic(), [0]
+
+    async def ended() -> dict[str, Any] | None:
+        most[0] = max(most[0], workers(queue))
         resp = await api.get("/v1/jobs/night1")
         job: dict[str, Any] = resp.json()
-        if job["state"] not in ("queued", "running"):
-            return job, most, time.monotonic() - start
-        await asyncio.sleep(0.1)
-    raise TimeoutError("the job did not end")
+        return None if job["state"] in ("queued", "running") else job
+
+    job = await wait_until_async(ended, 120, "the job to end", every_s=0.1)
+    return job, most[0], time.monotonic() - start
