@@ -5,27 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from bench.rig.records import result_record as result_record  # re-exported: the tests use it
 from framerelay.auth import AuthGuard
 from ingest.auth import api_guard
 from ingest.hub import ResultHub, results_router
 from ingest.server import api_server
 from ingest.settings import IngestSettings
 from tests.conftest import CLIP, ROOT, service_env
-from tests.support.servers import free_port
-from tests.support.waiting import wait_until, wait_until_async
+from tests.support.waiting import wait_until_async
 
 
 def kill_all(*procs: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
@@ -65,63 +60,6 @@ def camera_and_recorder(
 
 def p99(values: list[float]) -> float:
     return float(np.percentile(np.asarray(values), 99))
-
-
-class RedisServer:
-    """A private ``redis-server`` on a free loopback port (never the shared 6379)."""
-
-    def __init__(self, directory: Path, *, appendonly: bool = False) -> None:
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.appendonly = appendonly
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        exe = shutil.which("redis-server")
-        assert exe is not None, "redis-server is not installed (scripts/services.sh)"
-        cmd = [
-            exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self.ping, 10, f"redis-server on {self.port} answering")
-        return self
-
-    def ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-
-@contextlib.contextmanager
-def redis_server(directory: Path, *, appendonly: bool = False) -> Iterator[RedisServer]:
-    server = RedisServer(directory, appendonly=appendonly).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @contextlib.asynccontextmanager

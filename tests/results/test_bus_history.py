@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gc
 
+from bench.rig.records import result_record as record
 from ingest.bus import IdAllocator, ResultBus
-from tests.results.support import result_record as record
 
 
 def test_history_replays_the_published_records_exactly() -> None:

@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.rig.records import result_record
 from framerelay.client import SubscribeState, subscribe, tls_context
 from framerelay.errors import ConfigError
 from framerelay.schemas import ResultMessage
@@ -26,7 +27,7 @@ from ingest.hub import ResultHub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
 from tests.ingest.api_rig import Pki, make_pki
-from tests.results.support import hub_guard, result_record, serving
+from tests.results.support import hub_guard, serving
 from tests.support.auth import mint
 
 SECRET = "a-single-host-secret-long-enough"

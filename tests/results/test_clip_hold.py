@@ -30,8 +30,8 @@ from ingest.recording.hold import BoxHold, default_hold_s
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import RedisServer, child_env, kill_all
-from tests.support.servers import free_port
+from tests.results.support import child_env, kill_all
+from tests.support.servers import RedisServer, free_port
 
 STREAM = "stream-1"
 FILE_FRAMES = 179
@@ -80,7 +80,7 @@ def file_recording(
     local_worker: object, secret: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FileRecording]:
     tmp = tmp_path_factory.mktemp("file-recording")
-    server = RedisServer(tmp / "redis").start()
+    server = RedisServer(tmp / "redis", appendonly=False).start()
     env = child_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_TOKEN_SECRETS=secret,
                     FRAMERELAY_RECORD_MATCH_WINDOW_S="4")  # fmt: skip
     record = [sys.executable, "-m", "framerelay", "record", "--stream", STREAM, "--source",

@@ -27,6 +27,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
+from bench.rig.records import result_record
 from framerelay.client import SubscribeState, subscribe
 from framerelay.results import ResultId
 from framerelay.schemas import ResultMessage, SidecarLine
@@ -37,14 +38,13 @@ from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
 from tests.results.support import (
-    RedisServer,
     camera_and_recorder,
     hub_guard,
     kill_all,
-    result_record,
     serving,
 )
 from tests.support.auth import mint
+from tests.support.servers import RedisServer
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration

@@ -35,8 +35,8 @@ from ingest.recording.draw import box_pixels, label_area, label_of
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import RedisServer, child_env, kill_all
-from tests.support.servers import free_port
+from tests.results.support import child_env, kill_all
+from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -71,7 +71,7 @@ def recording(
     local_worker: object, secret: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Recording]:
     tmp = tmp_path_factory.mktemp("recording")
-    server = RedisServer(tmp / "redis").start()
+    server = RedisServer(tmp / "redis", appendonly=False).start()
     camera = subprocess.Popen([sys.executable, str(ROOT / "tests/results/camera.py"),
                                "--clip", str(CLIP)], stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert camera.stdout is not None

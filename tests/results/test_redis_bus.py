@@ -23,7 +23,7 @@ from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from ingest.redis_consumer import Entry, ResultConsumer
 from tests.conftest import TIMEOUT_FACTOR
 from tests.results.conftest import load_records
-from tests.results.support import RedisServer, redis_server
+from tests.support.servers import RedisServer, redis_server
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -113,7 +113,9 @@ async def test_maxlen_and_retention_bound_the_stream(
 async def test_publishing_never_blocks_while_redis_is_down(
     records: list[ResultRecord], tmp_path: Path
 ) -> None:
-    server = RedisServer(tmp_path)  # not started yet: its port refuses connections
+    server = RedisServer(
+        tmp_path, appendonly=False
+    )  # not started yet: its port refuses connections
     try:
         async with publishing(server.url, buffer=50) as (bus, pub):
             await asyncio.sleep(0.3)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.rig.records import result_record
 from ingest.bus import ResultBus
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.results.support import redis_server, result_record
+from tests.support.servers import redis_server
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration

@@ -18,12 +18,12 @@ import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from bench.rig.records import result_record
 from framerelay.results import ResultId, ResultRecord
 from framerelay.schemas import ResultMessage, SharedResultMessage, SidecarLine
 from ingest.bus import DetectionFilter, IdAllocator, Published, ResultBus
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.results.support import redis_server, result_record
-from tests.support.servers import free_port
+from tests.support.servers import free_port, redis_server
 from tests.support.waiting import wait_until_async
 
 KEYS = RedisKeys("t")

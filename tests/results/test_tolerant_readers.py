@@ -21,6 +21,7 @@ import pytest
 from pydantic import ValidationError
 from websockets.asyncio.server import ServerConnection, serve
 
+from bench.rig.records import result_record
 from framerelay.client import SubscribeState, subscribe
 from framerelay.errors import ProtocolError
 from framerelay.results import ResultId
@@ -29,7 +30,7 @@ from ingest.recording.sidecar import read_lines, repair
 from ingest.redis_bus import RedisKeys, connect
 from ingest.redis_consumer import Entry, ResultConsumer
 from tests.conftest import TIMEOUT_FACTOR
-from tests.results.support import redis_server, result_record
+from tests.support.servers import redis_server
 
 STREAM = "cam-1"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tests.conftest import TIMEOUT_FACTOR
+from tests.support.waiting import wait_until
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 RTSP_SCRIPT = Path(__file__).with_name("rtsp_server.py")
@@ -190,7 +191,8 @@ def http_server(root: Path) -> Iterator[str]:
 
 
 class RedisServer:
-    """A private redis-server on a free port (leave the shared 6379 alone)."""
+    """A private ``redis-server`` on a free loopback port (never the shared 6379): started,
+    stopped, killed (-9) and started again on the same port and folder."""
 
     def __init__(self, folder: Path, *, appendonly: bool = True) -> None:
         self.folder = folder
@@ -203,19 +205,48 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        """Start it and wait until it answers PING (it accepts connections while it still
+        loads its append-only file)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_port(self.port, 10 * TIMEOUT_FACTOR)
+        exe = shutil.which("redis-server")
+        assert exe is not None, "redis-server is not installed (scripts/services.sh)"
+        cmd = [
+            exe, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.folder),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self.ping, 10, f"redis-server on {self.port} answering")
         return self
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill9(self) -> None:
+        """SIGKILL: what a crash leaves (the append-only file as far as it was synced)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
 
     def stop(self) -> None:
         if self.proc is not None:
             _end(self.proc)
             self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path, *, appendonly: bool = False) -> Iterator[RedisServer]:
+    """A started :class:`RedisServer` (without append-only file by default), stopped after."""
+    server = RedisServer(folder, appendonly=appendonly).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class CountingListener:
