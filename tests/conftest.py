@@ -70,10 +70,13 @@ def local_worker(secret: str) -> Iterator[object]:
     worker.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend() -> str:
     """``async def`` tests run on asyncio: anyio's pytest plugin in auto mode
-    (``anyio_mode`` in pyproject.toml) runs every one, no ``asyncio.run`` wrapper needed."""
+    (``anyio_mode`` in pyproject.toml) runs every one, no ``asyncio.run`` wrapper needed.
+    Module scope (anyio's own default) lets a module-scoped async fixture serve the
+    module's tests; the event loop lives as long as the async fixtures and tests using
+    it, and a test without such a fixture still gets a loop of its own."""
     return "asyncio"
 
 
@@ -97,3 +100,11 @@ async def redis_space() -> AsyncIterator[RedisSpace]:
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules holding a ``slow`` test run first (each module keeps its order): with
+    pytest-xdist's ``--dist loadscope`` (scripts/test.sh) the long scenarios start while
+    the many short tests fill the other workers, instead of ending the run alone."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in heavy)

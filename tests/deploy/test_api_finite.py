@@ -74,12 +74,6 @@ def _body(valid: dict[str, Any], field: str, raw: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """asyncio, for the whole module: :func:`orch_api` is an async fixture of module scope."""
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def orch_api(
     tmp_path_factory: pytest.TempPathFactory, anyio_backend: str
 ) -> AsyncIterator[httpx.Client]:
