@@ -112,10 +112,10 @@ def _after(
     ]
 
 
-def test_track_ids_survive_kill_9_and_a_5_s_outage(secret: str, tmp_path: Path) -> None:
+async def test_track_ids_survive_kill_9_and_a_5_s_outage(secret: str, tmp_path: Path) -> None:
     start = time.monotonic()
     with workers(secret, "gpu-a", "gpu-b") as procs:
-        out = asyncio.run(_scenario(procs, tmp_path, secret))
+        out = await _scenario(procs, tmp_path, secret)
     gt = clip_gt(CLIP)
     total = Continuity(0, 0, 0, 0, 0, 0)
     for sid in STREAMS:

@@ -8,7 +8,6 @@ orchestrator's CA and the pod's name."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ def _launch(pod: dict[str, Any]) -> tuple[str, dict[int, int], Stop]:
     return launch_worker(pod, kill=True)  # the container dies at once with its host
 
 
-def test_a_community_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Path) -> None:
+async def test_a_community_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Path) -> None:
     server = ContractServer(KEY, launcher=_launch)
     tiers = [
         TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12),
@@ -53,7 +52,7 @@ def test_a_community_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Pa
         StreamSpec(id="std-2", url=str(CLIP), fps=3, loop=True),
     ]
 
-    async def main(base: str) -> tuple[float, dict[str, str], dict[str, str], list[str]]:
+    with running_runpod_v2(server) as base:
         rp = RunPodProvider(RunPodSettings(api_key=SecretStr(KEY), base_url=base, backoff_s=0.05))
         settings = settings_for(
             secret,
@@ -98,10 +97,7 @@ def test_a_community_pod_vanishes_and_its_streams_move(secret: str, tmp_path: Pa
                 min(r.received_at for r in fleet.results_for(s) if r.received_at > t0) - t0
                 for s in moving
             )
-            return took, before, await fleet.orch.store.assignments(), moving
-
-    with running_runpod_v2(server) as base:
-        took, before, after, moving = asyncio.run(main(base))
+            after = await fleet.orch.store.assignments()
     print(f"\ncommunity pod lost: streams {moving} moved {before} -> {after} in {took:.2f} s")
     assert moving and took <= MOVE_LIMIT_S * TIMEOUT_FACTOR
     assert all(after[s].startswith("fr-ondemand") for s in moving)

@@ -4,7 +4,6 @@ no test hook in production) is caught by the canary and replaced."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -26,30 +25,29 @@ def _hang_first_generation(spec: PodSpec) -> dict[str, str]:
     return dict(HANG) if spec.name.endswith("-g0") else {}
 
 
-def test_hung_inference_is_detected_by_the_canary_and_replaced(secret: str, tmp_path: Path) -> None:
+async def test_hung_inference_is_detected_by_the_canary_and_replaced(
+    secret: str, tmp_path: Path
+) -> None:
     tier = TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12)
     settings = settings_for(
         secret, tmp_path / "ca", tiers=[tier], canary_timeout_s=3, canary_interval_s=1
     )
 
-    async def main() -> tuple[list[dict[str, object]], object, str, str | None]:
-        async with running_fleet(settings, env_hook=_hang_first_generation) as fleet:
-            await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=2, loop=True))
-            hung = "fr-ondemand-0-g0"
-            await wait_until_async(lambda: fleet.results_for("cam"), 90, "first results")
-            await wait_until_async(
-                lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 60, "canary catch"
-            )
-            unhealthy = [e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy"]
-            await wait_until_async(
-                lambda: any(r.worker_id == "fr-ondemand-0-g1" for r in fleet.results_for("cam")),
-                90, "results from the replacement",
-            )  # fmt: skip
-            events = list(fleet.orch.fleet.events)
-            first = unhealthy[0]
-            return events, first.get("healthz_ok"), hung, str(first.get("error"))
-
-    events, healthz, hung, error = asyncio.run(main())
+    async with running_fleet(settings, env_hook=_hang_first_generation) as fleet:
+        await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=2, loop=True))
+        hung = "fr-ondemand-0-g0"
+        await wait_until_async(lambda: fleet.results_for("cam"), 90, "first results")
+        await wait_until_async(
+            lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 60, "canary catch"
+        )
+        unhealthy = [e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy"]
+        await wait_until_async(
+            lambda: any(r.worker_id == "fr-ondemand-0-g1" for r in fleet.results_for("cam")),
+            90, "results from the replacement",
+        )  # fmt: skip
+        events = list(fleet.orch.fleet.events)
+        first = unhealthy[0]
+        healthz, error = first.get("healthz_ok"), str(first.get("error"))
     kinds = [(e["kind"], e["pod"]) for e in events]
     assert healthz is True  # /healthz answered while inference was hung
     assert ("unhealthy", hung) in kinds and ("replaced", hung) in kinds

@@ -70,12 +70,9 @@ async def _scenario(fleet: Fleet) -> dict[str, object]:
             "killed_at": killed_at}  # fmt: skip
 
 
-def test_kill_9_worker_rehomes_its_streams(secret: str, tmp_path: Path) -> None:
-    async def main() -> tuple[dict[str, object], Fleet]:
-        async with running_fleet(settings_for(secret, tmp_path / "ca")) as fleet:
-            return await _scenario(fleet), fleet
-
-    out, fleet = asyncio.run(main())
+async def test_kill_9_worker_rehomes_its_streams(secret: str, tmp_path: Path) -> None:
+    async with running_fleet(settings_for(secret, tmp_path / "ca")) as fleet:
+        out = await _scenario(fleet)
     gaps = out["gaps"]
     assert isinstance(gaps, dict) and len(gaps) >= 1
     print(f"\nkill -9 {out['victim']}: streams {out['moved']} resumed after "

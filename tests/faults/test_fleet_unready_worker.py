@@ -49,33 +49,27 @@ async def _first_503(http_url: str, timeout_s: float) -> tuple[float, str]:
     raise TimeoutError("the worker's /readyz never answered 503")
 
 
-def test_a_worker_failing_readyz_loses_its_streams_at_once_and_is_replaced(
+async def test_a_worker_failing_readyz_loses_its_streams_at_once_and_is_replaced(
     secret: str, tmp_path: Path
 ) -> None:
     tier = TierConfig(name="ondemand", min_warm=1, max_workers=1, capacity_fps=12)
     settings = settings_for(secret, tmp_path / "ca", tiers=[tier], tick_s=TICK_S,
                             canary_interval_s=3600, unhealthy_after=2)  # fmt: skip
 
-    async def main() -> tuple[float, dict[str, object], str, list[tuple[object, object]]]:
-        async with running_fleet(settings, env_hook=_fault_first_generation) as fleet:
-            await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=4, loop=True))
-            await wait_until_async(lambda: fleet.results_for("cam"), 90, "first results")
-            pod = (await fleet.orch.store.pods())[FIRST]
-            assert pod.http_url is not None
-            t_503, body = await _first_503(pod.http_url, 60)
-            await wait_until_async(
-                lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 10, "unready"
-            )
-            event = next(e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy")
-            lag = cast(float, event["t"]) - t_503  # the fleet's clock is the system's
-            await wait_until_async(
-                lambda: any(r.worker_id == SECOND for r in fleet.results_for("cam")),
-                90, "results from the replacement",
-            )  # fmt: skip
-            kinds = [(e["kind"], e["pod"]) for e in fleet.orch.fleet.events]
-            return lag, event, body, kinds
-
-    lag, event, body, kinds = asyncio.run(main())
+    async with running_fleet(settings, env_hook=_fault_first_generation) as fleet:
+        await fleet.orch.store.put_stream(StreamSpec(id="cam", url=str(CLIP), fps=4, loop=True))
+        await wait_until_async(lambda: fleet.results_for("cam"), 90, "first results")
+        pod = (await fleet.orch.store.pods())[FIRST]
+        assert pod.http_url is not None
+        t_503, body = await _first_503(pod.http_url, 60)
+        await wait_until_async(lambda: fleet.orch.fleet.counters["unhealthy"] >= 1, 10, "unready")
+        event = next(e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy")
+        lag = cast(float, event["t"]) - t_503  # the fleet's clock is the system's
+        await wait_until_async(
+            lambda: any(r.worker_id == SECOND for r in fleet.results_for("cam")),
+            90, "results from the replacement",
+        )  # fmt: skip
+        kinds = [(e["kind"], e["pod"]) for e in fleet.orch.fleet.events]
     print(f"\n/readyz 503 ({body!r}); orchestrator marked {FIRST} unhealthy {lag:.2f} s later "
           f"with {event['error']!r}; replaced by {SECOND}")  # fmt: skip
     assert event["pod"] == FIRST and event["healthz_ok"] is True and event["readyz_ok"] is False
