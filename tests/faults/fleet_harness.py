@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from ingest.registry import StreamRegistry
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from tests.conftest import MODEL, TIMEOUT_FACTOR
+from tests.support.waiting import wait_until_async
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SNAPSHOT_S = 0.2
@@ -133,18 +133,9 @@ async def running_fleet(
 
 
 async def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
-    while not await _call(predicate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s * TIMEOUT_FACTOR:.0f} s")
-        await asyncio.sleep(0.1)
-
-
-async def _call(predicate: Callable[[], Any]) -> bool:
-    out = predicate()
-    if asyncio.iscoroutine(out):
-        out = await out
-    return bool(out)
+    """:func:`tests.support.waiting.wait_until_async`, checked every 0.1 s (kept for
+    tests/integration/test_slo_placement.py; new code: call wait_until_async)."""
+    await wait_until_async(predicate, timeout_s, what, every_s=0.1)
 
 
 async def resumed_sessions(http_url: str) -> int:
