@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import AsyncIterator
@@ -31,7 +29,7 @@ from deploy.service import Orchestrator
 from framerelay.auth import KeySet
 from framerelay.auth.web import route_scopes
 from tests.deploy.orch_support import orch_settings, serving_here
-from tests.support.auth import b64url, ed_keys, mint
+from tests.support.auth import b64url, ed_keys, hs256_by_hand, mint
 
 pytestmark = pytest.mark.integration
 READ, WRITE = "fleet:read", "fleet:write"
@@ -93,14 +91,6 @@ async def state_of(orch: Orchestrator) -> tuple[Any, ...]:
             await s.assignments())  # fmt: skip
 
 
-def _hs256(claims: dict[str, Any], secret: bytes, kid: str) -> str:
-    """HS256 by hand (PyJWT rightly refuses to HMAC with a public key)."""
-    head = b64url(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
-    signing_input = f"{head}.{b64url(json.dumps(claims).encode())}"
-    sig = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
-    return f"{signing_input}.{b64url(sig)}"
-
-
 def forged_tokens(keys: KeySet, tmp_path: Path) -> dict[str, str]:
     """Tokens made with what a worker holds (the public key set, its TLS key) or nothing."""
     kid = keys.kids[0]
@@ -115,8 +105,10 @@ def forged_tokens(keys: KeySet, tmp_path: Path) -> dict[str, str]:
     assert isinstance(tls_key, ec.EllipticCurvePrivateKey)  # PodCA's keys are P-256
     header = b64url(json.dumps({"alg": "none", "kid": kid, "typ": "JWT"}).encode())
     return {
-        "hs256 with the public key": _hs256(claims, x, kid),
-        "hs256 with the public jwks": _hs256(claims, keys.public().to_json().encode(), kid),
+        "hs256 with the public key": hs256_by_hand(claims, x, {"kid": kid, "typ": "JWT"}),
+        "hs256 with the public jwks": hs256_by_hand(
+            claims, keys.public().to_json().encode(), {"kid": kid, "typ": "JWT"}
+        ),
         "es256 with a pod's tls key": jwt.encode(claims, tls_key, "ES256", headers={"kid": kid}),
         "alg none": f"{header}.{b64url(json.dumps(claims).encode())}.",
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
@@ -19,6 +18,7 @@ from framerelay.auth import (
 )
 from framerelay.auth.keys import generate
 from framerelay.errors import ConfigError
+from tests.support.auth import hs256_by_hand
 
 NOW = 1_800_000_000.0
 
@@ -112,14 +112,7 @@ def test_algorithm_confusion_and_alg_none_are_refused() -> None:
     keys = KeySet([generate("EdDSA", "ed")])
     public = keys.public()
     pub_bytes = json.dumps(next(iter(public)).public_jwk()).encode()
-    import hashlib
-    import hmac
-
-    header = base64.urlsafe_b64encode(json.dumps({"alg": "HS256", "kid": "ed"}).encode())
-    body = base64.urlsafe_b64encode(json.dumps(_claims()).encode())
-    signing_input = header.rstrip(b"=") + b"." + body.rstrip(b"=")
-    sig = base64.urlsafe_b64encode(hmac.new(pub_bytes, signing_input, hashlib.sha256).digest())
-    confused = (signing_input + b"." + sig.rstrip(b"=")).decode()
+    confused = hs256_by_hand(_claims(), pub_bytes, {"kid": "ed"})
     # PyJWT types the key without None, the only key its "none" algorithm takes
     none = jwt.encode(_claims(), None, algorithm="none", headers={"kid": "ed"})  # type: ignore[arg-type]
     for token in (confused, none):

@@ -11,8 +11,6 @@ they were. Then the regressions the issue quotes, throttling (429) and 422s.
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Callable
@@ -28,7 +26,7 @@ from framerelay.auth import KeySet
 from framerelay.auth.web import route_scopes
 from ingest.app import create_app
 from tests.ingest.api_rig import Ingest, client, running_ingest
-from tests.support.auth import b64url, ed_keys, mint
+from tests.support.auth import ed_keys, hs256_by_hand, mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
 from tests.support.media import Media
 
@@ -85,14 +83,11 @@ def _public_as_secret(keys: KeySet) -> str:
     """HS256 "signed" with the public key set (what a worker holds) under the real kid: the
     algorithm-confusion attack (built by hand: PyJWT itself refuses to do it)."""
     now = int(time.time())
-    head = {"alg": "HS256", "typ": "JWT", "kid": keys.kids[0]}
     claims = {"iss": "framerelay", "sub": "pod", "aud": "framerelay-ingest", "iat": now,
               "nbf": now, "exp": now + 60, "scope": "streams:read streams:write routing:write "
               "results:*"}  # fmt: skip
-    signing_input = f"{b64url(json.dumps(head).encode())}.{b64url(json.dumps(claims).encode())}"
     public = json.dumps(keys.public().to_jwks()).encode()
-    sig = hmac.new(public, signing_input.encode(), hashlib.sha256).digest()
-    return f"{signing_input}.{b64url(sig)}"
+    return hs256_by_hand(claims, public, {"typ": "JWT", "kid": keys.kids[0]})
 
 
 Case = tuple[str, Callable[[Ingest, str], str | None], int]

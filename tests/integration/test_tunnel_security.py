@@ -11,8 +11,6 @@ the primary's tokens (old and new key while both are listed) work.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import ssl
 import time
@@ -32,7 +30,7 @@ from websockets.exceptions import InvalidMessage, InvalidStatus
 from framerelay import wire
 from framerelay.protocol.negotiation import offer
 from gpu_worker.server import Worker
-from tests.support.auth import b64url, ed_keys, mint
+from tests.support.auth import b64url, ed_keys, hs256_by_hand, mint
 from tests.support.worker_harness import running_worker, token
 
 pytestmark = pytest.mark.integration
@@ -51,11 +49,8 @@ def _claims(scope: str) -> dict[str, object]:
 
 
 def _hmac_token(secret: bytes, kid: str, scope: str) -> str:
-    """HS256 by hand (PyJWT refuses asymmetric keys as HMAC secrets; an attacker would not)."""
-    head = b64url(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
-    body = b64url(json.dumps(_claims(scope)).encode())
-    sig = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
-    return f"{head}.{body}.{b64url(sig)}"
+    """HS256 with what a worker holds (an attacker would try it; PyJWT would refuse)."""
+    return hs256_by_hand(_claims(scope), secret, {"kid": kid, "typ": "JWT"})
 
 
 def _unsigned(kid: str, scope: str) -> str:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -33,7 +31,7 @@ from jwt import PyJWK
 
 from framerelay.auth.keys import secret_kid
 from framerelay.auth.tokens import AUD_INGEST, AUD_ORCHESTRATOR, AUD_WORKER
-from tests.support.auth import b64url
+from tests.support.auth import b64url, hs256_by_hand
 
 AUDIENCES = (AUD_INGEST, AUD_ORCHESTRATOR, AUD_WORKER)
 EVERY_SCOPE = "streams:* routing:* results:* fleet:* worker:* metrics:*"
@@ -108,10 +106,7 @@ def hs256(secret: bytes, kid: str) -> Sign:
     """HS256 by hand: PyJWT rightly refuses to HMAC with PEM-looking keys."""
 
     def sign(claims: dict[str, Any]) -> str:
-        head = b64url(json.dumps({"alg": "HS256", "kid": kid, "typ": "JWT"}).encode())
-        signing_input = f"{head}.{b64url(json.dumps(claims).encode())}"
-        mac = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
-        return f"{signing_input}.{b64url(mac)}"
+        return hs256_by_hand(claims, secret, {"kid": kid, "typ": "JWT"})
 
     return sign
 

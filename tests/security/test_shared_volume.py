@@ -46,7 +46,7 @@ from gpu_worker.detectors.base import acceleration_of
 from gpu_worker.model_pool import ServedModel, detector_loader
 from gpu_worker.volume import SharedVolume
 from tests.conftest import MODEL, ROOT, TIMEOUT_FACTOR
-from tests.support.auth import b64url, ed_keys, mint
+from tests.support.auth import ed_keys, hs256_by_hand, mint
 from tests.support.models import KITTI_STILL, write_registry
 
 KEYS = ed_keys("vol-2026-12")
@@ -197,21 +197,8 @@ def _forged(files: dict[str, Any]) -> dict[str, str]:
         "own key": jwt.encode(claims, own.signing_key(), algorithm="EdDSA", headers=head),
         "a tunnel token": mint(KEYS, "worker:pod", "worker"),
         "unsigned": jwt.encode(claims, "", algorithm="none", headers=head),
-        "HS256 with the public key": _hs256(claims, head, public.jwk["x"]),
+        "HS256 with the public key": hs256_by_hand(claims, public.jwk["x"].encode(), head),
     }
-
-
-def _hs256(claims: dict[str, Any], head: dict[str, str], secret: str) -> str:
-    """HMAC with the public key as the secret (algorithm confusion); built by hand, as
-    PyJWT refuses to use what looks like a public key as an HMAC secret."""
-    import hashlib
-    import hmac
-    import json
-
-    header = b64url(json.dumps({**head, "alg": "HS256"}).encode())
-    signing = f"{header}.{b64url(json.dumps(claims).encode())}"
-    mac = hmac.new(secret.encode(), signing.encode(), hashlib.sha256).digest()
-    return f"{signing}.{b64url(mac)}"
 
 
 @pytest.mark.parametrize(
