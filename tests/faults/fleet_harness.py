@@ -38,7 +38,6 @@ from ingest.registry import StreamRegistry
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from tests.conftest import MODEL, TIMEOUT_FACTOR
-from tests.support.waiting import wait_until_async
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SNAPSHOT_S = 0.2
@@ -130,12 +129,6 @@ async def running_fleet(
         await orch.aclose()
         server.should_exit = True
         await asyncio.wait_for(serve_task, 10)
-
-
-async def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
-    """:func:`tests.support.waiting.wait_until_async`, checked every 0.1 s (kept for
-    tests/integration/test_slo_placement.py; new code: call wait_until_async)."""
-    await wait_until_async(predicate, timeout_s, what, every_s=0.1)
 
 
 async def resumed_sessions(http_url: str) -> int:

@@ -32,8 +32,9 @@ from deploy.models import StreamSpec
 from deploy.providers.local import LocalProvider
 from deploy.settings import TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import Fleet, running_fleet, settings_for, wait_for
+from tests.faults.fleet_harness import Fleet, running_fleet, settings_for
 from tests.support.delay_proxy import ProxiedProvider
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ONE_WAY_S = {"near": 0.0025, "far": 0.35}
@@ -77,7 +78,7 @@ async def _measured(fleet: Fleet) -> dict[str, dict[str, Any]]:
 
 async def _scenario(fleet: Fleet) -> dict[str, Any]:
     store, out = fleet.orch.store, dict[str, Any]()
-    await wait_for(lambda: _measured(fleet), 180, "both workers ready and measured")
+    await wait_until_async(lambda: _measured(fleet), 180, "both workers ready and measured")
     pods = await _measured(fleet)
     near, far = pods["near"]["name"], pods["far"]["name"]
     out["rtt"] = {t: p["rtt_ms"] for t, p in pods.items()}
@@ -85,28 +86,33 @@ async def _scenario(fleet: Fleet) -> dict[str, Any]:
     out["regions"] = {t: p["region"] for t, p in pods.items()}
     # 1. the 100 ms stream goes to the 5 ms region
     await store.put_stream(_spec("cam-slo", SLO_MS))
-    await wait_for(lambda: _worker_of(fleet, "cam-slo"), 30, "cam-slo placed")
+    await wait_until_async(lambda: _worker_of(fleet, "cam-slo"), 30, "cam-slo placed")
     out["first"] = await _worker_of(fleet, "cam-slo")
-    await wait_for(lambda: len(fleet.results_for("cam-slo")) >= 5, 60, "cam-slo results")
+    await wait_until_async(lambda: len(fleet.results_for("cam-slo")) >= 5, 60, "cam-slo results")
     out["first_breach"] = {s["id"]: s["slo_breach"] for s in (await _status(fleet))["streams"]}
     out["ingest_latency"] = fleet.pool.streams["cam-slo"].latency.describe()
     # 2. the near region is full: another stream holds the near worker's capacity
     await store.del_stream("cam-slo")
-    await wait_for(lambda: _gone(fleet, "cam-slo"), 30, "cam-slo removed")
+    await wait_until_async(lambda: _gone(fleet, "cam-slo"), 30, "cam-slo removed")
     await store.put_stream(_spec("cam-fill"))
-    await wait_for(lambda: _on(fleet, "cam-fill", near), 30, "cam-fill on the near worker")
+    await wait_until_async(lambda: _on(fleet, "cam-fill", near), 30, "cam-fill on the near worker")
     await store.put_stream(_spec("cam-slo2", SLO_MS))
-    await wait_for(lambda: _worker_of(fleet, "cam-slo2"), 30, "cam-slo2 placed")
+    await wait_until_async(lambda: _worker_of(fleet, "cam-slo2"), 30, "cam-slo2 placed")
     out["second"] = await _worker_of(fleet, "cam-slo2")
     status = await _status(fleet)
     out["second_breach"] = next(s["slo_breach"] for s in status["streams"] if s["id"] == "cam-slo2")
     out["metrics"] = render_metrics(status).decode()
     out["events"] = [e for e in fleet.orch.fleet.events if str(e["kind"]).startswith("slo_")]
-    await wait_for(lambda: any(r.worker_id == far for r in fleet.results_for("cam-slo2")), 60,
-                   "cam-slo2 results from the far worker")  # fmt: skip
+    await wait_until_async(
+        lambda: any(r.worker_id == far for r in fleet.results_for("cam-slo2")),
+        60,
+        "cam-slo2 results from the far worker",
+    )
     # 3. room again in the near region: back there, the breach is over
     await store.del_stream("cam-fill")
-    await wait_for(lambda: _on(fleet, "cam-slo2", near), 30, "cam-slo2 back on the near worker")
+    await wait_until_async(
+        lambda: _on(fleet, "cam-slo2", near), 30, "cam-slo2 back on the near worker"
+    )
     out["events_after"] = [e for e in fleet.orch.fleet.events if str(e["kind"]).startswith("slo_")]
     out["near"], out["far"] = near, far
     return out
