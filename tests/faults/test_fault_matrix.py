@@ -39,7 +39,7 @@ from bench.rig.matrix_harness import Rig, Scenario, run_scenario
 from ingest.metrics import FLIGHT_DROPS
 from tests.conftest import TIMEOUT_FACTOR
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("fault-matrix")]
 CLIP_S = 7.0
 """Length of the sample clip (179 frames at 25 fps)."""
 KEPT_MIN_PCT = 50.0

@@ -19,6 +19,7 @@ removed afterwards.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import shlex
 import subprocess
 import tempfile
@@ -30,6 +31,13 @@ from typing import IO
 
 from tests.packaging.dockerfile import Stage
 from tests.packaging.wheel_env import InstalledWheel
+
+MOUNTS_LOCK = Path("/var/tmp/framerelay-test-container-mounts.lock")
+"""Held shared by every run while it uses the host folders its mounts need (other test
+processes run containers too): the folders a run created are removed only by a run that
+then gets it exclusively. An ``rmdir`` does not fail on a folder another run's private
+mount namespace has a tmpfs on: it detaches that mount, and the other run loses its
+volume (seen as ``ls: cannot access '/var/lib/framerelay/recordings'``)."""
 
 SETUP = r"""
 set -eu
@@ -96,7 +104,29 @@ def run(
 ) -> Iterator[Container]:
     """The image's process (ENTRYPOINT + CMD, or ``argv``) until the block ends."""
     uid, gid = stage.uid_gid
-    created = _mount_points([*stage.volumes, stage.workdir])
+    with MOUNTS_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        created = _mount_points([*stage.volumes, stage.workdir])
+        try:
+            yield from _run(stage, env, argv, uid, gid)
+        finally:
+            _remove_unused(lock, created)
+
+
+def _remove_unused(lock: IO[str], created: list[Path]) -> None:
+    """Remove the folders this run created, unless another run still uses them."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _run(
+    stage: Stage, env: dict[str, str], argv: list[str] | None, uid: int, gid: int
+) -> Iterator[Container]:
     setup_env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "VOLUMES": " ".join(stage.volumes), "UID_": str(uid), "GID_": str(gid),
@@ -121,9 +151,6 @@ def run(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            for folder in reversed(created):
-                with contextlib.suppress(OSError):  # still in use by a parallel run
-                    folder.rmdir()
 
 
 def _mount_points(paths: list[str]) -> list[Path]:
