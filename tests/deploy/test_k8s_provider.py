@@ -171,8 +171,12 @@ async def test_terminate_deletes_every_object_and_a_lost_pod_leaves_none(tmp_pat
             await made.terminate("fr-gpu-0-g0")
             assert "fr-gpu-0-g0" not in {p.name for p in await made.list()}
             assert await made.get("fr-gpu-0-g0") is None
-            for kind in SECRET_KINDS:
-                assert names(k8s, kind) == {"fr-gpu-1-g0"}, kind
+            # the pod object lasts until its kubelet has stopped it
+            await wait_until_async(
+                lambda: all(names(k8s, kind) == {"fr-gpu-1-g0"} for kind in SECRET_KINDS),
+                30,
+                "every object of fr-gpu-0-g0 deleted",
+            )
             k8s.lose_node("gpu-a")  # the node and its pods are gone: nobody terminates it
             await wait_until_async(
                 lambda: not any(names(k8s, k) for k in SECRET_KINDS), 10, "swept"
