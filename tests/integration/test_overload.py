@@ -56,7 +56,9 @@ from bench.rig.overload import Overload, measure
 from framerelay.launcher import LocalWorker
 from tests.conftest import MODEL, TIMEOUT_FACTOR
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("overload")]
+"""One xdist group: the measurement (a module fixture that saturates the worker for about
+a minute) is made once, not once per test on each xdist worker."""
 OVERLOAD = 4.0
 MAX_STREAMS = int(os.environ.get("FRAMERELAY_OVERLOAD_MAX_STREAMS", "8"))
 PIN = MAX_STREAMS > 8

@@ -33,6 +33,8 @@ from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
 from tests.results.support import child_env, kill_all
 from tests.support.servers import RedisServer, free_port
 
+pytestmark = pytest.mark.xdist_group("clip-hold")
+"""One xdist group: the file recording (a module fixture) is made once for its two tests."""
 STREAM = "stream-1"
 FILE_FRAMES = 179
 FILE_S = 7.16

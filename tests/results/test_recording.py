@@ -39,7 +39,8 @@ from tests.results.support import child_env, kill_all
 from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("recording")]
+"""One xdist group: the recording (a module fixture) is made once for the three tests."""
 STREAM = "stream-1"
 KEY = f"framerelay:results:{STREAM}"
 
