@@ -14,8 +14,8 @@ from framerelay.geometry import Letterbox
 from ingest import console
 from ingest.console_frames import SentFrame, SentFrames
 from ingest.prepare import Prepared
-from tests.ingest.api_rig import running_ingest
 from tests.support.auth import ed_keys
+from tests.support.ingest_api import running_ingest
 
 
 def frame(seq: int, epoch: int = 1) -> SentFrame:

@@ -20,13 +20,13 @@ from deploy.api import create_app as orch_app
 from deploy.clock import FakeClock
 from tests.conftest import TIMEOUT_FACTOR
 from tests.console.test_console_scopes import run_with_ingest, sign_in
-from tests.deploy.orch_support import serving_here
 from tests.deploy.test_events_api import TIERS, community_pods, passes
 from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.deploy.test_pod_view import TimedProber
-from tests.ingest.api_rig import Ingest, running_ingest
 from tests.ingest.test_console_fleet import _spec
 from tests.support.browser import artifacts, chromium, console_errors
+from tests.support.ingest_api import Ingest, running_ingest
+from tests.support.orchestrator import serving_here
 
 pytestmark = [pytest.mark.integration]
 

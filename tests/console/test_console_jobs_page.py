@@ -18,12 +18,12 @@ from deploy.service import Orchestrator
 from framerelay.jobs import TaskProgress, progress_key
 from tests.conftest import TIMEOUT_FACTOR
 from tests.console.test_console_scopes import sign_in
-from tests.deploy.orch_support import serving_here
-from tests.ingest.api_rig import Ingest, running_ingest
 from tests.ingest.test_console_fleet import plain_orchestrator
 from tests.ingest.test_console_jobs import HOSTILE, put_jobs
 from tests.support.auth import ed_keys
 from tests.support.browser import artifacts, chromium, console_errors, requested_urls
+from tests.support.ingest_api import Ingest, running_ingest
+from tests.support.orchestrator import serving_here
 
 pytestmark = [pytest.mark.integration]
 ROWS = """

@@ -20,9 +20,9 @@ import pytest
 
 from framerelay.data import DEFAULT_CLIP
 from tests.conftest import TIMEOUT_FACTOR
-from tests.ingest.api_rig import Ingest, running_ingest
 from tests.support.auth import ed_keys
 from tests.support.browser import artifacts, chromium, console_errors
+from tests.support.ingest_api import Ingest, running_ingest
 
 pytestmark = [pytest.mark.integration]
 

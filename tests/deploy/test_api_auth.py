@@ -28,8 +28,8 @@ from deploy.models import StreamSpec
 from deploy.service import Orchestrator
 from framerelay.auth import KeySet
 from framerelay.auth.web import route_scopes
-from tests.deploy.orch_support import orch_settings, serving_here
 from tests.support.auth import b64url, ed_keys, hs256_by_hand, mint
+from tests.support.orchestrator import orch_settings, serving_here
 
 pytestmark = pytest.mark.integration
 READ, WRITE = "fleet:read", "fleet:write"

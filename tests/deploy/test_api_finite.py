@@ -28,10 +28,10 @@ from deploy.models import StreamSpec
 from deploy.service import Orchestrator
 from deploy.settings import OrchestratorSettings
 from framerelay.settings import describe_invalid
-from tests.deploy.orch_support import orch_settings, serving, serving_here
 from tests.support.auth import ed_keys, mint
 from tests.support.bad_numbers import BAD_NUMBERS, CLEAR
 from tests.support.cli_runs import clean_env, run_all
+from tests.support.orchestrator import orch_settings, serving, serving_here
 
 # (model, a valid body, the route) for each request model of the API with a number in it
 ROUTES: list[tuple[type[BaseModel], dict[str, Any], str]] = [

@@ -20,9 +20,9 @@ from deploy.clock import FakeClock
 from deploy.health import Probe, StatusProber
 from deploy.service import Orchestrator
 from deploy.settings import TierConfig
-from tests.deploy.orch_support import serving_here
 from tests.deploy.test_fleet_no_capacity import GPU, TICK_S, fleet_on_contract
 from tests.support.auth import mint
+from tests.support.orchestrator import serving_here
 
 pytestmark = pytest.mark.integration
 TIERS = (  # standard streams go to the community cloud (cheaper); on-demand keeps one warm

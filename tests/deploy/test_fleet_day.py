@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.rig.runpod_v2_contract import GPUS
-from tests.deploy.orch_support import REDIS_URL
+from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.integration
 

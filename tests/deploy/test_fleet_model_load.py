@@ -27,7 +27,7 @@ import pytest
 from deploy.models import PodSpec, StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import Fleet, running_fleet, settings_for
+from tests.support.fleet import Fleet, running_fleet, settings_for
 from tests.support.models import KITTI_STILL, write_registry
 from tests.support.waiting import wait_until_async
 

@@ -30,8 +30,8 @@ from deploy.service import Orchestrator
 from deploy.settings import TierConfig
 from deploy.workers import fleet_model_needs
 from framerelay.model_registry import MODEL_NAME, load_registry
-from tests.deploy.orch_support import orch_settings, serving_here
 from tests.support.auth import ed_keys, mint
+from tests.support.orchestrator import orch_settings, serving_here
 
 REGISTRY = """
 [models.vehicles]

@@ -27,9 +27,9 @@ from deploy.service import Orchestrator
 from framerelay.auth import KeySet
 from framerelay.commands.jobs import absolute, describe, progress_bar
 from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
-from tests.deploy.orch_support import orch_settings, serving_here
 from tests.deploy.test_fleet_models import REGISTRY
 from tests.support.auth import ed_keys, mint
+from tests.support.orchestrator import orch_settings, serving_here
 
 pytestmark = pytest.mark.integration
 NAN_BODY = '{"inputs": ["/x.mp4"], "fps": NaN}'

@@ -57,11 +57,11 @@ from ingest.job_ledger import Figures
 from ingest.job_task import JobRun
 from ingest.settings import ResultsSettings, StreamConfig
 from ingest.stream import IngestStream
-from tests.conftest import CLIP, MODEL
-from tests.deploy.orch_support import serving
-from tests.faults.fleet_harness import REDIS_URL, clear_prefix, running_fleet, settings_for
+from tests.conftest import CLIP, MODEL, REDIS_URL
 from tests.support.auth import ed_keys
+from tests.support.fleet import clear_prefix, running_fleet, settings_for
 from tests.support.media import ffmpeg
+from tests.support.orchestrator import serving
 from tests.support.waiting import wait_until_async
 
 KEY = "rp_fleet_" + "k" * 24

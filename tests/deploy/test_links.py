@@ -18,8 +18,8 @@ from deploy.ingest_link import RENEW_BEFORE_S, HttpIngestLink, IngestToken
 from deploy.models import StreamSpec
 from deploy.tls import verify_context
 from framerelay.auth import AUD_INGEST, AUD_WORKER, Claims, TokenIssuer, TokenVerifier
-from tests.deploy.orch_support import serving
 from tests.support.auth import ed_keys
+from tests.support.orchestrator import serving
 
 pytestmark = pytest.mark.integration
 POD = "fr-a-0-g0"

@@ -20,9 +20,9 @@ from deploy.service import make_prober
 from framerelay.data import CANARY_STILL
 from framerelay.errors import ConfigError
 from framerelay.model_registry import load_registry
-from tests.deploy.orch_support import orch_settings
 from tests.support.auth import ed_keys
 from tests.support.models import write_registry
+from tests.support.orchestrator import orch_settings
 from tests.support.worker_harness import running_worker, token
 
 pytestmark = pytest.mark.integration

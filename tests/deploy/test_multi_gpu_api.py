@@ -16,10 +16,10 @@ from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.models import StreamSpec
 from deploy.settings import TierConfig
-from tests.deploy.orch_support import serving_here
 from tests.deploy.test_events_api import passes
 from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.support.auth import mint
+from tests.support.orchestrator import serving_here
 
 pytestmark = pytest.mark.integration
 TIERS = (TierConfig(name="big", gpu_count=2, min_warm=1, max_workers=1, capacity_fps=20,

@@ -26,8 +26,8 @@ from deploy.providers.base import Provider
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import Fleet, running_fleet, settings_for
 from tests.support.auth import ed_keys
+from tests.support.fleet import Fleet, running_fleet, settings_for
 from tests.support.runpod import add_template, launch_worker
 from tests.support.waiting import wait_until_async
 

@@ -18,7 +18,7 @@ from deploy.providers.kubernetes.render import render_pod_objects, worker_ports
 from deploy.scaling import tier_targets
 from deploy.settings import KubernetesSettings, OrchestratorSettings, TierConfig
 from tests.deploy.k8s_checks import deployment_problems, schema_problems, service_problems
-from tests.deploy.orch_support import orch_settings
+from tests.support.orchestrator import orch_settings
 
 PRICES = {"NVIDIA RTX A4000": GpuPrice("NVIDIA RTX A4000", 0.32, 0.2, 0.13, 0.1)}
 NOON = 1_772_452_800.0  # a Monday, 12:00 UTC

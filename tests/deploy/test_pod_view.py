@@ -15,10 +15,10 @@ from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.health import Probe, StatusProber
-from tests.deploy.orch_support import serving_here
 from tests.deploy.test_events_api import TIERS, passes
 from tests.deploy.test_fleet_no_capacity import GPU, TICK_S, fleet_on_contract
 from tests.support.auth import mint
+from tests.support.orchestrator import serving_here
 
 pytestmark = pytest.mark.integration
 CANARY_MS = 42.5

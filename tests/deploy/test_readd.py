@@ -3,7 +3,7 @@ new definition on the ingest (it used to keep the old one: the pass saw the same
 on the same worker and told the ingest nothing).
 
 Real orchestrator (real Redis, local provider with a real worker process) and a
-real ingest behind its HTTP API (tests/faults/fleet_harness.py).
+real ingest behind its HTTP API (tests/support/fleet.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from deploy.models import StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CAMPUS, CLIP
-from tests.faults.fleet_harness import running_fleet, settings_for
+from tests.support.fleet import running_fleet, settings_for
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration

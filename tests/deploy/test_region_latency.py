@@ -26,8 +26,8 @@ from deploy.scaling import plan_workers
 from deploy.settings import OrchestratorSettings, TierConfig
 from framerelay.auth import KeySet, TokenIssuer
 from framerelay.launcher import LocalWorker
-from tests.ingest.api_rig import client, running_ingest
 from tests.support.delay_proxy import DelayProxy
+from tests.support.ingest_api import client, running_ingest
 
 COSTS = {"yolox_nano": 1.0}
 

@@ -15,7 +15,7 @@ from deploy.placement import ModelNeeds
 from deploy.providers.base import GpuPrice
 from deploy.scaling import TierMemory, tier_memory, tier_targets
 from deploy.settings import TierConfig
-from tests.deploy.orch_support import orch_settings
+from tests.support.orchestrator import orch_settings
 
 GPU = "NVIDIA RTX A4000"
 PRICES = {GPU: GpuPrice(GPU, 0.32, 0.2, 0.13, 0.1)}

@@ -19,7 +19,7 @@ from deploy.providers.base import GpuPrice
 from deploy.scaling import tier_targets
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.sizing import gpu_order, rank, sizing_report, why_chosen
-from tests.deploy.orch_support import orch_settings
+from tests.support.orchestrator import orch_settings
 
 A4000, A5000, L4 = "NVIDIA RTX A4000", "NVIDIA RTX A5000", "NVIDIA L4"
 SEEN = {g.id: GpuPrice(g.id, g.secure, g.community) for g in GPUS}  # as RunPod's catalog says

@@ -20,7 +20,7 @@ from deploy.clock import FakeClock
 from deploy.fleet import Fleet
 from deploy.health import Canary, Probe, WorkerProber
 from deploy.models import PodRecord
-from tests.deploy.orch_support import orch_settings, serving_here
+from tests.support.orchestrator import orch_settings, serving_here
 from tests.support.servers import free_port
 
 REASON = "inference loop ended: RuntimeError: boom"

@@ -20,8 +20,8 @@ from deploy.models import StreamSpec
 from deploy.providers.runpod.provider import RunPodProvider
 from deploy.settings import RunPodSettings, TierConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.faults.fleet_harness import running_fleet, settings_for
 from tests.support.auth import ed_keys
+from tests.support.fleet import running_fleet, settings_for
 from tests.support.runpod import Stop, launch_worker
 from tests.support.waiting import wait_until_async
 

@@ -12,7 +12,7 @@ import pytest
 
 from deploy.models import StreamSpec
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.faults.fleet_harness import (
+from tests.support.fleet import (
     SNAPSHOT_S,
     Fleet,
     resumed_sessions,

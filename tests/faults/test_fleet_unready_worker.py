@@ -18,7 +18,7 @@ import pytest
 from deploy.models import PodSpec, StreamSpec
 from deploy.settings import TierConfig
 from tests.conftest import CLIP, TIMEOUT_FACTOR
-from tests.faults.fleet_harness import running_fleet, settings_for
+from tests.support.fleet import running_fleet, settings_for
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

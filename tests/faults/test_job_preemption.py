@@ -28,9 +28,9 @@ from deploy.settings import LocalSettings, TierConfig
 from framerelay.jobs import JobSpec
 from framerelay.schemas import SidecarLine
 from ingest.settings import ResultsSettings
-from tests.conftest import CLIP, MODEL
-from tests.faults.fleet_harness import REDIS_URL, clear_prefix, running_fleet, settings_for
+from tests.conftest import CLIP, MODEL, REDIS_URL
 from tests.support.clip_rig import record_file
+from tests.support.fleet import clear_prefix, running_fleet, settings_for
 from tests.support.media import ffmpeg
 from tests.support.waiting import wait_until_async
 

@@ -31,9 +31,9 @@ from deploy.service import Orchestrator
 from framerelay.web_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, BodyTooLarge
 from ingest.settings import IngestSettings
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
-from tests.deploy.orch_support import orch_settings, serving_here
-from tests.ingest.api_rig import running_ingest
 from tests.support.auth import ed_keys, mint
+from tests.support.ingest_api import running_ingest
+from tests.support.orchestrator import orch_settings, serving_here
 from tests.support.raw_http import Answer, Connection, chunked, connection, head, plain
 from tests.support.servers import free_port
 

@@ -30,10 +30,10 @@ from framerelay.openapi_docs import ASSETS
 from ingest.app import create_app as ingest_app
 from ingest.service import IngestService
 from ingest.store import FileStore
-from tests.deploy.orch_support import orch_settings, serving_here
-from tests.ingest.api_rig import running_ingest, settings_for
 from tests.support.auth import ed_keys
 from tests.support.browser import chromium, requested_urls
+from tests.support.ingest_api import running_ingest, settings_for
+from tests.support.orchestrator import orch_settings, serving_here
 
 pytestmark = pytest.mark.integration
 REFUSALS = {"401", "403", "429"}

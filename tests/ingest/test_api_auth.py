@@ -25,9 +25,9 @@ from websockets.exceptions import InvalidStatus
 from framerelay.auth import KeySet
 from framerelay.auth.web import route_scopes
 from ingest.app import create_app
-from tests.ingest.api_rig import Ingest, client, running_ingest
 from tests.support.auth import ed_keys, hs256_by_hand, mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.ingest_api import Ingest, client, running_ingest
 from tests.support.media import Media
 
 DOCS = {("GET", p) for p in ("/openapi.json", "/docs", "/redoc", "/docs/assets/{name}")}
@@ -137,7 +137,7 @@ def _state(ingest: Ingest) -> dict[str, Any]:
 def test_every_route_is_declared_with_its_scope(tmp_path: Path) -> None:
     """A new route without a scope (or an open one) fails here until it is decided."""
     from ingest.service import IngestService
-    from tests.ingest.api_rig import settings_for
+    from tests.support.ingest_api import settings_for
 
     app = create_app(IngestService(settings_for("x" * 32, tmp_path)))
     scopes = route_scopes(app)

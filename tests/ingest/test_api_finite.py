@@ -30,11 +30,11 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings, ResultsSettings, StreamConfig
 from ingest.store import FileStore
 from tests.conftest import CLIP
-from tests.deploy.orch_support import serving
-from tests.ingest.api_rig import settings_for
 from tests.support.auth import mint
 from tests.support.bad_numbers import BAD_NUMBERS, CLEAR
 from tests.support.cli_runs import clean_env, run_all
+from tests.support.ingest_api import settings_for
+from tests.support.orchestrator import serving
 
 SECRET = "s" * 40
 VALID = {"id": "cam-1", "url": str(CLIP)}

@@ -19,7 +19,7 @@ from framerelay.schemas import SERVER_MESSAGE, SubscribedMessage
 from ingest.server import api_server
 from ingest.settings import IngestSettings
 from tests.conftest import ROOT, service_env
-from tests.ingest.api_rig import Pki, client, make_pki, running_ingest
+from tests.support.ingest_api import Pki, client, make_pki, running_ingest
 
 SECRET = "a-single-host-secret-long-enough"
 

@@ -37,12 +37,12 @@ from ingest.console_fleet import REFRESH_S
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import FileStore
-from tests.deploy.orch_support import orch_settings, serving_here
 from tests.deploy.test_events_api import TIERS, community_pods, passes
 from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.deploy.test_pod_view import CANARY_MS, TimedProber
-from tests.ingest.api_rig import client, make_pki, running_ingest, settings_for
 from tests.support.auth import ed_keys, mint
+from tests.support.ingest_api import client, make_pki, running_ingest, settings_for
+from tests.support.orchestrator import orch_settings, serving_here
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async
 

@@ -23,10 +23,10 @@ from deploy.jobs import JobRecord, TaskRecord
 from deploy.service import Orchestrator
 from framerelay.jobs import JobSpec, TaskProgress, progress_key
 from ingest.console_jobs import REFRESH_S
-from tests.deploy.orch_support import serving_here
-from tests.ingest.api_rig import client, running_ingest
 from tests.ingest.test_console_fleet import counted, plain_orchestrator, served_on
 from tests.support.auth import ed_keys, mint
+from tests.support.ingest_api import client, running_ingest
+from tests.support.orchestrator import serving_here
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from ingest.history import HistorySampler
 from ingest.server import api_server
 from ingest.service import IngestService
 from ingest.store import FileStore
-from tests.ingest.api_rig import settings_for
 from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.ingest_api import settings_for
 from tests.support.media import Media
 from tests.support.waiting import wait_until_async
 from tests.support.worker_harness import running_worker

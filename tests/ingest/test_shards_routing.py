@@ -19,8 +19,8 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import RedisStore
 from tests.conftest import CLIP, REDIS_URL, RedisSpace
-from tests.deploy.orch_support import serving_here
 from tests.support.auth import ed_keys
+from tests.support.orchestrator import serving_here
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async
 

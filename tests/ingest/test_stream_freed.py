@@ -19,8 +19,8 @@ from pathlib import Path
 from framerelay.data import DEFAULT_CLIP
 from ingest.service import IngestService
 from ingest.settings import StreamConfig
-from tests.ingest.api_rig import settings_for
 from tests.support.auth import ed_keys
+from tests.support.ingest_api import settings_for
 from tests.support.waiting import wait_until_async
 
 

@@ -26,9 +26,9 @@ from ingest.auth import tunnel_tokens
 from ingest.registry import StreamRegistry, TunnelOptions, UnknownStream
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.tunnel_client import client_ssl_context
-from tests.ingest.api_rig import Pki, make_pki
 from tests.support.auth import ed_keys, hs_keys
 from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.ingest_api import Pki, make_pki
 from tests.support.media import Media
 from tests.support.waiting import wait_until_async
 

@@ -32,8 +32,8 @@ from deploy.models import StreamSpec
 from deploy.providers.local import LocalProvider
 from deploy.settings import TierConfig
 from tests.conftest import CLIP
-from tests.faults.fleet_harness import Fleet, running_fleet, settings_for
 from tests.support.delay_proxy import ProxiedProvider
+from tests.support.fleet import Fleet, running_fleet, settings_for
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

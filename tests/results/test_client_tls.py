@@ -26,9 +26,9 @@ from ingest.bus import ResultBus
 from ingest.hub import ResultHub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
-from tests.ingest.api_rig import Pki, make_pki
-from tests.results.support import hub_guard, serving
 from tests.support.auth import mint
+from tests.support.ingest_api import Pki, make_pki
+from tests.support.results_hub import hub_guard, serving
 
 SECRET = "a-single-host-secret-long-enough"
 

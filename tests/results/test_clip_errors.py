@@ -22,8 +22,8 @@ import pytest
 from ingest.recording.clip import render_clip
 from ingest.recording.index import SegmentIndex
 from tests.conftest import CLIP, ROOT
-from tests.results.support import child_env
 from tests.support.clip_rig import record_file
+from tests.support.results_hub import child_env
 
 
 @pytest.fixture(scope="module")

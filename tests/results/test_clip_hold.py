@@ -30,7 +30,7 @@ from ingest.recording.hold import BoxHold, default_hold_s
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import child_env, kill_all
+from tests.support.results_hub import child_env, kill_all
 from tests.support.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.xdist_group("clip-hold")

@@ -32,8 +32,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import ROOT, TIMEOUT_FACTOR
-from tests.results.support import child_env, p99
 from tests.support.auth import mint
+from tests.support.results_hub import child_env, p99
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -37,13 +37,13 @@ from ingest.recording.sidecar import GAP_DIR, read_lines
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
-from tests.results.support import (
+from tests.support.auth import mint
+from tests.support.results_hub import (
     camera_and_recorder,
     hub_guard,
     kill_all,
     serving,
 )
-from tests.support.auth import mint
 from tests.support.servers import RedisServer
 from tests.support.waiting import wait_until_async
 

@@ -35,7 +35,7 @@ from ingest.recording.draw import box_pixels, label_area, label_of
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.results.support import child_env, kill_all
+from tests.support.results_hub import child_env, kill_all
 from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_until
 

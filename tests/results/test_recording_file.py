@@ -16,7 +16,7 @@ from ingest.recording.index import SegmentIndex
 from ingest.recording.segmenter import Event, Segmenter, SegmentEvent
 from ingest.recording.settings import RecorderSettings
 from tests.conftest import CLIP, ROOT
-from tests.results.support import child_env
+from tests.support.results_hub import child_env
 
 
 @pytest.fixture(scope="module")

@@ -233,8 +233,8 @@ async def test_a_resume_older_than_the_hub_remembers_is_served_from_redis(
     from framerelay.schemas import SERVER_MESSAGE, ResultMessage, SubscribedMessage
     from ingest.hub import HubConfig, ResultHub
     from ingest.settings import IngestSettings, ResultsSettings
-    from tests.results.support import hub_guard, serving
     from tests.support.auth import mint
+    from tests.support.results_hub import hub_guard, serving
 
     with redis_server(tmp_path) as server:
         async with publishing(server.url) as (bus, pub):

@@ -41,7 +41,6 @@ from framerelay.redact import (
     secret_values,
 )
 from tests.conftest import TIMEOUT_FACTOR
-from tests.ingest.api_rig import client, running_ingest
 from tests.security.procs import (
     Service,
     bearer,
@@ -52,6 +51,7 @@ from tests.security.procs import (
     wait_healthy,
 )
 from tests.support.auth import ed_keys, mint
+from tests.support.ingest_api import client, running_ingest
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
 

@@ -34,8 +34,8 @@ from ingest.bus import ResultBus
 from ingest.hub import ResultHub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
-from tests.results.support import hub_guard, serving
 from tests.support.auth import mint
+from tests.support.results_hub import hub_guard, serving
 
 pytestmark = pytest.mark.integration
 SECRET = "a-property-test-secret-long-enough"

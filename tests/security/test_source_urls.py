@@ -29,9 +29,9 @@ import pytest
 from ingest.config_file import load_streams
 from ingest.settings import IngestSettings
 from ingest.source import AVSource, SourceSpec, SourceUnavailable
-from tests.ingest.api_rig import Ingest, client, running_ingest
 from tests.support.auth import ed_keys
 from tests.support.fixtures import media  # noqa: F401 - fixture
+from tests.support.ingest_api import Ingest, client, running_ingest
 from tests.support.media import Media
 from tests.support.servers import CountingListener, counting_listener, http_server
 from tests.support.waiting import wait_until_async

@@ -5,6 +5,9 @@ servers (``servers``: ``free_port``, RTSP/RTMP/HTTP/Redis), media made with ffmp
 tokens and key sets (``auth``), standalone ingest streams (``harness``), an in-process
 worker and a tunnel client streaming to it (``worker_harness``), the frozen v1 tunnel
 peer (``wire_v1_peer``), recordings (``clip_rig``), ``promtool``, the RunPod and
-Kubernetes stand-ins (``runpod``, ``k8s_api``), a browser.
+Kubernetes stand-ins (``runpod``, ``k8s_api``), a browser; an orchestrator's settings and
+an app served on loopback (``orchestrator``), a real ingest API in the test's event loop
+and a private PKI (``ingest_api``), a whole local fleet (``fleet``), the results hub on a
+loopback socket and a live camera with its recorder (``results_hub``).
 A helper two test folders need lives here, not in one of them.
 """

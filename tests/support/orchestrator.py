@@ -16,10 +16,9 @@ from pydantic import SecretStr
 
 from deploy.settings import OrchestratorSettings
 from framerelay.auth import KeySet
+from tests.conftest import REDIS_URL
 from tests.support.auth import ed_keys
 from tests.support.waiting import wait_until, wait_until_async
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def jwks(keys: KeySet) -> SecretStr:

@@ -37,9 +37,8 @@ from ingest.app import create_app
 from ingest.registry import StreamRegistry
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
-from tests.conftest import MODEL, TIMEOUT_FACTOR
+from tests.conftest import MODEL, REDIS_URL, TIMEOUT_FACTOR
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 SNAPSHOT_S = 0.2
 """Workers' snapshot interval: a re-homed track survives if snapshot age + outage
 stays under the tracker's max_lost_s (1.2 s by default)."""
