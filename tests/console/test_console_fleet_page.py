@@ -20,11 +20,16 @@ from deploy.api import create_app as orch_app
 from deploy.clock import FakeClock
 from tests.conftest import TIMEOUT_FACTOR
 from tests.console.test_console_scopes import run_with_ingest, sign_in
-from tests.deploy.test_events_api import TIERS, community_pods, passes
-from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
-from tests.deploy.test_pod_view import TimedProber
-from tests.ingest.test_console_fleet import _spec
 from tests.support.browser import artifacts, chromium, console_errors
+from tests.support.contract_fleet import (
+    GPU,
+    WARM_TIERS,
+    TimedProber,
+    community_pods,
+    fleet_on_contract,
+    passes,
+    stream_spec,
+)
 from tests.support.ingest_api import Ingest, running_ingest
 from tests.support.orchestrator import serving_here
 
@@ -72,10 +77,10 @@ async def test_the_fleet_panel_shows_pods_cost_and_a_lost_pod(tmp_path: Path) ->
 
     clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
     state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-    async with fleet_on_contract(state, clock, TIERS) as orch:
+    async with fleet_on_contract(state, clock, WARM_TIERS) as orch:
         orch.fleet.prober = TimedProber()
         for i in range(9):
-            await orch.store.put_stream(_spec(f"std-{i}"))
+            await orch.store.put_stream(stream_spec(f"std-{i}"))
         await passes(orch, clock, 6)
         async with (
             serving_here(orch_app(orch)) as url,

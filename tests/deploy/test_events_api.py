@@ -18,18 +18,18 @@ from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.health import Probe, StatusProber
-from deploy.service import Orchestrator
-from deploy.settings import TierConfig
-from tests.deploy.test_fleet_no_capacity import GPU, TICK_S, fleet_on_contract
 from tests.support.auth import mint
+from tests.support.contract_fleet import (
+    TICK_S,
+    WARM_TIERS,
+    community_pods,
+    fleet_on_contract,
+    passes,
+    stream_spec,
+)
 from tests.support.orchestrator import serving_here
 
 pytestmark = pytest.mark.integration
-TIERS = (  # standard streams go to the community cloud (cheaper); on-demand keeps one warm
-    TierConfig(name="ondemand", min_warm=1, max_workers=2, capacity_fps=20, gpu_types=(GPU,)),
-    TierConfig(name="community", max_workers=3, capacity_fps=20, gpu_types=(GPU,),
-               cloud_types=("COMMUNITY",)),
-)  # fmt: skip
 SICK = "heartbeat failed: connection refused"
 
 
@@ -49,17 +49,6 @@ class SickProber(StatusProber):
         return await super().probe(name, tunnel_url, http_url, canary=canary)
 
 
-async def passes(orch: Orchestrator, clock: FakeClock, n: int) -> None:
-    for _ in range(n):
-        await orch.fleet.tick()
-        await orch.sample_history()
-        clock.advance(TICK_S)
-
-
-def community_pods(state: ContractServer) -> list[str]:
-    return sorted(pid for pid, p in state.pods.items() if p.name.startswith("fr-community"))
-
-
 def kinds(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in body["events"] if e["kind"] == kind]
 
@@ -67,11 +56,11 @@ def kinds(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 async def test_preempted_and_replaced_pods_show_in_events_with_their_reasons() -> None:
     clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
     state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-    async with fleet_on_contract(state, clock, TIERS) as orch:
+    async with fleet_on_contract(state, clock, WARM_TIERS) as orch:
         prober = SickProber()
         orch.fleet.prober = prober
         for i in range(9):  # 9 x 5 fps, 3 per worker: the warm on-demand one, 2 community
-            await orch.store.put_stream(_spec(f"std-{i}"))
+            await orch.store.put_stream(stream_spec(f"std-{i}"))
         await passes(orch, clock, 5)
         assert len(community_pods(state)) == 2 and not orch.fleet.unplaced
         started = clock.now() - TICK_S / 2  # events of the next pass are after it
@@ -121,12 +110,6 @@ async def test_preempted_and_replaced_pods_show_in_events_with_their_reasons() -
     assert last > 0 and history["usd_per_stream_hour"][-1] == pytest.approx(last / 9, 1e-3)
 
 
-def _spec(sid: str) -> Any:
-    from deploy.models import StreamSpec
-
-    return StreamSpec(id=sid, url="rtsp://cam/x", fps=5)
-
-
 @pytest.mark.parametrize(
     ("scopes", "query", "status", "says"),
     [
@@ -145,7 +128,7 @@ async def test_events_refusals_and_bad_since(
 ) -> None:
     clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
     state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-    async with fleet_on_contract(state, clock, TIERS) as orch:
+    async with fleet_on_contract(state, clock, WARM_TIERS) as orch:
         auth = {}
         if scopes:
             auth = {"Authorization": f"Bearer {mint(orch.keys, scopes, 'orchestrator')}"}

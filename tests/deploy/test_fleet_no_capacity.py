@@ -9,71 +9,19 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
-from redis.asyncio import Redis
 
-from bench.rig.runpod_v2_contract import ContractServer, running_runpod_v2
+from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import fleet_status
 from deploy.clock import FakeClock
 from deploy.fleet import Fleet
-from deploy.health import StatusProber
-from deploy.ingest_link import NullIngestLink
 from deploy.models import StreamSpec
-from deploy.providers.runpod.provider import RunPodProvider
-from deploy.service import Orchestrator
-from deploy.settings import OrchestratorSettings, RunPodSettings, TierConfig, Window
+from deploy.settings import TierConfig, Window
 from framerelay.commands.fleet import render
-from tests.support.auth import ed_keys
+from tests.support.contract_fleet import GPU, TICK_S, fleet_on_contract
 
 pytestmark = pytest.mark.integration
-GPU = "NVIDIA RTX A4000"
-TICK_S = 2.0
-
-
-TIERS = (
-    TierConfig(name="ondemand", min_warm=1, max_workers=4, capacity_fps=20, gpu_types=(GPU,)),
-    TierConfig(
-        name="community",
-        max_workers=4,
-        capacity_fps=20,
-        gpu_types=(GPU,),
-        cloud_types=("COMMUNITY",),
-    ),
-)
-
-
-@asynccontextmanager
-async def fleet_on_contract(
-    state: ContractServer, clock: FakeClock, tiers: tuple[TierConfig, ...] = TIERS
-) -> AsyncIterator[Orchestrator]:
-    ca_dir = tempfile.TemporaryDirectory(prefix="framerelay-ca-test-")
-    settings = OrchestratorSettings(
-        provider="runpod", tiers=list(tiers), key_prefix=f"test-nocap-{state.api_key}:",
-        signing_keys=SecretStr(ed_keys().to_json()), ca_dir=Path(ca_dir.name) / "ca",
-        tick_s=TICK_S, create_backoff_s=10, timezone="UTC", create_backoff_max_s=40,
-        drain_timeout_s=0,
-    )  # fmt: skip
-    with ca_dir, running_runpod_v2(state) as base:
-        provider = RunPodProvider(  # the catalog's reuse and grace on the fake clock too
-            RunPodSettings(api_key=SecretStr(state.api_key), base_url=base, backoff_s=0.01),
-            clock=clock.now,
-        )
-        orch = Orchestrator(
-            settings, provider=provider, prober=StatusProber(20), ingest=NullIngestLink(),
-            clock=clock, redis=Redis.from_url("redis://127.0.0.1:6379/0"),
-        )  # fmt: skip
-        try:
-            yield orch
-        finally:
-            await orch.store.clear()
-            await orch.aclose()
-    assert state.violations == [] and state.client_errors == [] and not state.key_in_url
 
 
 def creates(state: ContractServer) -> int:

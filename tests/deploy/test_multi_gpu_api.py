@@ -16,9 +16,8 @@ from deploy.api import create_app
 from deploy.clock import FakeClock
 from deploy.models import StreamSpec
 from deploy.settings import TierConfig
-from tests.deploy.test_events_api import passes
-from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
 from tests.support.auth import mint
+from tests.support.contract_fleet import GPU, fleet_on_contract, passes
 from tests.support.orchestrator import serving_here
 
 pytestmark = pytest.mark.integration

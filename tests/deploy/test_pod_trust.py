@@ -31,10 +31,10 @@ from deploy.settings import KubernetesSettings, LocalSettings, RunPodSettings, T
 from framerelay.auth import KeySet
 from framerelay.errors import ConfigError
 from tests.conftest import MODEL, TIMEOUT_FACTOR
-from tests.deploy.test_ca import handshake, sans, tls_server
 from tests.support.auth import ed_keys
 from tests.support.k8s_api import K8sContractServer
 from tests.support.orchestrator import orch_settings
+from tests.support.tls_handshake import handshake, sans, tls_server
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration

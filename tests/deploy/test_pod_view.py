@@ -4,7 +4,6 @@ logic against the RunPod API v2 contract server and a real Redis, with a fake cl
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import secrets
 
@@ -14,34 +13,25 @@ import pytest
 from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app
 from deploy.clock import FakeClock
-from deploy.health import Probe, StatusProber
-from tests.deploy.test_events_api import TIERS, passes
-from tests.deploy.test_fleet_no_capacity import GPU, TICK_S, fleet_on_contract
 from tests.support.auth import mint
+from tests.support.contract_fleet import (
+    CANARY_MS,
+    GPU,
+    TICK_S,
+    WARM_TIERS,
+    TimedProber,
+    fleet_on_contract,
+    passes,
+)
 from tests.support.orchestrator import serving_here
 
 pytestmark = pytest.mark.integration
-CANARY_MS = 42.5
-
-
-class TimedProber(StatusProber):
-    """The provider's status, with a canary round trip of :data:`CANARY_MS`."""
-
-    def __init__(self) -> None:
-        super().__init__(20)
-
-    async def probe(
-        self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
-        tls_name: str | None = None,
-    ) -> Probe:  # fmt: skip
-        probe = await super().probe(name, tunnel_url, http_url, canary=canary)
-        return dataclasses.replace(probe, canary_ms=CANARY_MS) if probe.canary_ok else probe
 
 
 async def test_pods_show_their_canary_round_trip_and_uptime() -> None:
     clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
     state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-    async with fleet_on_contract(state, clock, TIERS) as orch:
+    async with fleet_on_contract(state, clock, WARM_TIERS) as orch:
         orch.fleet.prober = TimedProber()
         await passes(orch, clock, 3)  # the warm on-demand pod: created at 0 s, now 6 s
         async with serving_here(create_app(orch)) as url, httpx.AsyncClient() as http:

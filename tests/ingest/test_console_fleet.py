@@ -37,10 +37,17 @@ from ingest.console_fleet import REFRESH_S
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import FileStore
-from tests.deploy.test_events_api import TIERS, community_pods, passes
-from tests.deploy.test_fleet_no_capacity import GPU, fleet_on_contract
-from tests.deploy.test_pod_view import CANARY_MS, TimedProber
 from tests.support.auth import ed_keys, mint
+from tests.support.contract_fleet import (
+    CANARY_MS,
+    GPU,
+    WARM_TIERS,
+    TimedProber,
+    community_pods,
+    fleet_on_contract,
+    passes,
+    stream_spec,
+)
 from tests.support.ingest_api import client, make_pki, running_ingest, settings_for
 from tests.support.orchestrator import orch_settings, serving_here
 from tests.support.servers import free_port
@@ -102,19 +109,13 @@ async def panel(http: httpx.AsyncClient, headers: dict[str, str]) -> dict[str, A
     return body
 
 
-def _spec(sid: str) -> Any:
-    from deploy.models import StreamSpec
-
-    return StreamSpec(id=sid, url="rtsp://cam/x", fps=5)
-
-
 async def test_pods_cost_and_events_of_a_fleet_with_a_lost_community_pod(tmp_path: Path) -> None:
     clock = FakeClock(dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC))
     state = ContractServer("rpa_" + secrets.token_hex(12), clock=clock.now)
-    async with fleet_on_contract(state, clock, TIERS) as orch:
+    async with fleet_on_contract(state, clock, WARM_TIERS) as orch:
         orch.fleet.prober = TimedProber()
         for i in range(9):  # 3 per worker: the warm on-demand one, 2 community
-            await orch.store.put_stream(_spec(f"std-{i}"))
+            await orch.store.put_stream(stream_spec(f"std-{i}"))
         await passes(orch, clock, 6)  # the history's point at 10 s sees them all placed
         app = orch_app(orch)
         async with (
