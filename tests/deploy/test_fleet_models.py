@@ -31,25 +31,7 @@ from deploy.settings import TierConfig
 from deploy.workers import fleet_model_needs
 from framerelay.model_registry import MODEL_NAME, load_registry
 from tests.support.auth import ed_keys, mint
-from tests.support.orchestrator import orch_settings, serving_here
-
-REGISTRY = """
-[models.vehicles]
-file = "vehicles.onnx"
-input_w = 416
-input_h = 416
-classes = ["car", "bus", "truck"]
-vram_mb = 300
-canary = { image = "kitti.jpg", expect = { car = 1 } }
-
-[models.trucks]
-file = "vehicles.onnx"
-input_w = 416
-input_h = 416
-classes = ["car", "bus", "truck"]
-vram_mb = 300
-canary = { image = "kitti.jpg", expect = { truck = 1 } }
-"""
+from tests.support.orchestrator import MODEL_REGISTRY, orch_settings, serving_here
 
 
 def _info(*loaded: tuple[str, float, int], budget: float = 600) -> dict[str, Any]:
@@ -79,7 +61,7 @@ def _fleet(tmp_path: Path, registry: Path | None = None) -> Fleet:
 
 def _registry(tmp_path: Path) -> Path:
     path = tmp_path / "models.toml"
-    path.write_text(REGISTRY)
+    path.write_text(MODEL_REGISTRY)
     return path
 
 

@@ -27,9 +27,8 @@ from deploy.service import Orchestrator
 from framerelay.auth import KeySet
 from framerelay.commands.jobs import absolute, describe, progress_bar
 from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
-from tests.deploy.test_fleet_models import REGISTRY
 from tests.support.auth import ed_keys, mint
-from tests.support.orchestrator import orch_settings, serving_here
+from tests.support.orchestrator import MODEL_REGISTRY, orch_settings, serving_here
 
 pytestmark = pytest.mark.integration
 NAN_BODY = '{"inputs": ["/x.mp4"], "fps": NaN}'
@@ -38,7 +37,7 @@ NAN_BODY = '{"inputs": ["/x.mp4"], "fps": NaN}'
 @asynccontextmanager
 async def api(tmp_path: Path, keys: KeySet) -> AsyncIterator[tuple[Orchestrator, str]]:
     registry = tmp_path / "models.toml"
-    registry.write_text(REGISTRY)
+    registry.write_text(MODEL_REGISTRY)
     settings = orch_settings(tmp_path, keys, model_registry=registry)
     orch = Orchestrator(settings, prober=StatusProber(20), ingest=NullIngestLink())
     try:

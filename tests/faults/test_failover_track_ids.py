@@ -28,7 +28,7 @@ from framerelay.launcher import LocalWorker
 from framerelay.results import ResultRecord
 from tests.conftest import CLIP, TIMEOUT_FACTOR
 from tests.faults.id_continuity import Continuity, clip_gt, continuity
-from tests.integration.test_stall_failover import ingest, workers
+from tests.support.failover import ingest, workers
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -50,7 +50,7 @@ import redis
 from framerelay.results import ResultRecord
 from tests.conftest import CLIP, ROOT, service_env
 from tests.faults.id_continuity import Continuity, clip_gt, continuity
-from tests.integration.test_stall_failover import workers
+from tests.support.failover import workers
 from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_until
 

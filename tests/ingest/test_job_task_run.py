@@ -40,8 +40,8 @@ from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
-from tests.integration.test_stall_failover import workers
 from tests.support.auth import mint
+from tests.support.failover import workers
 from tests.support.media import Media
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async

@@ -17,7 +17,7 @@ from framerelay.results import ResultRecord
 from framerelay.wire import Timing
 from ingest.latency import BUCKETS_S, PENDING, LatencyFrom, StreamLatency
 from ingest.store import FileStore
-from tests.ingest.test_streams_api import running
+from tests.support.asgi_ingest import running
 from tests.support.bad_numbers import CLEAR
 
 

@@ -21,9 +21,9 @@ from ingest.settings import StreamConfig
 from ingest.source import SizeRefused, SourceAuthFailed
 from ingest.stream import StreamState
 from tests.conftest import TIMEOUT_FACTOR
-from tests.ingest.test_reconnect import DOWN, NET, Hooks, Scripted, _runner
 from tests.support.harness import standalone
 from tests.support.media import Media
+from tests.support.scripted_source import DOWN, NET, Hooks, Scripted, source_runner
 from tests.support.waiting import wait_until_async
 
 PASSWORD = "pa55-w0rd-never-shown"
@@ -125,7 +125,7 @@ def test_runner_waits_auth_retry_s_after_a_refusal_and_never_retries_a_refused_s
 
     refused = SourceAuthFailed("authentication failed: rtsp://cam/x: 401")
     source, hooks = Scripted(NET, [refused, DOWN, refused, 3]), Hooks(frame_limit=3)
-    _runner(source, hooks, auth_retry_s=0.02).run()
+    source_runner(source, hooks, auth_retry_s=0.02).run()
     assert hooks.retries == [
         ("SourceAuthFailed", 0.02),
         ("SourceUnavailable", 0.001),  # the backoff did not grow on the auth failure
@@ -134,5 +134,5 @@ def test_runner_waits_auth_retry_s_after_a_refusal_and_never_retries_a_refused_s
     assert source.released == 4  # every session, failed or not, releases its memory
     tiny = Scripted(NET, [SizeRefused("1x1 is smaller than min_width x min_height")])
     with pytest.raises(SizeRefused):
-        _runner(tiny, Hooks()).run()
+        source_runner(tiny, Hooks()).run()
     assert tiny.sessions == 1

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,45 +11,15 @@ from typing import Any
 import httpx
 import pytest
 
-from ingest.app import create_app
 from ingest.service import IngestService
-from ingest.settings import IngestSettings, StreamConfig
-from ingest.store import FileStore, RedisStore, StreamStore
+from ingest.settings import StreamConfig
+from ingest.store import FileStore, RedisStore
 from ingest.stream import COUNTERS
 from ingest.streams_api import StreamStatus
-from tests.support.auth import mint
+from tests.support.asgi_ingest import running
 from tests.support.media import Media
-from tests.support.servers import RedisServer, free_port
+from tests.support.servers import RedisServer
 from tests.support.waiting import wait_until_async
-
-SECRET = "not-a-real-secret-but-long-enough"
-
-
-def _settings() -> IngestSettings:
-    # a worker that is not there: once a stream exists the tunnel keeps retrying;
-    # streams still run
-    return IngestSettings(
-        worker_url=f"ws://127.0.0.1:{free_port()}/v1/tunnel", token_secrets=SECRET
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(store: StreamStore) -> AsyncIterator[tuple[IngestService, httpx.AsyncClient]]:
-    service = IngestService(_settings(), store=store)
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    transport = httpx.ASGITransport(app=create_app(service))
-    token = mint(SECRET, ["streams:read", "streams:write", "metrics:read"], "ingest", ttl=600)
-    headers = {"Authorization": f"Bearer {token}"}
-    try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://ingest", headers=headers
-        ) as http:
-            await wait_until_async(service.started.is_set, 10, "service start")
-            yield service, http
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 def _cam(media: Media, sid: str, **extra: Any) -> dict[str, Any]:

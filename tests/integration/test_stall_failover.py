@@ -11,94 +11,22 @@ its timings.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from framerelay.launcher import LocalWorker
 from framerelay.results import ResultRecord
-from ingest.app import create_app
-from ingest.service import IngestService
-from ingest.settings import IngestSettings, StreamConfig
-from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR
-from tests.support.auth import mint
-from tests.support.servers import free_port
+from ingest.settings import StreamConfig
+from tests.conftest import CLIP, TIMEOUT_FACTOR
+from tests.support.failover import ingest, metric, signal_worker, workers
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 FREEZE_S = 10.0
-ENV = {"FRAMERELAY_WORKER_SNAPSHOT_INTERVAL_S": "0.2", "OMP_NUM_THREADS": "1"}
-
-
-@contextlib.contextmanager
-def workers(secret: str, *ids: str) -> Iterator[dict[str, LocalWorker]]:
-    """Worker processes (started in parallel); always resumed and stopped at the end."""
-    procs = {w: LocalWorker(secret, worker_id=w, args=["--model", str(MODEL)], env=ENV)
-             for w in ids}  # fmt: skip
-    try:
-        with ThreadPoolExecutor(len(ids)) as pool:
-            list(pool.map(lambda w: w.start(timeout_s=120 * TIMEOUT_FACTOR), procs.values()))
-        yield procs
-    finally:
-        for w in procs.values():
-            _signal(w, signal.SIGCONT)
-            w.stop()
-
-
-def _signal(worker: LocalWorker, sig: signal.Signals) -> None:
-    if worker.proc is not None and worker.proc.poll() is None:
-        os.kill(worker.proc.pid, sig)
-
-
-REGISTRY: dict[int, CollectorRegistry] = {}
-"""The metrics registry of each running service (by id)."""
-
-
-def metric(service: IngestService, name: str, **labels: str) -> float | None:
-    return REGISTRY[id(service)].get_sample_value(name, labels)
-
-
-@contextlib.asynccontextmanager
-async def ingest(
-    secret: str, tmp_path: Path, **overrides: Any
-) -> AsyncIterator[tuple[IngestService, httpx.AsyncClient, list[tuple[float, ResultRecord]]]]:
-    """The ingest service and its API (in process); results with their arrival time."""
-    values: dict[str, Any] = {
-        "worker_url": f"ws://127.0.0.1:{free_port()}/v1/tunnel",
-        "token_secrets": secret,
-        "store_path": tmp_path / "streams.json",
-        **overrides,
-    }
-    service = IngestService(IngestSettings(**values))
-    got: list[tuple[float, ResultRecord]] = []
-    service.bus.tap(lambda r: got.append((time.monotonic(), r)))
-    stop = asyncio.Event()
-    run = asyncio.create_task(service.run(stop))
-    scopes = ["streams:read", "streams:write", "routing:write"]
-    headers = {"Authorization": f"Bearer {mint(secret, scopes, 'ingest', ttl=600)}"}
-    registry = REGISTRY[id(service)] = CollectorRegistry()
-    transport = httpx.ASGITransport(app=create_app(service, registry=registry))
-    try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://ingest", headers=headers
-        ) as http:
-            await wait_until_async(service.started.is_set, 10, "ingest start")
-            yield service, http, got
-            assert not run.done(), "the ingest service ended"
-    finally:
-        stop.set()
-        await asyncio.wait_for(run, 30)
-        REGISTRY.pop(id(service), None)
 
 
 def _cam(sid: str) -> dict[str, Any]:
@@ -134,7 +62,7 @@ async def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_pat
             )
             before = {s: _ids(got, s, n=None) for s in ("a1", "a2")}
             t0 = time.monotonic()
-            _signal(procs["gpu-a"], signal.SIGSTOP)
+            signal_worker(procs["gpu-a"], signal.SIGSTOP)
             try:
                 routing: dict[str, str] = {}
 
@@ -157,7 +85,7 @@ async def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_pat
                 streams_view = (await http.get("/v1/streams")).json()
                 await asyncio.sleep(max(0.0, t0 + FREEZE_S - time.monotonic()))
             finally:
-                _signal(procs["gpu-a"], signal.SIGCONT)
+                signal_worker(procs["gpu-a"], signal.SIGCONT)
             gaps = {s: _gap(_of(got, s), t0) for s in placed}
             after = {s: _ids([(t, r) for t, r in got if r.worker_id == "gpu-b"], s, first=True)
                      for s in ("a1", "a2")}  # fmt: skip
@@ -203,7 +131,7 @@ async def test_a_frozen_lone_worker_stalls_its_streams_which_recover(
         ):  # fmt: skip
             await wait_until_async(lambda: all(len(_of(got, s)) >= 5 for s in sids), 60, "results")
             t0, wall0 = time.monotonic(), time.time()
-            _signal(worker, signal.SIGSTOP)
+            signal_worker(worker, signal.SIGSTOP)
             try:
 
                 async def stalled() -> bool:
@@ -218,7 +146,7 @@ async def test_a_frozen_lone_worker_stalls_its_streams_which_recover(
                 stalled_at = [_stalled_at(service.streams[s].history) - wall0 for s in sids]
                 await asyncio.sleep(max(0.0, t0 + FREEZE_S - time.monotonic()))
             finally:
-                _signal(worker, signal.SIGCONT)
+                signal_worker(worker, signal.SIGCONT)
             t1 = time.monotonic()
             n = {s: len(_of(got, s)) for s in sids}
 

@@ -20,6 +20,26 @@ from tests.conftest import REDIS_URL
 from tests.support.auth import ed_keys
 from tests.support.waiting import wait_until, wait_until_async
 
+MODEL_REGISTRY = """
+[models.vehicles]
+file = "vehicles.onnx"
+input_w = 416
+input_h = 416
+classes = ["car", "bus", "truck"]
+vram_mb = 300
+canary = { image = "kitti.jpg", expect = { car = 1 } }
+
+[models.trucks]
+file = "vehicles.onnx"
+input_w = 416
+input_h = 416
+classes = ["car", "bus", "truck"]
+vram_mb = 300
+canary = { image = "kitti.jpg", expect = { truck = 1 } }
+"""
+"""A ``models.toml`` of two models on one file (vehicles, trucks: the same classes, canaries
+that expect a car and a truck), as the orchestrator reads it."""
+
 
 def jwks(keys: KeySet) -> SecretStr:
     return SecretStr(keys.to_json())
