@@ -19,8 +19,8 @@ from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app as orch_app
 from deploy.clock import FakeClock
 from tests.conftest import TIMEOUT_FACTOR
-from tests.console.test_console_scopes import run_with_ingest, sign_in
 from tests.support.browser import artifacts, chromium, console_errors
+from tests.support.console import run_with_ingest, sign_in
 from tests.support.contract_fleet import (
     GPU,
     WARM_TIERS,

@@ -17,11 +17,9 @@ from deploy.api import create_app as orch_app
 from deploy.service import Orchestrator
 from framerelay.jobs import TaskProgress, progress_key
 from tests.conftest import TIMEOUT_FACTOR
-from tests.console.test_console_scopes import sign_in
-from tests.ingest.test_console_fleet import plain_orchestrator
-from tests.ingest.test_console_jobs import HOSTILE, put_jobs
 from tests.support.auth import ed_keys
 from tests.support.browser import artifacts, chromium, console_errors, requested_urls
+from tests.support.console import HOSTILE, plain_orchestrator, put_jobs, sign_in
 from tests.support.ingest_api import Ingest, running_ingest
 from tests.support.orchestrator import serving_here
 

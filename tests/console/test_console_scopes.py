@@ -10,55 +10,18 @@ returns it to the login page, and the server ends its event stream.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from framerelay.data import DEFAULT_CLIP
 from tests.conftest import TIMEOUT_FACTOR
-from tests.support.auth import ed_keys
 from tests.support.browser import artifacts, chromium, console_errors
-from tests.support.ingest_api import Ingest, running_ingest
+from tests.support.console import enter_token, open_login, run_with_ingest, sign_in
+from tests.support.ingest_api import Ingest
 
 pytestmark = [pytest.mark.integration]
-
-
-async def run_with_ingest(tmp_path: Path, check: Any) -> None:
-    """``check(ingest)`` in a thread (Selenium is synchronous) beside a real ingest API
-    holding one stream."""
-    async with running_ingest(ed_keys(), tmp_path) as ingest:
-        body = {"id": "cam-1", "url": str(DEFAULT_CLIP), "realtime": True, "loop": True}
-        async with httpx.AsyncClient(base_url=ingest.base) as http:
-            r = await http.post("/v1/streams", json=body, headers=ingest.auth("streams:write"))
-            assert r.status_code == 201, r.text
-        await asyncio.to_thread(check, ingest)
-
-
-def sign_in(driver: Any, ingest: Ingest, token: str) -> None:
-    open_login(driver, ingest)
-    enter_token(driver, token)
-
-
-def open_login(driver: Any, ingest: Ingest) -> None:
-    """The console, until its login form shows."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    driver.get(ingest.base + "/console")
-    WebDriverWait(driver, 30 * TIMEOUT_FACTOR).until(
-        lambda d: d.find_element(By.ID, "login").is_displayed()
-    )
-
-
-def enter_token(driver: Any, token: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
 
 
 async def test_a_viewer_sees_streams_but_no_controls_to_change_them(tmp_path: Path) -> None:

@@ -8,28 +8,19 @@ the settings' one-line errors."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime as dt
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request, Response
 from pydantic import ValidationError
 
 from bench.rig.runpod_v2_contract import ContractServer
 from deploy.api import create_app as orch_app
 from deploy.api import fleet_status
-from deploy.clock import Clock, FakeClock
-from deploy.health import StatusProber
-from deploy.ingest_link import NullIngestLink
-from deploy.service import Orchestrator
-from framerelay.auth import KeySet
+from deploy.clock import FakeClock
 from framerelay.errors import ConfigError
 from framerelay.settings import describe_invalid
 from ingest.app import create_app
@@ -38,6 +29,7 @@ from ingest.service import IngestService
 from ingest.settings import IngestSettings
 from ingest.store import FileStore
 from tests.support.auth import ed_keys, mint
+from tests.support.console import counted, plain_orchestrator, served_on
 from tests.support.contract_fleet import (
     CANARY_MS,
     GPU,
@@ -49,56 +41,12 @@ from tests.support.contract_fleet import (
     stream_spec,
 )
 from tests.support.ingest_api import client, make_pki, running_ingest, settings_for
-from tests.support.orchestrator import orch_settings, serving_here
+from tests.support.orchestrator import serving_here
 from tests.support.servers import free_port
-from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 PANEL = "/v1/console/fleet"
 AFTER_REFRESH_S = REFRESH_S + 0.2
-
-
-def counted(app: FastAPI) -> collections.Counter[str]:
-    """The requests ``app`` receives, by path."""
-    calls: collections.Counter[str] = collections.Counter()
-
-    @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Response:
-        calls[request.url.path] += 1
-        response: Response = await call_next(request)
-        return response
-
-    return calls
-
-
-@asynccontextmanager
-async def plain_orchestrator(
-    tmp_path: Path, keys: KeySet, clock: Clock | None = None
-) -> AsyncIterator[Orchestrator]:
-    """An orchestrator with no pods (tiers of 0 workers), not served yet; on ``clock`` when
-    one is given (the system's otherwise)."""
-    orch = Orchestrator(
-        orch_settings(tmp_path, keys), prober=StatusProber(20), ingest=NullIngestLink(), clock=clock
-    )
-    try:
-        yield orch
-    finally:
-        await orch.store.clear()
-        await orch.aclose()
-
-
-@asynccontextmanager
-async def served_on(app: FastAPI, port: int) -> AsyncIterator[None]:
-    """Serve ``app`` on 127.0.0.1:``port`` until the block ends."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        await wait_until_async(lambda: server.started, 10, "orchestrator API up")
-        yield
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 async def panel(http: httpx.AsyncClient, headers: dict[str, str]) -> dict[str, Any]:

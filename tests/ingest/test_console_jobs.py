@@ -19,12 +19,9 @@ from fastapi import FastAPI, Response
 
 from deploy.api import create_app as orch_app
 from deploy.clock import FakeClock
-from deploy.jobs import JobRecord, TaskRecord
-from deploy.service import Orchestrator
-from framerelay.jobs import JobSpec, TaskProgress, progress_key
 from ingest.console_jobs import REFRESH_S
-from tests.ingest.test_console_fleet import counted, plain_orchestrator, served_on
 from tests.support.auth import ed_keys, mint
+from tests.support.console import HOSTILE, counted, plain_orchestrator, put_jobs, served_on
 from tests.support.ingest_api import client, running_ingest
 from tests.support.orchestrator import serving_here
 from tests.support.servers import free_port
@@ -32,49 +29,6 @@ from tests.support.servers import free_port
 pytestmark = pytest.mark.integration
 PANEL = "/v1/console/jobs"
 AFTER_REFRESH_S = REFRESH_S + 0.2
-HOSTILE = '<img src=x onerror="window.pwned=1">&amp; "quoted" </td></tr>'
-"""A job's error (ids and model names cannot hold HTML-special characters; errors can)."""
-
-
-def _tasks(n: int, states: list[str]) -> list[TaskRecord]:
-    return [TaskRecord(input=f"/rec/seg-{k}.mp4", sidecar=f"/rec/seg-{k}.jsonl",
-                       state=states[k]) for k in range(n)]  # fmt: skip
-
-
-async def put_jobs(orch: Orchestrator) -> None:
-    """A running job (3 segments of 300 frames: one done, one half way, one pending), a
-    finished one with its final cost, a failed one whose error holds HTML and, newest, a
-    queued one whose inputs are not open yet (no totals)."""
-    now = orch.fleet.clock.now()
-    spec = JobSpec(inputs=[f"/rec/seg-{k}.mp4" for k in range(3)], model="yolox-nano")
-    jobs = [
-        JobRecord(id="night-2", spec=spec, state="running",
-                  tasks=_tasks(3, ["done", "running", "pending"]), submitted_at=now - 130,
-                  started_at=now - 120, cost_usd=0.0123456, rate=[(now - 20, 250), (now, 450)]),
-        JobRecord(id="night-1", spec=spec, state="done", tasks=_tasks(3, ["done"] * 3),
-                  submitted_at=now - 4000, started_at=now - 3900, finished_at=now - 3000,
-                  cost_usd=0.4321),
-        JobRecord(id="bad-1", spec=spec.model_copy(update={"inputs": spec.inputs[:1]}),
-                  state="failed", tasks=_tasks(1, ["failed"]), submitted_at=now - 5000,
-                  started_at=now - 4990, finished_at=now - 4980, error=HOSTILE, cost_usd=0.001),
-        JobRecord(id="later-1", spec=spec, tasks=_tasks(3, ["pending"] * 3),
-                  submitted_at=now - 1),
-    ]  # fmt: skip
-    progress = {
-        ("night-2", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
-        ("night-2", 1): TaskProgress(state="running", frames_done=150, frames_total=300),
-        ("night-2", 2): TaskProgress(state="pending", frames_done=0, frames_total=300),
-        ("night-1", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
-        ("night-1", 1): TaskProgress(state="done", frames_done=300, frames_total=300),
-        ("night-1", 2): TaskProgress(state="done", frames_done=300, frames_total=300),
-        ("bad-1", 0): TaskProgress(state="failed", frames_done=10, frames_total=300,
-                                   error="the input cannot be decoded"),
-    }  # fmt: skip
-    for rec in sorted(jobs, key=lambda r: r.submitted_at):
-        assert await orch.jobs.submit(rec)
-    for (job_id, k), said in progress.items():
-        key = progress_key(orch.jobs.progress_prefix, job_id, k)
-        await orch.jobs.progress_redis.set(key, said.model_dump_json())
 
 
 async def panel(http: httpx.AsyncClient, headers: dict[str, str]) -> dict[str, Any]:
