@@ -16,8 +16,8 @@ from framerelay.detections import Detections
 from gpu_worker.detectors import ModelInput, load_detector, settings_for_model
 from gpu_worker.detectors.buckets import bucket_for, bucket_sizes
 from gpu_worker.detectors.onnx_backend import OnnxDetector
-from tests.gpu_worker.test_graph_post import _same
-from tests.gpu_worker.test_onnx_detector import MODEL, first_frames
+from tests.conftest import MODEL
+from tests.support.detector_io import first_frames, same_detections
 
 
 def test_bucket_sizes() -> None:
@@ -62,7 +62,7 @@ def test_padded_batches_find_the_same_and_use_only_bucket_sizes(
     padded._to_tensor = spy  # type: ignore[method-assign]
     for n in (1, 3, 5):
         got: list[Detections] = padded.infer(frames[:n])
-        _same(plain.infer(frames[:n]), got)
+        same_detections(plain.infer(frames[:n]), got)
     assert sizes == [1, 4, 8]
 
 

@@ -26,7 +26,8 @@ from gpu_worker.detectors.postprocess import (
     select,
     yolox_grid,
 )
-from tests.gpu_worker.test_onnx_detector import MODEL, first_frames
+from tests.conftest import MODEL
+from tests.support.detector_io import first_frames, same_detections
 
 CPU = ["CPUExecutionProvider"]
 ANCHORS, CLASSES = 3549, 80
@@ -36,18 +37,6 @@ def _detector(**overrides: Any) -> OnnxDetector:
     det = load_detector(settings_for_model(MODEL, **overrides))
     assert isinstance(det, OnnxDetector)
     return det
-
-
-def _same(a: list[Detections], b: list[Detections]) -> int:
-    """Equal detections (boxes to 1e-3 px, scores to 1e-5); returns how many."""
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert len(x) == len(y)
-        np.testing.assert_allclose(x.xyxy, y.xyxy, atol=1e-3)
-        np.testing.assert_allclose(x.confidence, y.confidence, atol=1e-5)
-        assert (x.class_id == y.class_id).all()
-        assert x.class_id.dtype == y.class_id.dtype
-    return sum(len(x) for x in a)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +60,7 @@ def test_the_detector_finds_the_same_as_numpy(
     post = _detector(in_graph_post="on", max_batch=max_batch, confidence_threshold=threshold)
     assert post.acceleration.in_graph_post and not plain.acceleration.in_graph_post
     assert post.acceleration.as_info()["in_graph_post"] is True
-    found = _same(plain.infer(frames), post.infer(frames))
+    found = same_detections(plain.infer(frames), post.infer(frames))
     assert found > 8 * 3  # people in every frame of the clip
 
 
@@ -79,7 +68,7 @@ def test_with_prep_and_io_binding_too(frames: list[ModelInput]) -> None:
     plain = _detector(in_graph_post="off")
     every = _detector(in_graph_post="on", in_graph_prep="on", io_binding="on")
     assert every.acceleration.io_binding and every.acceleration.in_graph_prep
-    _same(plain.infer(frames), every.infer(frames))
+    same_detections(plain.infer(frames), every.infer(frames))
 
 
 def test_auto_is_off_on_the_cpu_provider() -> None:
@@ -93,7 +82,7 @@ def test_an_image_with_nothing_in_a_batch_gets_empty_detections(
     batch = [frames[0], grey, frames[1], grey]
     plain = _detector(in_graph_post="off").infer(batch)
     post = _detector(in_graph_post="on").infer(batch)
-    _same(plain, post)
+    same_detections(plain, post)
     assert len(post[1]) == len(post[3]) == 0 < len(post[0])
 
 
@@ -125,7 +114,7 @@ def test_yolox_rows_top_k_and_opsets(
     grid = yolox_grid(416, 416)
     pairs = zip(raw_yolox, lbs, strict=True)
     numpy = [select(*decode_yolox(r, grid, 0.1), lb, settings) for r, lb in pairs]
-    found = _same(numpy, _graph_detections(model, raw_yolox, lbs))
+    found = same_detections(numpy, _graph_detections(model, raw_yolox, lbs))
     assert found <= 5 * len(frames) if top_k == 5 else found > 5 * len(frames)
 
 
@@ -143,7 +132,7 @@ def test_ultralytics_rows(raw_yolox: NDArray[np.float32], frames: list[ModelInpu
     model = with_nms(_identity_model(["b", 4 + CLASSES, ANCHORS], 17), "ultralytics",
                      (416, 416), settings)  # fmt: skip
     numpy = [select(*decode_ultralytics(r), lb, settings) for r, lb in zip(rows, lbs, strict=True)]
-    assert _same(numpy, _graph_detections(model, np.ascontiguousarray(rows), lbs)) > 8
+    assert same_detections(numpy, _graph_detections(model, np.ascontiguousarray(rows), lbs)) > 8
 
 
 def test_max_detections_caps_each_image(raw_yolox: NDArray[np.float32],

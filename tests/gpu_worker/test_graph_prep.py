@@ -20,7 +20,7 @@ from gpu_worker.detectors.batch_axis import dynamic_batch_model
 from gpu_worker.detectors.graph_prep import with_uint8_input
 from gpu_worker.detectors.onnx_backend import OnnxDetector
 from gpu_worker.images import decode_jpeg_bgr
-from tests.gpu_worker.test_onnx_detector import first_frames
+from tests.support.detector_io import first_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "samples" / "models" / "yolox_nano_416.onnx"

@@ -13,7 +13,8 @@ from framerelay.detections import Detections
 from gpu_worker.detectors import ModelInput, load_detector, settings_for_model
 from gpu_worker.detectors import ort_providers as op
 from gpu_worker.detectors.onnx_backend import OnnxDetector
-from tests.gpu_worker.test_onnx_detector import MODEL, first_frames
+from tests.conftest import MODEL
+from tests.support.detector_io import first_frames
 
 
 def _detector(**overrides: Any) -> OnnxDetector:

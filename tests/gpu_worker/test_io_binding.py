@@ -23,8 +23,9 @@ from gpu_worker.detectors.io_binding import BoundRunner
 from gpu_worker.detectors.onnx_backend import OnnxDetector
 from gpu_worker.server import Worker
 from gpu_worker.settings import WorkerSettings
-from tests.gpu_worker.test_onnx_detector import MODEL, first_frames
+from tests.conftest import MODEL
 from tests.support.auth import mint
+from tests.support.detector_io import first_frames
 from tests.support.promtool import promtool
 
 

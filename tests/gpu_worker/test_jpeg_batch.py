@@ -22,7 +22,7 @@ from gpu_worker.jpeg_batch import (
     NvImgCodecDecoder,
     make_decoder,
 )
-from tests.gpu_worker.test_onnx_detector import first_frames
+from tests.support.detector_io import first_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 STILL = ROOT / "samples" / "mot15" / "TUD-Stadtmitte" / "frame-000001.jpg"

@@ -4,33 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
 from framerelay.errors import ModelError
-from framerelay.geometry import PAD_VALUE, Letterbox
+from framerelay.geometry import Letterbox
 from gpu_worker.detectors import ModelInput, load_detector, settings_for_model
 from gpu_worker.detectors.onnx_backend import OnnxDetector, choose_providers
-
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "samples" / "models" / "yolox_nano_416.onnx"
-CLIP = ROOT / "samples" / "mot15" / "TUD-Stadtmitte" / "TUD-Stadtmitte.mp4"
-
-
-def first_frames(n: int) -> list[ModelInput]:
-    out = []
-    with av.open(str(CLIP)) as c:
-        for i, frame in enumerate(c.decode(video=0)):
-            if i >= n:
-                break
-            lb = Letterbox.fit(frame.width, frame.height, 416, 416)
-            canvas = np.full((416, 416, 3), PAD_VALUE, np.uint8)
-            canvas[: lb.new_h, : lb.new_w] = frame.reformat(
-                lb.new_w, lb.new_h, format="bgr24"
-            ).to_ndarray()
-            out.append(ModelInput(canvas, lb))
-    return out
+from tests.conftest import MODEL
+from tests.support.detector_io import first_frames
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,7 @@ from framerelay.launcher import LocalWorker
 from gpu_worker.gpu_stats import GpuStats, GpuStatus
 from gpu_worker.metrics import WorkerMetrics
 from tests.conftest import ROOT
-from tests.metrics.test_promtool import (
-    orchestrator,  # noqa: F401 - fixture
-    running_ingest,
-)
+from tests.support.service_processes import running_ingest
 
 # sync tests on an async fixture: anyio sets it up only where anyio_backend is requested
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("anyio_backend")]
@@ -114,7 +111,7 @@ def test_every_expression_is_valid_promql(tmp_path: Path) -> None:
 def test_every_metric_it_names_exists(
     local_worker: LocalWorker,
     ingest_with_slo: str,
-    orchestrator: str,  # noqa: F811
+    orchestrator: str,
 ) -> None:
     worker = local_worker.url.replace("ws://", "http://").removesuffix("/v1/tunnel")
     texts = {
