@@ -38,7 +38,3 @@ def real_results(
     path = tmp_path_factory.mktemp("results") / "stadtmitte.jsonl"
     path.write_text("".join(r.model_dump_json() + "\n" for r in records), encoding="utf-8")
     return path
-
-
-def load_records(path: Path) -> list[ResultRecord]:
-    return [ResultRecord.model_validate_json(line) for line in path.read_text().splitlines()]

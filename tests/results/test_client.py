@@ -21,9 +21,8 @@ from ingest.bus import ResultBus
 from ingest.hub import ResultHub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
-from tests.results.conftest import load_records
 from tests.support.auth import mint
-from tests.support.results_hub import hub_guard, serving
+from tests.support.results_hub import hub_guard, load_records, serving
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ import pytest
 
 from ingest.recording.clip import render_clip
 from ingest.recording.index import SegmentIndex
-from tests.conftest import CLIP, ROOT
+from tests.conftest import CLIP, ROOT, service_env
 from tests.support.clip_rig import record_file
-from tests.support.results_hub import child_env
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +46,14 @@ def _clip(
         start, end = start or str(first), end or str(last)
     args = ["--stream", "cam-1", "--dir", str(rec), "--out", str(out), "--start", start,
             "--end", end, *extra]  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "framerelay", "clip", *args], cwd=ROOT,
-                          env=child_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "framerelay", "clip", *args],
+        cwd=ROOT,
+        env=service_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _pts(path: Path) -> list[int]:

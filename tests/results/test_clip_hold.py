@@ -29,8 +29,8 @@ from ingest.recording.draw import box_pixels
 from ingest.recording.hold import BoxHold, default_hold_s
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import read_lines
-from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.support.results_hub import child_env, kill_all
+from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
+from tests.support.results_hub import kill_all
 from tests.support.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.xdist_group("clip-hold")
@@ -83,7 +83,7 @@ def file_recording(
 ) -> Iterator[FileRecording]:
     tmp = tmp_path_factory.mktemp("file-recording")
     server = RedisServer(tmp / "redis", appendonly=False).start()
-    env = child_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_TOKEN_SECRETS=secret,
+    env = service_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_TOKEN_SECRETS=secret,
                     FRAMERELAY_RECORD_MATCH_WINDOW_S="4")  # fmt: skip
     record = [sys.executable, "-m", "framerelay", "record", "--stream", STREAM, "--source",
               str(CLIP), "--out", str(tmp / "rec"), "--segment-s", "2"]  # fmt: skip
@@ -142,7 +142,7 @@ def test_a_clip_of_the_file_recording_holds_boxes_between_results(
     out = tmp_path / "clip.mp4"
     done = subprocess.run([sys.executable, "-m", "framerelay", "clip", "--stream", STREAM,
                            "--dir", str(file_recording.directory.parent), "--start", str(start),
-                           "--end", str(end), "--out", str(out)], cwd=ROOT, env=child_env(),
+                           "--end", str(end), "--out", str(out)], cwd=ROOT, env=service_env(),
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert len(_decoded(out)) == FILE_FRAMES

@@ -27,9 +27,8 @@ from ingest.bus import ResultBus
 from ingest.hub import HubConfig, ResultHub, build_hub
 from ingest.settings import IngestSettings, ResultsSettings
 from tests.conftest import TIMEOUT_FACTOR
-from tests.results.conftest import load_records
 from tests.support.auth import ed_keys, hs_keys, mint
-from tests.support.results_hub import hub_guard, serving
+from tests.support.results_hub import hub_guard, load_records, serving
 
 pytestmark = pytest.mark.integration
 OTHER_SECRET = "another-secret-that-is-long-enough"

@@ -31,9 +31,9 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import ROOT, TIMEOUT_FACTOR
+from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
 from tests.support.auth import mint
-from tests.support.results_hub import child_env, p99
+from tests.support.results_hub import p99
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,7 +50,7 @@ RECEIVED_AT = re.compile(r'"received_at":([0-9.e+-]+)')
 @pytest.fixture()
 def hubs(real_results: Path, secret: str) -> Iterator[tuple[str, str]]:
     script = str(ROOT / "tests" / "results" / "hub_server.py")
-    env = child_env(FRAMERELAY_TOKEN_SECRETS=secret)
+    env = service_env(FRAMERELAY_TOKEN_SECRETS=secret)
     procs = []
     for phase in (0.0, 0.5):  # half a period apart: one hub's burst never queues behind
         args = [

@@ -34,8 +34,8 @@ from ingest.recording.clip import render_clip
 from ingest.recording.draw import box_pixels, label_area, label_of
 from ingest.recording.index import SegmentIndex
 from ingest.recording.sidecar import GAP_DIR, read_lines
-from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR
-from tests.support.results_hub import child_env, kill_all
+from tests.conftest import CLIP, ROOT, TIMEOUT_FACTOR, service_env
+from tests.support.results_hub import kill_all
 from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_until
 
@@ -77,7 +77,7 @@ def recording(
                                "--clip", str(CLIP)], stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert camera.stdout is not None
     url = f"http://127.0.0.1:{json.loads(camera.stdout.readline())['port']}/live.ts"
-    env = child_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_TOKEN_SECRETS=secret,
+    env = service_env(FRAMERELAY_REDIS_URL=server.url, FRAMERELAY_TOKEN_SECRETS=secret,
                     FRAMERELAY_RECORD_MATCH_WINDOW_S="5")  # fmt: skip
     record = ["-m", "framerelay", "record", "--stream", STREAM, "--source", url,
               "--out", str(tmp / "rec"), "--segment-s", "2"]  # fmt: skip

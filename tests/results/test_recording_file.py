@@ -15,8 +15,7 @@ import pytest
 from ingest.recording.index import SegmentIndex
 from ingest.recording.segmenter import Event, Segmenter, SegmentEvent
 from ingest.recording.settings import RecorderSettings
-from tests.conftest import CLIP, ROOT
-from tests.support.results_hub import child_env
+from tests.conftest import CLIP, ROOT, service_env
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +64,7 @@ def test_record_refuses_a_missing_file_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "framerelay", "record", "--stream", "cam", "--source",
          str(tmp_path / "nope.mp4"), "--out", str(tmp_path / "rec")],
-        cwd=ROOT, env=child_env(FRAMERELAY_REDIS_URL="redis://127.0.0.1:6379/0"),
+        cwd=ROOT, env=service_env(FRAMERELAY_REDIS_URL="redis://127.0.0.1:6379/0"),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr

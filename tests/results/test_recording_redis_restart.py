@@ -20,8 +20,7 @@ from framerelay.results import ResultRecord
 from ingest.bus import ResultBus
 from ingest.recording.sidecar import GAP_DIR, read_lines
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
-from tests.results.conftest import load_records
-from tests.support.results_hub import camera_and_recorder, kill_all
+from tests.support.results_hub import camera_and_recorder, kill_all, load_records
 from tests.support.servers import RedisServer
 from tests.support.waiting import wait_until_async
 

@@ -22,7 +22,7 @@ from ingest.bus import ResultBus
 from ingest.redis_bus import RedisKeys, RedisPublisher, connect
 from ingest.redis_consumer import Entry, ResultConsumer
 from tests.conftest import TIMEOUT_FACTOR
-from tests.results.conftest import load_records
+from tests.support.results_hub import load_records
 from tests.support.servers import RedisServer, redis_server
 from tests.support.waiting import wait_until_async
 

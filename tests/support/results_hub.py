@@ -1,4 +1,5 @@
-"""Test rig for results delivery: private redis-servers, an in-process hub, helpers."""
+"""Test rig for results delivery: private redis-servers, an in-process hub, helpers (records
+read back from JSONL: :func:`load_records`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from framerelay.auth import AuthGuard
+from framerelay.results import ResultRecord
 from ingest.auth import api_guard
 from ingest.hub import ResultHub, results_router
 from ingest.server import api_server
@@ -44,7 +46,7 @@ def camera_and_recorder(
     )
     assert camera.stdout is not None
     source = f"http://127.0.0.1:{json.loads(camera.stdout.readline())['port']}/live.ts"
-    env = child_env(FRAMERELAY_REDIS_URL=redis_url, FRAMERELAY_RECORD_MATCH_WINDOW_S="1")
+    env = service_env(FRAMERELAY_REDIS_URL=redis_url, FRAMERELAY_RECORD_MATCH_WINDOW_S="1")
     out_dir = str(tmp_path / "rec")
     args = ["--stream", stream, "--source", source, "--out", out_dir, "--segment-s", "2"]
     with (tmp_path / "record.log").open("wb") as out:
@@ -91,7 +93,5 @@ def hub_guard(secret: str, *, leeway_s: float = 30.0, max_failures: int = 1000) 
     return api_guard(settings, CollectorRegistry())
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = service_env()
-    env.update(extra)
-    return env
+def load_records(path: Path) -> list[ResultRecord]:
+    return [ResultRecord.model_validate_json(line) for line in path.read_text().splitlines()]
