@@ -34,9 +34,8 @@ from deploy.scaling import tier_targets
 from deploy.settings import OrchestratorSettings, TierConfig
 from deploy.store import Store
 from framerelay.jobs import JobSpec, TaskProgress, progress_key, task_stream_id
+from tests.conftest import REDIS_URL
 from tests.support.auth import ed_keys
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def recording(tmp: Path, segments: list[dict[str, Any]]) -> Path:

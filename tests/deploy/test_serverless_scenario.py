@@ -48,7 +48,7 @@ from gpu_worker.settings import WorkerSettings
 from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, ResultsSettings
-from tests.conftest import CLIP, MODEL, TIMEOUT_FACTOR, service_env
+from tests.conftest import CLIP, MODEL, REDIS_URL, TIMEOUT_FACTOR, service_env
 from tests.support.auth import ed_keys, mint
 from tests.support.media import ffmpeg
 from tests.support.runpod import start_orchestrator
@@ -56,7 +56,6 @@ from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
 KEY = "rpa_" + "S3rv3rl3ssSc3n" * 3
-REDIS_URL = "redis://127.0.0.1:6379/0"
 PRICE_PER_S = 0.00019
 TIER = {
     "name": "night",

@@ -39,7 +39,7 @@ from framerelay.schemas import SidecarLine
 from ingest.app import create_app
 from ingest.service import IngestService
 from ingest.settings import IngestSettings
-from tests.conftest import ROOT, TIMEOUT_FACTOR, service_env
+from tests.conftest import REDIS_URL, ROOT, TIMEOUT_FACTOR, service_env
 from tests.support.auth import mint
 from tests.support.failover import workers
 from tests.support.media import Media
@@ -47,7 +47,6 @@ from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
-REDIS_URL = "redis://127.0.0.1:6379/0"
 FPS = 5.0
 
 

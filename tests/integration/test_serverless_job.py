@@ -42,7 +42,7 @@ from ingest.serverless_task import Batching, serve_stream
 from ingest.service import IngestService
 from ingest.settings import IngestSettings, StreamConfig
 from ingest.stream import IngestStream, StreamState
-from tests.conftest import MODEL
+from tests.conftest import MODEL, REDIS_URL
 from tests.support.auth import mint
 from tests.support.fixtures import media  # noqa: F401 - fixture
 from tests.support.media import Media
@@ -50,7 +50,6 @@ from tests.support.servers import free_port
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.integration
-REDIS_URL = "redis://127.0.0.1:6379/0"
 KEY = "rp_job_" + "j" * 24
 ENDPOINT = "ep-jobs"
 

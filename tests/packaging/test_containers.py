@@ -24,7 +24,7 @@ import pytest
 import redis
 import trustme
 
-from tests.conftest import TIMEOUT_FACTOR
+from tests.conftest import REDIS_URL, TIMEOUT_FACTOR
 from tests.packaging import containers
 from tests.packaging.dockerfile import DockerIgnore, Stage, parse
 from tests.packaging.wheel_env import ROOT, InstalledWheel
@@ -34,7 +34,6 @@ DOCKER = ROOT / "deploy" / "docker"
 IMAGES = ("worker-cpu", "worker-cuda", "service")
 SECRET = "container-contract-secret-0123456789abcdef"
 STORE = "FRAMERELAY_INGEST_STORE_PATH"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from framerelay.redact import (
     secret_key,
     secret_values,
 )
-from tests.conftest import TIMEOUT_FACTOR
+from tests.conftest import REDIS_URL, TIMEOUT_FACTOR
 from tests.security.procs import (
     Service,
     bearer,
@@ -58,7 +58,6 @@ from tests.support.waiting import wait_until
 JOB_INPUT = "https://alice:S3cretPW@host/x?X-Amz-Signature=abcd"
 CAMERA = "rtsp://cam/x?user=admin&pwd=hunter2&token=t0k"
 REFUSING = "rtsp://127.0.0.1:1/x?user=admin&pwd=hunter2&token=t0k"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # -- the function ------------------------------------------------------------------------
 
