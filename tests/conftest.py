@@ -104,7 +104,7 @@ async def redis_space() -> AsyncIterator[RedisSpace]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules holding a ``slow`` test run first (each module keeps its order): with
-    pytest-xdist's ``--dist loadscope`` (scripts/test.sh) the long scenarios start while
+    pytest-xdist's ``--dist loadgroup`` (scripts/test.sh) the long scenarios start while
     the many short tests fill the other workers, instead of ending the run alone."""
     heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in heavy)
