@@ -94,13 +94,23 @@ class Slow:
     """One slow-header client: when it connected, when the server closed it, what it said."""
 
     source: str
+    started: float = 0.0
+    """When it began to connect (the server's clock for it cannot have started before)."""
     opened: float = 0.0
+    """When its connect returned (the server's clock for it had started by then)."""
     closed: float = 0.0
     said: bytes = b""
 
     @property
     def held_s(self) -> float:
+        """How long the server held it, at most (from its connect returning to the close:
+        on a busy event loop the connect may return well after the server accepted)."""
         return self.closed - self.opened
+
+    @property
+    def held_at_least_s(self) -> float:
+        """How long the server held it, at least (from before its connect began)."""
+        return self.closed - self.started
 
     @property
     def status(self) -> int:
@@ -111,7 +121,7 @@ class Slow:
 async def slow_client(port: int, source: str, sent: asyncio.Event, limit_s: float) -> Slow:
     """Connect from ``source``, send half a request head, read until the server closes
     (at most ``limit_s``); ``sent`` is set once the half head is written."""
-    slow = Slow(source)
+    slow = Slow(source, started=time.monotonic())
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     finally:

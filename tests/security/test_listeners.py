@@ -77,7 +77,10 @@ async def test_slow_header_clients_are_closed_and_a_request_is_still_served(api:
     assert took[2] < 1.0 * TIMEOUT_FACTOR and took[-1] < 3.0 * TIMEOUT_FACTOR  # median, worst
     assert max(done for _, _, done in served) < min(s.closed for s in slows)  # while all held
     assert all(s.status == 408 for s in slows), {s.said[:40] for s in slows}
-    assert held[0] >= 0.8 * HEADER_TIMEOUT_S and held[-1] <= HEADER_TIMEOUT_S + LATE_S
+    # bracketed: never closed before the timeout (timed from before each connect), never
+    # much after it (timed from each connect's return)
+    assert min(s.held_at_least_s for s in slows) >= 0.8 * HEADER_TIMEOUT_S
+    assert held[-1] <= HEADER_TIMEOUT_S + LATE_S
     assert b"HEADER_TIMEOUT_S" in slows[0].said
 
 
