@@ -31,6 +31,7 @@ from websockets.sync.client import connect
 from framerelay.data import DEFAULT_CLIP
 from tests.conftest import TIMEOUT_FACTOR
 from tests.support.browser import artifacts, chromium, console_errors, requested_urls
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
 BOX = (0, 255, 102)  # console.js's box colour
@@ -232,8 +233,7 @@ def test_the_live_view_draws_boxes_where_the_results_say(demo: Demo) -> None:
             driver.find_element(By.ID, "trails").click()
             time.sleep(1.0)
             driver.find_element(By.ID, "pause").click()
-            time.sleep(1.0)  # a frame being drawn when paused lands first
-            shown = driver.execute_script(READ_CANVAS)
+            shown = _still_canvas(driver)  # a frame being drawn when paused lands first
             driver.save_screenshot(str(artifacts("console") / "live-1280x800.png"))
             key = (int(shown["epoch"]), int(shown["seq"]))
             wait.until(lambda d: key in truth.by_frame)
@@ -259,6 +259,20 @@ def test_the_live_view_draws_boxes_where_the_results_say(demo: Demo) -> None:
             assert not console_errors(driver)
     finally:
         truth.close()
+
+
+def _still_canvas(driver: Any) -> dict[str, Any]:
+    """The paused canvas once the frame it shows no longer changes (a frame whose image
+    was still loading at the pause is drawn after it; on a busy machine, seconds after)."""
+    seen: list[dict[str, Any]] = [driver.execute_script(READ_CANVAS)]
+
+    def still() -> bool:
+        time.sleep(0.5)
+        seen.append(driver.execute_script(READ_CANVAS))
+        return seen[-1] == seen[-2]
+
+    wait_until(still, 30, lambda: f"the paused canvas still changing: {seen[-3:]}")
+    return seen[-1]
 
 
 READ_CANVAS = """
