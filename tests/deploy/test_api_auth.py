@@ -138,8 +138,11 @@ def bad_tokens(keys: KeySet, tmp_path: Path) -> dict[str, tuple[str | None, int]
 
 async def test_every_route_but_healthz_has_a_scope(tmp_path: Path) -> None:
     for metrics_auth in (False, True):
-        orch = Orchestrator(orch_settings(tmp_path, metrics_auth=metrics_auth),
-                            prober=StatusProber(20), ingest=NullIngestLink())  # fmt: skip
+        orch = Orchestrator(
+            orch_settings(tmp_path, metrics_auth=metrics_auth),
+            prober=StatusProber(20),
+            ingest=NullIngestLink(),
+        )
         try:
             scopes = route_scopes(create_app(orch))
         finally:
@@ -162,8 +165,9 @@ async def test_unauthenticated_post_pods_and_streams_are_refused_and_change_noth
             pods = await http.post("/v1/pods", json={"tier": "ondemand"})
             streams = await http.post("/v1/streams", json={"id": "cam-9", "url": "rtsp://x/1"})
             health = await http.get("/healthz")
-            broken = await http.post("/v1/streams", content=b"{not json",
-                                     headers={"content-type": "application/json"})  # fmt: skip
+            broken = await http.post(
+                "/v1/streams", content=b"{not json", headers={"content-type": "application/json"}
+            )
         assert pods.status_code == 401 and streams.status_code == 401
         assert broken.status_code == 401  # the token first, then the body (never a 422)
         assert "Authorization" in pods.json()["detail"]

@@ -109,8 +109,9 @@ def test_bad_numbers_are_a_clear_422(
 @pytest.mark.integration
 async def test_bounds_still_let_valid_numbers_through(tmp_path: Path) -> None:
     keys = ed_keys()
-    orch = Orchestrator(orch_settings(tmp_path, keys), prober=StatusProber(20),
-                        ingest=NullIngestLink())  # fmt: skip
+    orch = Orchestrator(
+        orch_settings(tmp_path, keys), prober=StatusProber(20), ingest=NullIngestLink()
+    )
     token = {
         "Authorization": f"Bearer {mint(keys, ['fleet:write'], 'orchestrator')}",
         "Content-Type": "application/json",

@@ -78,8 +78,7 @@ async def test_preempted_and_replaced_pods_show_in_events_with_their_reasons() -
         ):
             read = {"Authorization": f"Bearer {mint(orch.keys, ['fleet:read'], 'orchestrator')}"}
             all_events = (await http.get("/v1/events", headers=read)).json()
-            body = (await http.get("/v1/events", params={"since": started},
-                                   headers=read)).json()  # fmt: skip
+            body = (await http.get("/v1/events", params={"since": started}, headers=read)).json()
             history = (await http.get("/v1/history", headers=read)).json()
     assert all_events["kept"] == 500 and len(all_events["events"]) > len(body["events"])
     assert all(e["t"] > started for e in body["events"])

@@ -106,13 +106,19 @@ async def test_a_streams_model_is_loaded_on_a_warm_worker_with_room_not_on_a_new
         pods = await fleet.orch.store.pods()
         kinds = [e["kind"] for e in fleet.orch.fleet.events]
         out: dict[str, Any] = {  # figures of several types, by name
-            "workers": workers, "pods": sorted(pods), "created": kinds.count("created"),
+            "workers": workers,
+            "pods": sorted(pods),
+            "created": kinds.count("created"),
             "moved": [e for e in fleet.orch.fleet.events if e["kind"] == "moved"],
-            "launched": len(fleet.provider.pods), "unplaced": fleet.orch.fleet.unplaced,
+            "launched": len(fleet.provider.pods),
+            "unplaced": fleet.orch.fleet.unplaced,
             "assigned": await fleet.orch.store.assignments(),
-            "cars_on": cars_on, "trucks_on": trucks_on, "cars_s": cars_s,
-            "trucks_s": trucks_s, "models": {n: p.models for n, p in pods.items()},
-        }  # fmt: skip
+            "cars_on": cars_on,
+            "trucks_on": trucks_on,
+            "cars_s": cars_s,
+            "trucks_s": trucks_s,
+            "models": {n: p.models for n, p in pods.items()},
+        }
 
     print(f"\nmodel loaded on a warm worker: vehicles -> {out['cars_on']} ({out['cars_s']:.1f} s "
           f"to {RESULTS} results), trucks -> {out['trucks_on']} ({out['trucks_s']:.1f} s); "

@@ -277,8 +277,9 @@ async def test_the_store_keeps_jobs_and_a_change_racing_another_is_not_applied()
         assert await store.submit(rec) and not await store.submit(rec)
         assert [j.id for j in await store.active()] == ["j1"]
         assert await store.prune(0) == 0  # an active job is never pruned
-        await redis.set(progress_key(prefix + "ingest", "j1", 1), said("done", 7, 7)
-                        .model_dump_json())  # fmt: skip
+        await redis.set(
+            progress_key(prefix + "ingest", "j1", 1), said("done", 7, 7).model_dump_json()
+        )
         assert await store.progress(rec) == [None, said("done", 7, 7)]
 
         sync = SyncRedis.from_url(REDIS_URL)

@@ -63,12 +63,14 @@ async def test_jobs_are_scoped_validated_listed_and_cancelled(tmp_path: Path) ->
         raw = {**write, "content-type": "application/json"}
         out["nan"] = await http.post("/v1/jobs", content=NAN_BODY, headers=raw)
         out["unknown model"] = await http.post(
-            "/v1/jobs", json={**good, "model": "vehicels"}, headers=write)  # fmt: skip
+            "/v1/jobs", json={**good, "model": "vehicels"}, headers=write
+        )
         out["1001"] = await http.post(
-            "/v1/jobs", json={**good, "inputs": [str(clip)] * 1001}, headers=write)  # fmt: skip
+            "/v1/jobs", json={**good, "inputs": [str(clip)] * 1001}, headers=write
+        )
         out["missing"] = await http.post(
-            "/v1/jobs", json={**good, "inputs": [str(clip), "/nope/secret.mp4"]},
-            headers=write)  # fmt: skip
+            "/v1/jobs", json={**good, "inputs": [str(clip), "/nope/secret.mp4"]}, headers=write
+        )
         out["ok"] = await http.post("/v1/jobs", json=good, headers=write)
         out["again"] = await http.post("/v1/jobs", json=good, headers=write)
         await orch.step()  # the driver starts the task: its stream

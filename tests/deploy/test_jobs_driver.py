@@ -131,8 +131,10 @@ async def test_a_job_scales_a_batch_tier_from_zero_and_back(tmp_path: Path) -> N
                 assert await batch_pods(orch) == 0, seen  # drained back to zero
                 (view,) = await orch.jobs.many(["night"])
                 took = (view.finished_at or 0) - (view.started_at or 0)
-                print(f"\nbatch pods per pass: {seen}; job cost ${view.cost_usd:.5f}, "
-                      f"{view.pod_seconds:.0f} pod-s, {took:.0f} s")  # fmt: skip
+                print(
+                    f"\nbatch pods per pass: {seen}; job cost ${view.cost_usd:.5f}, "
+                    f"{view.pod_seconds:.0f} pod-s, {took:.0f} s"
+                )
                 assert view.cost_usd > 0 and view.pod_seconds > 0
                 assert max(seen) == 2 and seen[-1] == 0
             finally:

@@ -142,8 +142,13 @@ async def test_a_job_on_a_serverless_tier_rents_no_pod_and_writes_each_frame_onc
     cost: dict[str, float] = {}
     try:
         with running_endpoint(state) as url:
-            serverless = {"base_url": url, "api_key": KEY, "poll_initial_s": 0.05,
-                          "poll_max_s": 0.2, "backoff_s": 0.05}  # fmt: skip
+            serverless = {
+                "base_url": url,
+                "api_key": KEY,
+                "poll_initial_s": 0.05,
+                "poll_max_s": 0.2,
+                "backoff_s": 0.05,
+            }
             over = {
                 "redis_url": REDIS_URL,
                 "results": ResultsSettings(redis_prefix=prefix),

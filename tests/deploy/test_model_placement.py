@@ -75,8 +75,9 @@ async def test_a_model_loaded_nowhere_is_placed_where_it_fits_and_loaded_there(
         real = _slot("gpu-a", **worker_models(await _info(http, url, secret)))
         streams = [_spec("people", "yolox_nano"), _spec("cars", "vehicles")]
         first = place(streams, [full, real], {}, {}, models=NEEDS)
-        config = StreamConfig(id="cars", url=str(CLIP), fps=5, realtime=True, loop=True,
-                              model="vehicles")  # fmt: skip
+        config = StreamConfig(
+            id="cars", url=str(CLIP), fps=5, realtime=True, loop=True, model="vehicles"
+        )
         t0 = time.monotonic()
         async with streaming(url, token(secret), records, config):
             await wait_until_async(lambda: bool(records), WAIT_S, "a result of the vehicles model")

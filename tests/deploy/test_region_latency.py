@@ -156,8 +156,10 @@ async def test_ingest_measures_round_trips_on_a_tunnel(
     out: dict[str, Any] = {}
     async with running_ingest(secret, tmp_path) as ingest, client(ingest) as http:
         auth = ingest.auth("routing:write")
-        for label, url in (("direct", local_worker.url),
-                           ("proxied", f"ws://127.0.0.1:{proxy.port}/v1/tunnel")):  # fmt: skip
+        for label, url in (
+            ("direct", local_worker.url),
+            ("proxied", f"ws://127.0.0.1:{proxy.port}/v1/tunnel"),
+        ):
             body = {"worker_id": "test-worker", "url": url, "pings": 5, "frames": 3}
             out[label] = (await http.post("/v1/rtt", json=body, headers=auth)).json()
         out["refused"] = await _refusals(http, auth)
@@ -166,8 +168,7 @@ async def test_ingest_measures_round_trips_on_a_tunnel(
         latency = Latency(rtt, interval_s=30, wait_s=30)
         await latency.measure([worker], now=100.0)
         await latency.measure([worker], now=110.0)  # not due: not asked again
-        out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]),
-                       worker.processing_ms)  # fmt: skip
+        out["book"] = (worker.rtt_ms, list(latency.samples["test-worker"]), worker.processing_ms)
         await rtt.aclose()
         out["stuck"] = await _stuck_worker(ingest.base, secret)
     await proxy.aclose()

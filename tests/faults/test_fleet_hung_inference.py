@@ -43,8 +43,9 @@ async def test_hung_inference_is_detected_by_the_canary_and_replaced(
         unhealthy = [e for e in fleet.orch.fleet.events if e["kind"] == "unhealthy"]
         await wait_until_async(
             lambda: any(r.worker_id == "fr-ondemand-0-g1" for r in fleet.results_for("cam")),
-            90, "results from the replacement",
-        )  # fmt: skip
+            90,
+            "results from the replacement",
+        )
         events = list(fleet.orch.fleet.events)
         first = unhealthy[0]
         healthz, error = first.get("healthz_ok"), str(first.get("error"))

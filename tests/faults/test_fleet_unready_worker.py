@@ -67,8 +67,9 @@ async def test_a_worker_failing_readyz_loses_its_streams_at_once_and_is_replaced
         lag = cast(float, event["t"]) - t_503  # the fleet's clock is the system's
         await wait_until_async(
             lambda: any(r.worker_id == SECOND for r in fleet.results_for("cam")),
-            90, "results from the replacement",
-        )  # fmt: skip
+            90,
+            "results from the replacement",
+        )
         kinds = [(e["kind"], e["pod"]) for e in fleet.orch.fleet.events]
     print(f"\n/readyz 503 ({body!r}); orchestrator marked {FIRST} unhealthy {lag:.2f} s later "
           f"with {event['error']!r}; replaced by {SECOND}")  # fmt: skip

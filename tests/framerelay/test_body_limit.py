@@ -65,8 +65,9 @@ async def test_ingest_content_length_over_the_limit_is_413_before_the_body(tmp_p
         port, answers = _port(ingest.base), []
         for token in (None, ingest.token()):  # 413 first, whoever asks
             async with connection(port) as conn:
-                await conn.send([head("POST", "/v1/streams", token=token,
-                                      length=DEFAULT_MAX_BODY_BYTES + 1)])  # fmt: skip
+                await conn.send(
+                    [head("POST", "/v1/streams", token=token, length=DEFAULT_MAX_BODY_BYTES + 1)]
+                )
                 answers.append(await conn.answer(5))  # no body sent yet
                 # the rest of the body is discarded; the connection still serves
                 await conn.send(plain(b"x" * (DEFAULT_MAX_BODY_BYTES + 1)))
@@ -180,7 +181,7 @@ async def test_orchestrator_bodies_are_capped(tmp_path: Path) -> None:
             ok = await conn.exchange(
                 head("POST", "/v1/streams", token=token, length=len(body)), [body]
             )
-        refused, anon, ok, streams = refused, anon, ok, len(await orch.store.streams())  # fmt: skip
+        refused, anon, ok, streams = refused, anon, ok, len(await orch.store.streams())
     for answer in refused:
         _refusal(answer, limit, setting)
     assert anon.status == 401 and ok.status == 201, (anon, ok)
@@ -333,8 +334,9 @@ async def test_six_megabyte_bodies_do_not_grow_a_real_ingest(tmp_path: Path, sec
         elapsed = time.monotonic() - t0
         after = _rss_kib(proc.pid)
         async with httpx.AsyncClient() as http:
-            listed = await http.get(f"http://127.0.0.1:{port}/v1/streams",
-                                    headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            listed = await http.get(
+                f"http://127.0.0.1:{port}/v1/streams", headers={"Authorization": f"Bearer {token}"}
+            )
         streams = listed.json()
     finally:
         proc.terminate()

@@ -65,8 +65,9 @@ def ingest_spec(tmp_path: Path) -> dict[str, Any]:
 
 
 async def orch_spec(tmp_path: Path) -> dict[str, Any]:
-    orch = Orchestrator(orch_settings(tmp_path, ed_keys()), prober=StatusProber(20),
-                        ingest=NullIngestLink())  # fmt: skip
+    orch = Orchestrator(
+        orch_settings(tmp_path, ed_keys()), prober=StatusProber(20), ingest=NullIngestLink()
+    )
     try:
         return orch_app(orch).openapi()
     finally:

@@ -72,8 +72,9 @@ async def test_a_batch_is_one_write_of_separate_messages_in_order() -> None:
     got: list[bytes] = []
     done = asyncio.Event()
     async with server(lambda ws: collect(ws, got, 20, done)) as url:
-        async with connect(url, compression=None,
-                           create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+        async with connect(
+            url, compression=None, create_connection=CoalescingClientConnection
+        ) as ws:
             assert isinstance(ws, CoalescingClientConnection)
             sizes = count_writes(ws)
             await ws.send_batch(messages(20))
@@ -91,8 +92,9 @@ async def test_large_messages_are_written_alone_between_joined_small_ones_in_ord
     got: list[bytes] = []
     done = asyncio.Event()
     async with server(lambda ws: collect(ws, got, len(batch), done)) as url:
-        async with connect(url, compression=None, max_size=None,
-                           create_connection=CoalescingClientConnection) as conn:  # fmt: skip
+        async with connect(
+            url, compression=None, max_size=None, create_connection=CoalescingClientConnection
+        ) as conn:
             ws = cast(CoalescingClientConnection, conn)
             sizes = count_writes(ws)
             await ws.send_batch(batch)
@@ -107,8 +109,9 @@ async def test_what_waits_together_goes_out_together_and_later_puts_follow_in_or
     got: list[bytes] = []
     done = asyncio.Event()
     async with server(lambda ws: collect(ws, got, 30, done)) as url:
-        async with connect(url, compression=None,
-                           create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+        async with connect(
+            url, compression=None, create_connection=CoalescingClientConnection
+        ) as ws:
             out = Outbox(ws, capacity=100)
             batch = messages(30)
             with corked():  # put in one go: one write, at the end of the block
@@ -139,8 +142,9 @@ async def test_a_message_put_while_nothing_is_written_goes_at_once_and_order_hol
     small = messages(3)
     sent = [big[0], small[0], big[1], small[1], big[2], small[2]]
     async with server(lambda ws: collect(ws, got, len(sent), done)) as url:
-        async with connect(url, compression=None, max_size=None,
-                           create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+        async with connect(
+            url, compression=None, max_size=None, create_connection=CoalescingClientConnection
+        ) as ws:
             out = Outbox(ws, capacity=10)
             out.put(big[0])  # no writer task at all: written now
             out.put(small[0])
@@ -166,8 +170,9 @@ async def test_puts_inside_corked_share_one_write_per_outbox_at_its_end() -> Non
     got: list[bytes] = []
     done = asyncio.Event()
     async with server(lambda ws: collect(ws, got, 8, done)) as url:
-        async with connect(url, compression=None,
-                           create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+        async with connect(
+            url, compression=None, create_connection=CoalescingClientConnection
+        ) as ws:
             out = Outbox(ws, capacity=10)
             sizes = count_writes(ws)
             with corked():
@@ -188,8 +193,9 @@ async def test_a_batch_stops_growing_at_its_byte_bound() -> None:
     got: list[bytes] = []
     done = asyncio.Event()
     async with server(lambda ws: collect(ws, got, 10, done)) as url:
-        async with connect(url, compression=None,
-                           create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+        async with connect(
+            url, compression=None, create_connection=CoalescingClientConnection
+        ) as ws:
             out = Outbox(ws, capacity=100, max_batch_bytes=3000)
             with corked():
                 for data in messages(10):  # 1004 B each: three per write
@@ -241,8 +247,9 @@ async def test_a_peer_that_does_not_read_is_cut_off_after_the_send_timeout() -> 
         await ws.wait_closed()
 
     async with server(stalled) as url:
-        async with connect(url, compression=None, max_size=None,
-                           create_connection=CoalescingClientConnection) as ws:  # fmt: skip
+        async with connect(
+            url, compression=None, max_size=None, create_connection=CoalescingClientConnection
+        ) as ws:
             out = Outbox(ws, capacity=1000)
             for data in messages(200, size=100_000):  # 20 MB: more than the buffers hold
                 out.put(data)
@@ -289,13 +296,20 @@ async def test_a_tls_refusal_on_a_coalescing_server_is_always_an_http_answer() -
         return conn.respond(HTTPStatus.UNAUTHORIZED, "bad token\n")
 
     statuses: list[int] = []
-    async with serve(ws_never, "127.0.0.1", 0, ssl=server_ctx, process_request=refuse,
-                     create_connection=CoalescingServerConnection) as srv:  # fmt: skip
+    async with serve(
+        ws_never,
+        "127.0.0.1",
+        0,
+        ssl=server_ctx,
+        process_request=refuse,
+        create_connection=CoalescingServerConnection,
+    ) as srv:
         port = next(iter(srv.sockets)).getsockname()[1]
         for _ in range(100):
             with pytest.raises(InvalidStatus) as refused:
-                async with connect(f"wss://localhost:{port}/", ssl=client_ctx,
-                                   open_timeout=10, proxy=None):  # fmt: skip
+                async with connect(
+                    f"wss://localhost:{port}/", ssl=client_ctx, open_timeout=10, proxy=None
+                ):
                     pass
             statuses.append(refused.value.response.status_code)
     assert statuses == [401] * 100

@@ -67,11 +67,15 @@ def test_the_heartbeat_is_busy_from_the_oldest_batch_in_flight() -> None:
 
 @pytest.mark.integration
 async def test_a_real_worker_decodes_in_batches_and_fails_bad_images_alone(secret: str) -> None:
-    async with running_worker(secret, jpeg_decoder="cpu-batch", max_batch=4,
-                              batch_wait_ms=20, max_inflight=8) as (worker, url):  # fmt: skip
+    async with running_worker(
+        secret, jpeg_decoder="cpu-batch", max_batch=4, batch_wait_ms=20, max_inflight=8
+    ) as (worker, url):
         assert worker.batcher.decoder is not None
-        info = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
-                               + "/info", token(secret))).json()  # fmt: skip
+        info = (
+            await http_get(
+                url.replace("ws://", "http://").removesuffix("/v1/tunnel") + "/info", token(secret)
+            )
+        ).json()
         assert info["jpeg_decoder"] == "cpu-batch"
         # the capacity is measured on a full batch (issue 14: "for the chosen batch")
         assert info["capacity_batch"] == 4
@@ -89,8 +93,12 @@ async def test_a_real_worker_decodes_in_batches_and_fails_bad_images_alone(secre
             assert [r.seq for r in b.results] == list(range(6)) and not b.errors
             assert all(r.timings["batch"] >= 1 for r in a.results + b.results)
             assert tunnel.close_code is None
-        text = (await http_get(url.replace("ws://", "http://").removesuffix("/v1/tunnel")
-                               + "/metrics", token(secret))).text  # fmt: skip
+        text = (
+            await http_get(
+                url.replace("ws://", "http://").removesuffix("/v1/tunnel") + "/metrics",
+                token(secret),
+            )
+        ).text
         assert metric(text, 'framerelay_worker_drops_total{reason="bad_image"}') == 2
         assert metric(text, 'framerelay_worker_stage_seconds_count{stage="decode"}') == 10
 

@@ -50,8 +50,11 @@ async def test_two_models_on_one_worker_results_carry_the_model_name(
             streaming(url, token(secret), records, _config("people")),
             streaming(url, token(secret), records, _config("cars", "vehicles")),
         ):
-            await wait_until_async(lambda: {r.stream_id for r in records} >= {"people", "cars"},
-                                   WAIT_S, "results of both streams")  # fmt: skip
+            await wait_until_async(
+                lambda: {r.stream_id for r in records} >= {"people", "cars"},
+                WAIT_S,
+                "results of both streams",
+            )
             await wait_until_async(lambda: len(records) >= 10, WAIT_S, "more results")
             scraped.append(worker.metrics.render().decode())
             during = _loaded(worker)

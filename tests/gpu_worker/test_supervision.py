@@ -168,12 +168,16 @@ async def test_nan_and_infinite_headers_fail_only_their_frame(secret: str) -> No
     async with running_worker(secret) as (_, url), open_tunnel(url, token(secret)) as tun:
         await _streams(tun, "good", "bad")
         await _one_each(tun, ["good", "bad"], 0)
-        sent = {1: {"captured_at": "NaN", "epoch": "1"},
-                2: {"captured_at": "Infinity", "epoch": "2"},
-                3: {"captured_at": "-Infinity", "epoch": "3"},
-                4: {"captured_at": "1e400", "epoch": "4"},
-                5: {"captured_at": "1e12", "epoch": "5"},
-                6: {"scale": "NaN"}, 7: {"scale": "Infinity"}, 8: {"pts": "1e400"}}  # fmt: skip
+        sent = {
+            1: {"captured_at": "NaN", "epoch": "1"},
+            2: {"captured_at": "Infinity", "epoch": "2"},
+            3: {"captured_at": "-Infinity", "epoch": "3"},
+            4: {"captured_at": "1e400", "epoch": "4"},
+            5: {"captured_at": "1e12", "epoch": "5"},
+            6: {"scale": "NaN"},
+            7: {"scale": "Infinity"},
+            8: {"pts": "1e400"},
+        }
         for seq, fields in sent.items():
             await tun.send_raw("bad", seq, raw_frame("bad", seq, **fields))
             await tun.send_frame(frame("good", seq))
@@ -204,8 +208,10 @@ async def test_inference_errors_fail_their_batch_and_the_loop_goes_on(
             for seq in range(5):
                 await _one_each(tun, ["a", "b"], seq)
             base = _base(url)
-            out: dict[str, Any] = {"ready": (await http_get(f"{base}/readyz")).status_code,
-                                   "metrics": (await http_get(f"{base}/metrics")).text}  # fmt: skip
+            out: dict[str, Any] = {
+                "ready": (await http_get(f"{base}/readyz")).status_code,
+                "metrics": (await http_get(f"{base}/metrics")).text,
+            }
     for sid in ("a", "b"):
         stream = tun.streams[sid]
         assert len(stream.results) + len(stream.errors) == 5  # every frame answered

@@ -104,8 +104,10 @@ async def test_a_frozen_pool_worker_fails_over_to_the_other(secret: str, tmp_pat
             }  # fmt: skip
 
     longest = ", ".join(f"{s} {g:.2f} s" for s, g in out["gaps"].items())
-    print(f"\nSIGSTOP gpu-a: its streams on gpu-b after {out['move_s']:.2f} s, results from "
-          f"gpu-b after {out['results_s']:.2f} s; longest result gap: {longest}")  # fmt: skip
+    print(
+        f"\nSIGSTOP gpu-a: its streams on gpu-b after {out['move_s']:.2f} s, results from "
+        f"gpu-b after {out['results_s']:.2f} s; longest result gap: {longest}"
+    )
     assert out["move_s"] <= 5.0 * TIMEOUT_FACTOR
     assert out["results_s"] <= 5.0 * TIMEOUT_FACTOR
     assert out["failovers"] == (2, 2.0, None)  # gpu-a's tunnel closed once emptied
@@ -163,10 +165,12 @@ async def test_a_frozen_lone_worker_stalls_its_streams_which_recover(
                 "connects": service.client.connects,
             }  # fmt: skip
 
-    print(f"\nSIGSTOP the only worker: streams STALLED after "
-          f"{', '.join(f'{t:.2f}' for t in out['stalled_s'])} s (API saw it after "
-          f"{out['seen_s']:.2f} s); RUNNING with results {out['back_s']:.2f} s after SIGCONT; "
-          f"tunnel reconnected {out['connects'] - 1} time(s)")  # fmt: skip
+    print(
+        f"\nSIGSTOP the only worker: streams STALLED after "
+        f"{', '.join(f'{t:.2f}' for t in out['stalled_s'])} s (API saw it after "
+        f"{out['seen_s']:.2f} s); RUNNING with results {out['back_s']:.2f} s after SIGCONT; "
+        f"tunnel reconnected {out['connects'] - 1} time(s)"
+    )
     assert max(out["stalled_s"]) <= 3.0 + 0.25 * TIMEOUT_FACTOR
     assert out["tunnel"]["name"] == "default" and out["tunnel"]["state"] == "STALLED"
     assert "not answering" in out["tunnel"]["stall_reason"]

@@ -136,8 +136,9 @@ async def test_attack_matrix_on_a_worker_holding_only_the_public_set(pod_ca: tru
                  "/info": ("worker:gpu-a", "metrics:read"),
                  "/metrics": ("metrics:read", "worker:gpu-a")}  # fmt: skip
 
-    async with running_worker(None, tunnel_keys=public.to_json(), metrics_auth=True,
-                              auth_max_failures=10_000, **tls) as (worker, url):  # fmt: skip
+    async with running_worker(
+        None, tunnel_keys=public.to_json(), metrics_auth=True, auth_max_failures=10_000, **tls
+    ) as (worker, url):
         assert url.startswith("wss://")  # the PEM certificate is served
         base = url.replace("wss://", "https://").removesuffix("/v1/tunnel")
         async with httpx.AsyncClient(verify=ctx, base_url=base) as http:

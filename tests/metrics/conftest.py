@@ -22,11 +22,13 @@ def orchestrator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     keys_file.chmod(0o600)
     port, prefix = free_port(), f"test-promtool-orch-{os.getpid()}:"
     env = {
-        **BASE_ENV, "FRAMERELAY_SIGNING_KEYS_FILE": str(keys_file),
-        "FRAMERELAY_ORCH_KEY_PREFIX": prefix, "FRAMERELAY_ORCH_CA_DIR": str(tmp / "ca"),
+        **BASE_ENV,
+        "FRAMERELAY_SIGNING_KEYS_FILE": str(keys_file),
+        "FRAMERELAY_ORCH_KEY_PREFIX": prefix,
+        "FRAMERELAY_ORCH_CA_DIR": str(tmp / "ca"),
         "FRAMERELAY_ORCH_TIERS": json.dumps([{"name": "ondemand", "max_workers": 0}]),
         "FRAMERELAY_ORCH_TICK_S": "0.2",
-    }  # fmt: skip
+    }
     proc = spawn(["orchestrator", "--port", str(port)], env, tmp / "orchestrator.log")
     base = f"http://127.0.0.1:{port}"
     try:

@@ -104,8 +104,9 @@ async def test_subscribe_survives_cuts_without_loss_or_duplicates(
         state = SubscribeState()
         got: list[ResultId] = []
         async with asyncio.timeout(30 * TIMEOUT_FACTOR):
-            async for result in subscribe(proxied, streams=["cam-1"], token=fresh_token,
-                                          state=state, reconnect_max_s=0.5):  # fmt: skip
+            async for result in subscribe(
+                proxied, streams=["cam-1"], token=fresh_token, state=state, reconnect_max_s=0.5
+            ):
                 got.append(result.id or ResultId(0))
                 if len(got) in (20, 40):
                     proxy.cut()

@@ -292,8 +292,11 @@ async def test_refusals_are_counted_by_reason(records: list[ResultRecord], secre
 
     async with serving(hub, settings) as url:
         old = time.time() - 3600
-        for headers in ({}, auth(token(secret, "results:cam-2")),
-                        auth(token(secret, "results:cam-1", now=old))):  # fmt: skip
+        for headers in (
+            {},
+            auth(token(secret, "results:cam-2")),
+            auth(token(secret, "results:cam-1", now=old)),
+        ):
             with pytest.raises(InvalidStatus):
                 async with _client(url, "stream=cam-1", headers):
                     pass

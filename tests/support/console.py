@@ -78,8 +78,10 @@ HOSTILE = '<img src=x onerror="window.pwned=1">&amp; "quoted" </td></tr>'
 
 
 def _tasks(n: int, states: list[str]) -> list[TaskRecord]:
-    return [TaskRecord(input=f"/rec/seg-{k}.mp4", sidecar=f"/rec/seg-{k}.jsonl",
-                       state=states[k]) for k in range(n)]  # fmt: skip
+    return [
+        TaskRecord(input=f"/rec/seg-{k}.mp4", sidecar=f"/rec/seg-{k}.jsonl", state=states[k])
+        for k in range(n)
+    ]
 
 
 async def put_jobs(orch: Orchestrator) -> None:
@@ -89,18 +91,39 @@ async def put_jobs(orch: Orchestrator) -> None:
     now = orch.fleet.clock.now()
     spec = JobSpec(inputs=[f"/rec/seg-{k}.mp4" for k in range(3)], model="yolox-nano")
     jobs = [
-        JobRecord(id="night-2", spec=spec, state="running",
-                  tasks=_tasks(3, ["done", "running", "pending"]), submitted_at=now - 130,
-                  started_at=now - 120, cost_usd=0.0123456, rate=[(now - 20, 250), (now, 450)]),
-        JobRecord(id="night-1", spec=spec, state="done", tasks=_tasks(3, ["done"] * 3),
-                  submitted_at=now - 4000, started_at=now - 3900, finished_at=now - 3000,
-                  cost_usd=0.4321),
-        JobRecord(id="bad-1", spec=spec.model_copy(update={"inputs": spec.inputs[:1]}),
-                  state="failed", tasks=_tasks(1, ["failed"]), submitted_at=now - 5000,
-                  started_at=now - 4990, finished_at=now - 4980, error=HOSTILE, cost_usd=0.001),
-        JobRecord(id="later-1", spec=spec, tasks=_tasks(3, ["pending"] * 3),
-                  submitted_at=now - 1),
-    ]  # fmt: skip
+        JobRecord(
+            id="night-2",
+            spec=spec,
+            state="running",
+            tasks=_tasks(3, ["done", "running", "pending"]),
+            submitted_at=now - 130,
+            started_at=now - 120,
+            cost_usd=0.0123456,
+            rate=[(now - 20, 250), (now, 450)],
+        ),
+        JobRecord(
+            id="night-1",
+            spec=spec,
+            state="done",
+            tasks=_tasks(3, ["done"] * 3),
+            submitted_at=now - 4000,
+            started_at=now - 3900,
+            finished_at=now - 3000,
+            cost_usd=0.4321,
+        ),
+        JobRecord(
+            id="bad-1",
+            spec=spec.model_copy(update={"inputs": spec.inputs[:1]}),
+            state="failed",
+            tasks=_tasks(1, ["failed"]),
+            submitted_at=now - 5000,
+            started_at=now - 4990,
+            finished_at=now - 4980,
+            error=HOSTILE,
+            cost_usd=0.001,
+        ),
+        JobRecord(id="later-1", spec=spec, tasks=_tasks(3, ["pending"] * 3), submitted_at=now - 1),
+    ]
     progress = {
         ("night-2", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
         ("night-2", 1): TaskProgress(state="running", frames_done=150, frames_total=300),
@@ -108,9 +131,10 @@ async def put_jobs(orch: Orchestrator) -> None:
         ("night-1", 0): TaskProgress(state="done", frames_done=300, frames_total=300),
         ("night-1", 1): TaskProgress(state="done", frames_done=300, frames_total=300),
         ("night-1", 2): TaskProgress(state="done", frames_done=300, frames_total=300),
-        ("bad-1", 0): TaskProgress(state="failed", frames_done=10, frames_total=300,
-                                   error="the input cannot be decoded"),
-    }  # fmt: skip
+        ("bad-1", 0): TaskProgress(
+            state="failed", frames_done=10, frames_total=300, error="the input cannot be decoded"
+        ),
+    }
     for rec in sorted(jobs, key=lambda r: r.submitted_at):
         assert await orch.jobs.submit(rec)
     for (job_id, k), said in progress.items():

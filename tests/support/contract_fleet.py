@@ -46,20 +46,30 @@ async def fleet_on_contract(
 ) -> AsyncIterator[Orchestrator]:
     ca_dir = tempfile.TemporaryDirectory(prefix="framerelay-ca-test-")
     settings = OrchestratorSettings(
-        provider="runpod", tiers=list(tiers), key_prefix=f"test-nocap-{state.api_key}:",
-        signing_keys=SecretStr(ed_keys().to_json()), ca_dir=Path(ca_dir.name) / "ca",
-        tick_s=TICK_S, create_backoff_s=10, timezone="UTC", create_backoff_max_s=40,
+        provider="runpod",
+        tiers=list(tiers),
+        key_prefix=f"test-nocap-{state.api_key}:",
+        signing_keys=SecretStr(ed_keys().to_json()),
+        ca_dir=Path(ca_dir.name) / "ca",
+        tick_s=TICK_S,
+        create_backoff_s=10,
+        timezone="UTC",
+        create_backoff_max_s=40,
         drain_timeout_s=0,
-    )  # fmt: skip
+    )
     with ca_dir, running_runpod_v2(state) as base:
         provider = RunPodProvider(  # the catalog's reuse and grace on the fake clock too
             RunPodSettings(api_key=SecretStr(state.api_key), base_url=base, backoff_s=0.01),
             clock=clock.now,
         )
         orch = Orchestrator(
-            settings, provider=provider, prober=StatusProber(20), ingest=NullIngestLink(),
-            clock=clock, redis=Redis.from_url("redis://127.0.0.1:6379/0"),
-        )  # fmt: skip
+            settings,
+            provider=provider,
+            prober=StatusProber(20),
+            ingest=NullIngestLink(),
+            clock=clock,
+            redis=Redis.from_url("redis://127.0.0.1:6379/0"),
+        )
         try:
             yield orch
         finally:
@@ -70,9 +80,14 @@ async def fleet_on_contract(
 
 WARM_TIERS = (  # standard streams go to the community cloud (cheaper); on-demand keeps one warm
     TierConfig(name="ondemand", min_warm=1, max_workers=2, capacity_fps=20, gpu_types=(GPU,)),
-    TierConfig(name="community", max_workers=3, capacity_fps=20, gpu_types=(GPU,),
-               cloud_types=("COMMUNITY",)),
-)  # fmt: skip
+    TierConfig(
+        name="community",
+        max_workers=3,
+        capacity_fps=20,
+        gpu_types=(GPU,),
+        cloud_types=("COMMUNITY",),
+    ),
+)
 
 
 async def passes(orch: Orchestrator, clock: FakeClock, n: int) -> None:
@@ -102,8 +117,13 @@ class TimedProber(StatusProber):
         super().__init__(20)
 
     async def probe(
-        self, name: str, tunnel_url: str, http_url: str, *, canary: bool,
+        self,
+        name: str,
+        tunnel_url: str,
+        http_url: str,
+        *,
+        canary: bool,
         tls_name: str | None = None,
-    ) -> Probe:  # fmt: skip
+    ) -> Probe:
         probe = await super().probe(name, tunnel_url, http_url, canary=canary)
         return dataclasses.replace(probe, canary_ms=CANARY_MS) if probe.canary_ok else probe

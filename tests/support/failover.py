@@ -32,8 +32,9 @@ ENV = {"FRAMERELAY_WORKER_SNAPSHOT_INTERVAL_S": "0.2", "OMP_NUM_THREADS": "1"}
 @contextlib.contextmanager
 def workers(secret: str, *ids: str) -> Iterator[dict[str, LocalWorker]]:
     """Worker processes (started in parallel); always resumed and stopped at the end."""
-    procs = {w: LocalWorker(secret, worker_id=w, args=["--model", str(MODEL)], env=ENV)
-             for w in ids}  # fmt: skip
+    procs = {
+        w: LocalWorker(secret, worker_id=w, args=["--model", str(MODEL)], env=ENV) for w in ids
+    }
     try:
         with ThreadPoolExecutor(len(ids)) as pool:
             list(pool.map(lambda w: w.start(timeout_s=120 * TIMEOUT_FACTOR), procs.values()))

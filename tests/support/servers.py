@@ -211,10 +211,24 @@ class RedisServer:
         exe = shutil.which("redis-server")
         assert exe is not None, "redis-server is not installed (scripts/services.sh)"
         cmd = [
-            exe, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.folder),
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log",
-        ]  # fmt: skip
+            exe,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.folder),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "redis.log",
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(self.ping, 10, f"redis-server on {self.port} answering")
         return self

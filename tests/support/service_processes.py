@@ -28,8 +28,13 @@ BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("FRAMERELAY_
 
 def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "framerelay", *args], env=env, cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "framerelay", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_http(url: str, what: str, log: Path, timeout_s: float = 30) -> None:
@@ -68,15 +73,33 @@ async def running_ingest(
     """A ``framerelay ingest`` process on the sample clip (Redis on, results received);
     yields its base URL. ``extra``: more options (e.g. ``--latency-slo-ms 50``)."""
     port, prefix = free_port(), f"test-{name}-{os.getpid()}"
-    env = {**BASE_ENV, "FRAMERELAY_TOKEN_SECRETS": secret,
-           "FRAMERELAY_REDIS_URL": "redis://127.0.0.1:6379/0",
-           "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix}  # fmt: skip
+    env = {
+        **BASE_ENV,
+        "FRAMERELAY_TOKEN_SECRETS": secret,
+        "FRAMERELAY_REDIS_URL": "redis://127.0.0.1:6379/0",
+        "FRAMERELAY_INGEST_RESULTS__REDIS_PREFIX": prefix,
+    }
     log = folder / "ingest.log"
     proc = spawn(
-        ["ingest", "--worker-url", worker_url, "--worker-id", "test-worker", "--source",
-         str(CLIP), "--fps", "5", "--realtime", "--loop", *extra, "--api-port", str(port)],
-        env, log,
-    )  # fmt: skip
+        [
+            "ingest",
+            "--worker-url",
+            worker_url,
+            "--worker-id",
+            "test-worker",
+            "--source",
+            str(CLIP),
+            "--fps",
+            "5",
+            "--realtime",
+            "--loop",
+            *extra,
+            "--api-port",
+            str(port),
+        ],
+        env,
+        log,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{base}/readyz", "the ingest", log)
